@@ -1,0 +1,94 @@
+// flashattn: exact attention, softmax(Q Kᵀ · scale) V, computed without materialising the score matrix.
+//
+// Usage (C++):
+//   flashattn::ForwardArgs a;
+//   a.q = view_of(q); a.k = view_of(k); a.v = view_of(v); a.out = view_of(out); a.lse = view_of(lse);
+//   flashattn::AttentionOptions opt; opt.causal = true;
+//   flashattn::Status st = flashattn::attention_forward(a, opt);
+//   if (!st.ok()) { std::cerr << st.message; }
+//
+// Every function validates its input and returns a Status naming the offending argument; nothing is written
+// to any output unless validation passed.
+#pragma once
+
+#include <string>
+
+#include "flashattn/params.h"
+#include "flashattn/types.h"
+
+namespace flashattn {
+
+constexpr int64_t kMaxHeadDim = 256;
+
+enum class Backend : int {
+  automatic = 0,  // the dispatcher picks the fastest backend that supports the call
+  cpu_reference,  // naive, materialises S and P in double precision: the oracle, for tests
+  cpu_flash,      // tiled online softmax on the CPU, multithreaded
+  cuda_sm80,      // mma.sync kernels, compute capability >= 8.0
+  cuda_sm90,      // wgmma + TMA kernels, compute capability 9.0
+};
+
+const char* backend_name(Backend b);
+// Parses "auto", "cpu_reference", "cpu_flash", "cuda_sm80", "cuda_sm90"; false if unknown.
+bool parse_backend(const std::string& name, Backend* out);
+
+struct AttentionOptions {
+  // <= 0 selects the default 1 / sqrt(head_dim).
+  double softmax_scale = 0.0;
+  bool causal = false;
+  // Sliding window around the (bottom-right aligned) diagonal; -1 = unbounded on that side.
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+  // Scores become softcap * tanh(scores / softcap); 0 = off.
+  double softcap = 0.0;
+  // Backward only: gradients bitwise identical from run to run.
+  bool deterministic = false;
+  Backend backend = Backend::automatic;
+  void* stream = nullptr;  // cudaStream_t (CUDA tensors); nullptr = the default stream
+  int num_threads = 0;     // CPU backends: 0 = all hardware threads
+};
+
+// Padded batch: q [b, s_q, h_q, d], k [b, s_k, h_kv, d], v [b, s_k, h_kv, d_v], out [b, s_q, h_q, d_v],
+// lse [b, h_q, s_q] (fp32, optional: leave undefined to skip).
+// Varlen: q [total_q, h_q, d], k [total_k, h_kv, d], v [total_k, h_kv, d_v], out [total_q, h_q, d_v],
+// lse [h_q, total_q]; cu_seqlens_q / cu_seqlens_k int32 [b + 1], non-decreasing from 0 to the totals;
+// max_seqlen_q / max_seqlen_k bound every sequence's length.
+struct ForwardArgs {
+  TensorView q, k, v, out, lse;
+  TensorView cu_seqlens_q, cu_seqlens_k;
+  int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+};
+
+// The forward's inputs plus dout (like out) and the gradients dq, dk, dv (like q, k, v). lse is required.
+struct BackwardArgs : ForwardArgs {
+  TensorView dout, dq, dk, dv;
+};
+
+// What the dispatcher would run for a call, and why.
+struct BackendChoice {
+  Backend backend = Backend::cpu_flash;
+  Status status;       // not ok: no backend can run this call (message says why)
+  std::string reason;  // one line: why this backend (and why faster ones were passed over)
+};
+
+Status attention_forward(const ForwardArgs& args, const AttentionOptions& options = {});
+Status attention_backward(const BackwardArgs& args, const AttentionOptions& options = {});
+
+// Validation alone: fills `params` on success. Exposed for engines that launch many times with one layout.
+Status make_forward_params(const ForwardArgs& args, const AttentionOptions& options, FwdParams* params);
+Status make_backward_params(const BackwardArgs& args, const AttentionOptions& options, BwdParams* params);
+
+// The backend choice for already validated params (`backward` selects for the backward pass).
+BackendChoice choose_backend(const FwdParams& params, Backend requested, bool backward);
+
+// Run validated params on a backend (automatic allowed). No validation beyond backend support.
+Status run_forward(const FwdParams& params, Backend backend = Backend::automatic);
+Status run_backward(const BwdParams& params, Backend backend = Backend::automatic);
+
+// Build information.
+bool built_with_cuda();
+int cuda_device_count();            // 0 without CUDA or without a device
+int cuda_compute_capability(int device_index);  // major * 10 + minor, or 0
+const char* version();
+
+}  // namespace flashattn

@@ -1,0 +1,29 @@
+// Internal interface between dispatch (src/dispatch.cpp) and the backends. Each backend says whether it can
+// run a call (`*_supports`: ok, or unsupported with the reason) and runs validated params.
+#pragma once
+
+#include "flashattn/flashattn.h"
+
+namespace flashattn::detail {
+
+Status cpu_reference_forward(const FwdParams& p);
+Status cpu_reference_backward(const BwdParams& p);
+
+Status cpu_flash_forward(const FwdParams& p);
+Status cpu_flash_backward(const BwdParams& p);
+
+// CUDA backends. In a build without CUDA these report that (src/cuda_unavailable.cpp).
+Status cuda_sm80_supports(const FwdParams& p, bool backward);
+Status cuda_sm80_forward(const FwdParams& p);
+Status cuda_sm80_backward(const BwdParams& p);
+
+Status cuda_sm90_supports(const FwdParams& p, bool backward);
+Status cuda_sm90_forward(const FwdParams& p);
+Status cuda_sm90_backward(const BwdParams& p);
+
+// Runtime queries and the small host<->device copies validation needs (varlen offsets).
+int cuda_device_count_impl();
+int cuda_compute_capability_impl(int device_index);
+Status cuda_copy_to_host(void* dst, const void* src, size_t bytes, int device_index, void* stream);
+
+}  // namespace flashattn::detail

@@ -1,0 +1,83 @@
+// Mask semantics and block ranges, written once for every backend (CPU reference, CPU flash, CUDA kernels).
+//
+// Query row i of a sequence with s_q queries and s_k keys sits on diagonal diag = i + s_k - s_q (bottom-right
+// alignment, as flash-attn >= 2.1). Key j is visible iff
+//   (!causal || j <= diag) && (left < 0 || j >= diag - left) && (right < 0 || j <= diag + right).
+// Causal is the window's right edge at 0, so the two combine by taking the tighter right edge.
+#pragma once
+
+#include <cstdint>
+
+#include "common/hd.h"
+
+namespace flashattn {
+
+struct MaskSpec {
+  int64_t seqlen_q = 0;
+  int64_t seqlen_k = 0;
+  int64_t left = -1;   // -1 = unbounded
+  int64_t right = -1;  // -1 = unbounded; causal folds into right = min(right, 0)
+
+  FA_HD static MaskSpec make(int64_t sq, int64_t sk, bool causal, int64_t window_left, int64_t window_right) {
+    MaskSpec m;
+    m.seqlen_q = sq;
+    m.seqlen_k = sk;
+    m.left = window_left;
+    // Any window_right >= 0 is at least as loose as causal's 0, so causal wins.
+    m.right = causal ? 0 : window_right;
+    return m;
+  }
+
+  FA_HD bool has_mask() const { return left >= 0 || right >= 0; }
+
+  // Half-open range [lo, hi) of visible keys of query row i; empty (lo >= hi) when the row sees nothing.
+  FA_HD void key_range(int64_t i, int64_t* lo, int64_t* hi) const {
+    const int64_t diag = i + seqlen_k - seqlen_q;
+    int64_t a = 0, b = seqlen_k;
+    if (left >= 0 && diag - left > a) a = diag - left;
+    if (right >= 0 && diag + right + 1 < b) b = diag + right + 1;
+    *lo = a;
+    *hi = b < a ? a : b;
+  }
+
+  FA_HD bool visible(int64_t i, int64_t j) const {
+    const int64_t diag = i + seqlen_k - seqlen_q;
+    if (j < 0 || j >= seqlen_k) return false;
+    if (left >= 0 && j < diag - left) return false;
+    if (right >= 0 && j > diag + right) return false;
+    return true;
+  }
+
+  // Keys visible to any row in [row_begin, row_end): the union of the rows' ranges, half-open.
+  FA_HD void key_range_for_rows(int64_t row_begin, int64_t row_end, int64_t* lo, int64_t* hi) const {
+    int64_t lo_first, hi_first, lo_last, hi_last;
+    key_range(row_begin, &lo_first, &hi_first);
+    key_range(row_end - 1, &lo_last, &hi_last);
+    // Both edges move monotonically with the row, so the first and last rows bound the union.
+    *lo = lo_first;
+    *hi = hi_last;
+    if (*hi < *lo) *hi = *lo;
+  }
+
+  // Queries that see any key in [key_begin, key_end): half-open, used by the backward's key-major loop.
+  FA_HD void query_range_for_keys(int64_t key_begin, int64_t key_end, int64_t* lo, int64_t* hi) const {
+    const int64_t shift = seqlen_k - seqlen_q;  // diag = i + shift
+    int64_t a = 0, b = seqlen_q;
+    // right edge: j <= diag + right  <=>  i >= j - shift - right; the smallest j of the block is the loosest.
+    if (right >= 0 && key_begin - shift - right > a) a = key_begin - shift - right;
+    // left edge: j >= diag - left  <=>  i <= j - shift + left; the largest j of the block is the loosest.
+    if (left >= 0 && (key_end - 1) - shift + left + 1 < b) b = (key_end - 1) - shift + left + 1;
+    *lo = a;
+    *hi = b < a ? a : b;
+  }
+
+  // True when every (row, key) of the tile is visible, so the kernel may skip per-element masking.
+  FA_HD bool tile_fully_visible(int64_t row_begin, int64_t row_end, int64_t key_begin, int64_t key_end) const {
+    const int64_t shift = seqlen_k - seqlen_q;
+    if (right >= 0 && key_end - 1 > row_begin + shift + right) return false;
+    if (left >= 0 && key_begin < (row_end - 1) + shift - left) return false;
+    return true;
+  }
+};
+
+}  // namespace flashattn

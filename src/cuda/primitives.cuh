@@ -1,0 +1,127 @@
+// The small in-house layer of named warp-level primitives the sm80 kernels are written in. Each one is a thin,
+// named wrapper over one PTX instruction (inline PTX only where CCCL has no wrapper: mma.sync, ldmatrix,
+// cp.async with zero-fill), unit-tested on the GPU in tests/gpu/test_primitives.cu.
+//
+// Register fragment layouts follow the PTX ISA for mma.m16n8k16 (row.col): for a warp, lane = 4 * group + quad,
+//   A (16x16): a[0] = (group,     2*quad..+1), a[1] = (group + 8, 2*quad..+1),
+//              a[2] = (group, 8 + 2*quad..+1), a[3] = (group + 8, 8 + 2*quad..+1)
+//   B (16x8, "col"): b[0] = (k = 2*quad..+1, n = group), b[1] = (k = 8 + 2*quad..+1, n = group)
+//   C (16x8, fp32): c[0..1] = (group, 2*quad..+1), c[2..3] = (group + 8, 2*quad..+1)
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstdint>
+
+namespace flashattn::cuda {
+
+// ---- element types ----
+template <typename T>
+struct ElementTraits;
+template <>
+struct ElementTraits<__half> {
+  using Pair = __half2;
+  static constexpr bool is_bf16 = false;
+  __device__ static Pair pack(float lo, float hi) { return __floats2half2_rn(lo, hi); }
+  __device__ static float2 unpack(Pair v) { return __half22float2(v); }
+};
+template <>
+struct ElementTraits<__nv_bfloat16> {
+  using Pair = __nv_bfloat162;
+  static constexpr bool is_bf16 = true;
+  __device__ static Pair pack(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
+  __device__ static float2 unpack(Pair v) { return __bfloat1622float2(v); }
+};
+
+// Two floats rounded into one 32-bit register of two 16-bit elements (low half = first).
+template <typename T>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+  typename ElementTraits<T>::Pair v = ElementTraits<T>::pack(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <typename T>
+__device__ __forceinline__ float2 unpack_pair(uint32_t bits) {
+  return ElementTraits<T>::unpack(*reinterpret_cast<typename ElementTraits<T>::Pair*>(&bits));
+}
+
+// ---- tensor-core matrix multiply: C(16x8, fp32) += A(16x16) * B(16x8) ----
+template <typename T>
+__device__ __forceinline__ void mma_16x8x16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  if constexpr (ElementTraits<T>::is_bf16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+}
+
+// ---- shared memory -> registers: ldmatrix (each lane passes the address of one 16-byte row) ----
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(row_addr)));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(row_addr)));
+}
+
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void* row_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_address(row_addr)));
+}
+
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], const void* row_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_address(row_addr)));
+}
+
+// ---- global -> shared asynchronous copies (cp.async, sm80+) ----
+// Copies 16 bytes when `valid`, else writes 16 zero bytes (src-size 0): out-of-range tail rows and columns
+// arrive as zeros, so the matrix products need no branch.
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem_dst)), "l"(gmem_src),
+               "r"(src_bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Waits until at most `kPending` committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// ---- reductions across the four lanes of a quad (the lanes holding one row of an mma C fragment) ----
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// 2^x on the special-function unit; softmax uses exp2 with log2(e) folded into the scale so that
+// exp(s*scale - m) becomes one FFMA and one MUFU.EX2.
+__device__ __forceinline__ float fast_exp2(float x) { return exp2f(x); }
+
+}  // namespace flashattn::cuda

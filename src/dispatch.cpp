@@ -1,0 +1,137 @@
+// The one place that chooses a backend, and can say why.
+#include <string>
+
+#include "backend.h"
+#include "flashattn/flashattn.h"
+
+namespace flashattn {
+
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::automatic: return "auto";
+    case Backend::cpu_reference: return "cpu_reference";
+    case Backend::cpu_flash: return "cpu_flash";
+    case Backend::cuda_sm80: return "cuda_sm80";
+    case Backend::cuda_sm90: return "cuda_sm90";
+  }
+  return "unknown";
+}
+
+bool parse_backend(const std::string& name, Backend* out) {
+  for (Backend b : {Backend::automatic, Backend::cpu_reference, Backend::cpu_flash, Backend::cuda_sm80,
+                    Backend::cuda_sm90}) {
+    if (name == backend_name(b)) {
+      *out = b;
+      return true;
+    }
+  }
+  return false;
+}
+
+namespace {
+
+bool on_cpu(const FwdParams& p) { return p.device.type == DeviceType::cpu; }
+
+Status supports(Backend b, const FwdParams& p, bool backward) {
+  switch (b) {
+    case Backend::cpu_reference:
+    case Backend::cpu_flash:
+      return on_cpu(p) ? Status::success()
+                       : Status::unsupported(std::string(backend_name(b)) + " runs on CPU tensors; these are on CUDA");
+    case Backend::cuda_sm80:
+      if (on_cpu(p)) return Status::unsupported("cuda_sm80 runs on CUDA tensors; these are on the CPU");
+      return detail::cuda_sm80_supports(p, backward);
+    case Backend::cuda_sm90:
+      if (on_cpu(p)) return Status::unsupported("cuda_sm90 runs on CUDA tensors; these are on the CPU");
+      return detail::cuda_sm90_supports(p, backward);
+    case Backend::automatic: break;
+  }
+  return Status::invalid("backend: not a concrete backend");
+}
+
+}  // namespace
+
+BackendChoice choose_backend(const FwdParams& p, Backend requested, bool backward) {
+  BackendChoice c;
+  if (requested != Backend::automatic) {
+    c.backend = requested;
+    c.status = supports(requested, p, backward);
+    c.reason = c.status.ok() ? std::string("requested explicitly") : c.status.message;
+    return c;
+  }
+  if (on_cpu(p)) {
+    c.backend = Backend::cpu_flash;
+    c.reason = "CPU tensors: tiled online-softmax CPU path";
+    return c;
+  }
+  // CUDA: fastest first; record why each faster backend was passed over.
+  std::string passed_over;
+  for (Backend b : {Backend::cuda_sm90, Backend::cuda_sm80}) {
+    Status s = supports(b, p, backward);
+    if (s.ok()) {
+      c.backend = b;
+      c.reason = std::string(backend_name(b)) + " supports this call" +
+                 (passed_over.empty() ? std::string() : " (" + passed_over + ")");
+      return c;
+    }
+    passed_over += (passed_over.empty() ? "" : "; ") + std::string(backend_name(b)) + " passed over: " + s.message;
+  }
+  c.backend = Backend::cuda_sm80;
+  c.status = Status::unsupported("no CUDA backend can run this call: " + passed_over);
+  c.reason = c.status.message;
+  return c;
+}
+
+Status run_forward(const FwdParams& p, Backend requested) {
+  const BackendChoice c = choose_backend(p, requested, false);
+  if (!c.status.ok()) return c.status;
+  switch (c.backend) {
+    case Backend::cpu_reference: return detail::cpu_reference_forward(p);
+    case Backend::cpu_flash: return detail::cpu_flash_forward(p);
+    case Backend::cuda_sm80: return detail::cuda_sm80_forward(p);
+    case Backend::cuda_sm90: return detail::cuda_sm90_forward(p);
+    case Backend::automatic: break;
+  }
+  return Status::invalid("backend: not a concrete backend");
+}
+
+Status run_backward(const BwdParams& p, Backend requested) {
+  const BackendChoice c = choose_backend(p, requested, true);
+  if (!c.status.ok()) return c.status;
+  switch (c.backend) {
+    case Backend::cpu_reference: return detail::cpu_reference_backward(p);
+    case Backend::cpu_flash: return detail::cpu_flash_backward(p);
+    case Backend::cuda_sm80: return detail::cuda_sm80_backward(p);
+    case Backend::cuda_sm90: return detail::cuda_sm90_backward(p);
+    case Backend::automatic: break;
+  }
+  return Status::invalid("backend: not a concrete backend");
+}
+
+Status attention_forward(const ForwardArgs& args, const AttentionOptions& options) {
+  FwdParams p;
+  Status st = make_forward_params(args, options, &p);
+  if (!st.ok()) return st;
+  return run_forward(p, options.backend);
+}
+
+Status attention_backward(const BackwardArgs& args, const AttentionOptions& options) {
+  BwdParams p;
+  Status st = make_backward_params(args, options, &p);
+  if (!st.ok()) return st;
+  return run_backward(p, options.backend);
+}
+
+bool built_with_cuda() {
+#ifdef FLASHATTN_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int cuda_device_count() { return detail::cuda_device_count_impl(); }
+int cuda_compute_capability(int device_index) { return detail::cuda_compute_capability_impl(device_index); }
+const char* version() { return FLASHATTN_VERSION; }
+
+}  // namespace flashattn

@@ -1,0 +1,3 @@
+set(FLASHATTN_GPU_TEST_SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/test_gpu_smoke.cpp
+)
