@@ -1,6 +1,8 @@
-// The naive reference: materialises S and P for one (batch, head) at a time in double precision. It is the
-// oracle of every test in the project, so it is written for obviousness, not speed; its own gradients are
-// checked against finite differences (tests/test_reference.cpp).
+// The naive reference: every score of a row materialised in double precision, exact softmax, no tiling. It is
+// the oracle of every test in the project, so it is written for obviousness, not speed; its own gradients are
+// checked against finite differences (tests/cpu).
+#include "cpu/reference.h"
+
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -15,70 +17,79 @@ namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-// Scores of one head, softcapped and masked (masked = -inf). Also returns tanh(u) per score for the softcap
-// gradient when `tanh_out` is given.
 template <typename T>
-void scores(const FwdParams& p, const SequenceView<const T>& q, const SequenceView<const T>& k, const MaskSpec& mask,
-            std::vector<double>& s, std::vector<double>* tanh_out) {
-  const int64_t sq = q.rows, sk = k.rows;
-  s.assign(size_t(sq * sk), kNegInf);
-  if (tanh_out) tanh_out->assign(size_t(sq * sk), 0.0);
-  for (int64_t i = 0; i < sq; ++i) {
-    for (int64_t j = 0; j < sk; ++j) {
-      if (!mask.visible(i, j)) continue;
-      double dot = 0;
-      for (int64_t c = 0; c < p.head_dim; ++c) dot += double(to_float(q.at(i, c))) * double(to_float(k.at(j, c)));
-      double u = dot * double(p.softmax_scale);
-      if (p.softcap > 0) {
-        const double t = std::tanh(u / double(p.softcap));
-        if (tanh_out) (*tanh_out)[size_t(i * sk + j)] = t;
-        u = double(p.softcap) * t;
-      }
-      s[size_t(i * sk + j)] = u;
-    }
-  }
-}
-
-// Turns scores into probabilities row by row; returns each row's LSE (-inf for a row with no visible key).
-void softmax_rows(int64_t sq, int64_t sk, std::vector<double>& s, std::vector<double>& lse) {
-  lse.assign(size_t(sq), kNegInf);
-  for (int64_t i = 0; i < sq; ++i) {
-    double* row = &s[size_t(i * sk)];
-    double m = kNegInf;
-    for (int64_t j = 0; j < sk; ++j) m = std::max(m, row[j]);
-    if (m == kNegInf) {
-      for (int64_t j = 0; j < sk; ++j) row[j] = 0;
-      continue;
-    }
-    double sum = 0;
-    for (int64_t j = 0; j < sk; ++j) sum += (row[j] = std::exp(row[j] - m));
-    for (int64_t j = 0; j < sk; ++j) row[j] /= sum;
-    lse[size_t(i)] = m + std::log(sum);
-  }
-}
-
-template <typename T>
-Status forward_typed(const FwdParams& p) {
+void row_typed(const BwdParams& p, int64_t b, int64_t h, int64_t i, bool with_grad, ReferenceRow* r) {
   const int64_t group = p.heads_q / p.heads_kv;
+  const SequenceExtent ext = sequence_extent(p, b);
+  const auto q = query_view<const T>(p, p.q, ext, b, h);
+  const auto k = key_view<const T>(p, p.k, ext, b, h / group, false);
+  const auto v = key_view<const T>(p, p.v, ext, b, h / group, true);
+  const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right);
+  const int64_t sk = ext.len_k;
+
+  std::vector<double> s(size_t(sk), kNegInf), th(size_t(sk), 0.0);
+  double m = kNegInf;
+  for (int64_t j = 0; j < sk; ++j) {
+    if (!mask.visible(i, j)) continue;
+    double dot = 0;
+    for (int64_t c = 0; c < p.head_dim; ++c) dot += double(to_float(q.at(i, c))) * double(to_float(k.at(j, c)));
+    double u = dot * double(p.softmax_scale);
+    if (p.softcap > 0) {
+      th[size_t(j)] = std::tanh(u / double(p.softcap));
+      u = double(p.softcap) * th[size_t(j)];
+    }
+    s[size_t(j)] = u;
+    m = std::max(m, u);
+  }
+
+  r->out.assign(size_t(p.head_dim_v), 0.0);
+  r->prob.assign(size_t(sk), 0.0);
+  r->dq.assign(with_grad ? size_t(p.head_dim) : 0, 0.0);
+  r->dscore.assign(with_grad ? size_t(sk) : 0, 0.0);
+  r->lse = kNegInf;
+  if (m == kNegInf) return;  // no visible key: O = 0, LSE = -inf, zero gradients
+
+  double sum = 0;
+  for (int64_t j = 0; j < sk; ++j) sum += (r->prob[size_t(j)] = std::exp(s[size_t(j)] - m));
+  for (int64_t j = 0; j < sk; ++j) r->prob[size_t(j)] /= sum;
+  r->lse = m + std::log(sum);
+  for (int64_t j = 0; j < sk; ++j) {
+    const double pj = r->prob[size_t(j)];
+    if (pj == 0) continue;
+    for (int64_t c = 0; c < p.head_dim_v; ++c) r->out[size_t(c)] += pj * double(to_float(v.at(j, c)));
+  }
+  if (!with_grad) return;
+
+  const auto dout = grad_out_view<const T>(p, ext, b, h);
+  double row_d = 0;  // D = rowsum(dO ∘ O), from the exact O
+  for (int64_t c = 0; c < p.head_dim_v; ++c) row_d += double(to_float(dout.at(i, c))) * r->out[size_t(c)];
+  for (int64_t j = 0; j < sk; ++j) {
+    const double pj = r->prob[size_t(j)];
+    if (pj == 0) continue;
+    double dp = 0;
+    for (int64_t c = 0; c < p.head_dim_v; ++c) dp += double(to_float(dout.at(i, c))) * double(to_float(v.at(j, c)));
+    double ds = pj * (dp - row_d);
+    if (p.softcap > 0) ds *= 1.0 - th[size_t(j)] * th[size_t(j)];
+    ds *= double(p.softmax_scale);
+    r->dscore[size_t(j)] = ds;
+    for (int64_t c = 0; c < p.head_dim; ++c) r->dq[size_t(c)] += ds * double(to_float(k.at(j, c)));
+  }
+}
+
+template <typename T>
+Status forward_typed(const FwdParams& fp) {
+  BwdParams p;
+  static_cast<FwdParams&>(p) = fp;
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t h = 0; h < p.heads_q; ++h) {
       const SequenceExtent ext = sequence_extent(p, b);
-      auto q = query_view<const T>(p, p.q, ext, b, h);
-      auto k = key_view<const T>(p, p.k, ext, b, h / group, false);
-      auto v = key_view<const T>(p, p.v, ext, b, h / group, true);
-      auto o = output_view<T>(p, p.o, ext, b, h);
-      const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right);
-      std::vector<double> s, lse;
-      scores(p, q, k, mask, s, nullptr);
-      softmax_rows(ext.len_q, ext.len_k, s, lse);
+      const auto o = output_view<T>(p, p.o, ext, b, h);
+      ReferenceRow r;
       for (int64_t i = 0; i < ext.len_q; ++i) {
-        for (int64_t c = 0; c < p.head_dim_v; ++c) {
-          double acc = 0;
-          for (int64_t j = 0; j < ext.len_k; ++j) acc += s[size_t(i * ext.len_k + j)] * double(to_float(v.at(j, c)));
-          o.at(i, c) = from_double<T>(acc);
-        }
-        if (p.lse) *lse_ptr(p, ext, b, h, i) = float(lse[size_t(i)]);
+        row_typed<T>(p, b, h, i, false, &r);
+        for (int64_t c = 0; c < p.head_dim_v; ++c) o.at(i, c) = from_double<T>(r.out[size_t(c)]);
+        if (p.lse) *lse_ptr(p, ext, b, h, i) = float(r.lse);
       }
     }
   }
@@ -92,52 +103,27 @@ Status backward_typed(const BwdParams& p) {
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
       const SequenceExtent ext = sequence_extent(p, b);
-      const int64_t sq = ext.len_q, sk = ext.len_k;
-      auto k = key_view<const T>(p, p.k, ext, b, hk, false);
-      auto v = key_view<const T>(p, p.v, ext, b, hk, true);
+      const int64_t sk = ext.len_k;
       // dK and dV of a KV head sum over the query heads that share it.
       std::vector<double> dk(size_t(sk * p.head_dim), 0.0), dv(size_t(sk * p.head_dim_v), 0.0);
-      const MaskSpec mask = MaskSpec::make(sq, sk, p.causal, p.window_left, p.window_right);
+      ReferenceRow r;
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-        auto q = query_view<const T>(p, p.q, ext, b, h);
-        auto dout = grad_out_view<const T>(p, ext, b, h);
-        auto dq = grad_query_view<T>(p, ext, b, h);
-        std::vector<double> prob, lse, th;
-        scores(p, q, k, mask, prob, &th);
-        softmax_rows(sq, sk, prob, lse);
-        for (int64_t i = 0; i < sq; ++i) {
-          // dP = dO Vᵀ for the row, D = Σ_j P_ij dP_ij.
-          std::vector<double> dp(size_t(sk), 0.0);
-          double row_d = 0;
+        const auto q = query_view<const T>(p, p.q, ext, b, h);
+        const auto dout = grad_out_view<const T>(p, ext, b, h);
+        const auto dq = grad_query_view<T>(p, ext, b, h);
+        for (int64_t i = 0; i < ext.len_q; ++i) {
+          row_typed<T>(p, b, h, i, true, &r);
+          for (int64_t c = 0; c < p.head_dim; ++c) dq.at(i, c) = from_double<T>(r.dq[size_t(c)]);
           for (int64_t j = 0; j < sk; ++j) {
-            const double pij = prob[size_t(i * sk + j)];
-            if (pij == 0) continue;
-            double acc = 0;
-            for (int64_t c = 0; c < p.head_dim_v; ++c) acc += double(to_float(dout.at(i, c))) * double(to_float(v.at(j, c)));
-            dp[size_t(j)] = acc;
-            row_d += pij * acc;
+            const double pj = r.prob[size_t(j)], ds = r.dscore[size_t(j)];
+            if (pj == 0) continue;
+            for (int64_t c = 0; c < p.head_dim_v; ++c) dv[size_t(j * p.head_dim_v + c)] += pj * double(to_float(dout.at(i, c)));
+            for (int64_t c = 0; c < p.head_dim; ++c) dk[size_t(j * p.head_dim + c)] += ds * double(to_float(q.at(i, c)));
           }
-          std::vector<double> dq_row(size_t(p.head_dim), 0.0);
-          for (int64_t j = 0; j < sk; ++j) {
-            const double pij = prob[size_t(i * sk + j)];
-            if (pij == 0) continue;
-            for (int64_t c = 0; c < p.head_dim_v; ++c) dv[size_t(j * p.head_dim_v + c)] += pij * double(to_float(dout.at(i, c)));
-            double ds = pij * (dp[size_t(j)] - row_d);
-            if (p.softcap > 0) {
-              const double t = th[size_t(i * sk + j)];
-              ds *= 1.0 - t * t;
-            }
-            ds *= double(p.softmax_scale);
-            for (int64_t c = 0; c < p.head_dim; ++c) {
-              dq_row[size_t(c)] += ds * double(to_float(k.at(j, c)));
-              dk[size_t(j * p.head_dim + c)] += ds * double(to_float(q.at(i, c)));
-            }
-          }
-          for (int64_t c = 0; c < p.head_dim; ++c) dq.at(i, c) = from_double<T>(dq_row[size_t(c)]);
         }
       }
-      auto dk_out = grad_key_view<T>(p, ext, b, hk, false);
-      auto dv_out = grad_key_view<T>(p, ext, b, hk, true);
+      const auto dk_out = grad_key_view<T>(p, ext, b, hk, false);
+      const auto dv_out = grad_key_view<T>(p, ext, b, hk, true);
       for (int64_t j = 0; j < sk; ++j) {
         for (int64_t c = 0; c < p.head_dim; ++c) dk_out.at(j, c) = from_double<T>(dk[size_t(j * p.head_dim + c)]);
         for (int64_t c = 0; c < p.head_dim_v; ++c) dv_out.at(j, c) = from_double<T>(dv[size_t(j * p.head_dim_v + c)]);
@@ -147,26 +133,41 @@ Status backward_typed(const BwdParams& p) {
   return Status::success();
 }
 
+// Calls F<T>() for the storage type of `dtype`.
+template <template <typename> class F, typename... Args>
+Status by_dtype(DType dtype, Args&&... args) {
+  switch (dtype) {
+    case DType::f32: return F<float>()(args...);
+    case DType::f64: return F<double>()(args...);
+    case DType::f16: return F<half_t>()(args...);
+    case DType::bf16: return F<bfloat16_t>()(args...);
+    default: return Status::unsupported(std::string("cpu_reference: dtype ") + dtype_name(dtype));
+  }
+}
+
+template <typename T>
+struct Forward {
+  Status operator()(const FwdParams& p) const { return forward_typed<T>(p); }
+};
+template <typename T>
+struct Backward {
+  Status operator()(const BwdParams& p) const { return backward_typed<T>(p); }
+};
+template <typename T>
+struct Row {
+  Status operator()(const BwdParams& p, int64_t b, int64_t h, int64_t i, bool g, ReferenceRow* r) const {
+    row_typed<T>(p, b, h, i, g, r);
+    return Status::success();
+  }
+};
+
 }  // namespace
 
-Status cpu_reference_forward(const FwdParams& p) {
-  switch (p.dtype) {
-    case DType::f32: return forward_typed<float>(p);
-    case DType::f64: return forward_typed<double>(p);
-    case DType::f16: return forward_typed<half_t>(p);
-    case DType::bf16: return forward_typed<bfloat16_t>(p);
-    default: return Status::unsupported(std::string("cpu_reference: dtype ") + dtype_name(p.dtype));
-  }
+void reference_row(const BwdParams& p, int64_t b, int64_t h, int64_t i, bool with_grad, ReferenceRow* row) {
+  by_dtype<Row>(p.dtype, p, b, h, i, with_grad, row);
 }
 
-Status cpu_reference_backward(const BwdParams& p) {
-  switch (p.dtype) {
-    case DType::f32: return backward_typed<float>(p);
-    case DType::f64: return backward_typed<double>(p);
-    case DType::f16: return backward_typed<half_t>(p);
-    case DType::bf16: return backward_typed<bfloat16_t>(p);
-    default: return Status::unsupported(std::string("cpu_reference: dtype ") + dtype_name(p.dtype));
-  }
-}
+Status cpu_reference_forward(const FwdParams& p) { return by_dtype<Forward>(p.dtype, p); }
+Status cpu_reference_backward(const BwdParams& p) { return by_dtype<Backward>(p.dtype, p); }
 
 }  // namespace flashattn::detail
