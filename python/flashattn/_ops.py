@@ -1,0 +1,293 @@
+"""PyTorch operators over the native module: ``flashattn::attention_forward`` / ``attention_backward``.
+
+Both are ``torch.library.custom_op`` operators with no mutated arguments: the outputs are allocated here by torch
+on the inputs' device (the same allocation code runs under FakeTensor for ``register_fake``, so real and fake
+outputs agree on shape, dtype and strides). Autograd goes through ``register_autograd``: the forward saves
+q, k, v, out and lse, the backward calls ``attention_backward``. Both work in eager mode, under autograd and in
+``torch.compile(fullgraph=True)`` without graph breaks.
+
+CUDA: the kernels run on torch's current stream of the inputs' device, passed to the native module as an
+integer. Tensors are exported with ``__dlpack__(stream=-1)`` (no cross-stream synchronisation) and the padded
+path performs no host synchronisation, so CUDA graph capture works. The varlen path validates cu_seqlens on the
+host, which copies them from the device (not capturable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _C
+
+__all__ = ["attention", "choose_backend", "BackendChoice"]
+
+
+# ---- talking to the native module -------------------------------------------------------------------------------
+
+
+def _dl(t: Optional[Tensor]):
+    """A DLPack view of `t` for the native module (None stays None)."""
+    if t is None:
+        return None
+    t = t.detach()  # DLPack refuses tensors that require grad; autograd is handled above this layer
+    if t.device.type == "cuda":
+        # stream=-1: no synchronisation on export. The kernel itself runs on the caller's current stream, which
+        # is passed explicitly; an export-time event record/wait would also break CUDA graph capture.
+        return t.__dlpack__(stream=-1)
+    return t
+
+
+def _stream(t: Tensor) -> int:
+    return torch.cuda.current_stream(t.device).cuda_stream if t.device.type == "cuda" else 0
+
+
+def _device_of(t: Tensor):
+    """Makes `t`'s CUDA device current (torch exports CUDA tensors only from the current device)."""
+    if t.device.type == "cuda" and t.device.index is not None and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
+
+
+def _last_dim_contiguous(t: Tensor) -> Tensor:
+    # The kernels need stride 1 along the head dimension only; every other stride is free.
+    if t.stride(-1) == 1 or t.size(-1) <= 1:
+        return t
+    if t.numel() == 0:  # contiguous() keeps an empty tensor's strides as they are
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    return t.contiguous()
+
+
+# ---- output allocation (shared by the real and the fake implementations) -----------------------------------------
+
+
+def _check_rank(name: str, t: Tensor, varlen: bool) -> None:
+    rank = 3 if varlen else 4
+    if t.dim() != rank:
+        layout = "[total, heads, dim] (varlen)" if varlen else "[batch, seqlen, heads, dim]"
+        raise ValueError(f"{name}: expected a rank-{rank} tensor {layout}, got shape {list(t.shape)}")
+
+
+def _forward_outputs(q: Tensor, v: Tensor, varlen: bool) -> Tuple[Tensor, Tensor]:
+    _check_rank("q", q, varlen)
+    _check_rank("v", v, varlen)
+    out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
+    if varlen:
+        lse_shape = (q.shape[1], q.shape[0])  # [heads_q, total_q]
+    else:
+        lse_shape = (q.shape[0], q.shape[2], q.shape[1])  # [batch, heads_q, seqlen_q]
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+def _backward_outputs(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    # Fresh contiguous gradients: the backends write every element (never accumulate into them).
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty(k.shape, dtype=k.dtype, device=k.device),
+            torch.empty(v.shape, dtype=v.dtype, device=v.device))
+
+
+# ---- the operators ------------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("flashattn::attention_forward", mutates_args=())
+def attention_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Optional[Tensor],
+    cu_seqlens_k: Optional[Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    deterministic: bool,
+    backend: str,
+    num_threads: int,
+) -> Tuple[Tensor, Tensor]:
+    """out [.., heads_q, d_v] and lse (fp32) of softmax(q kᵀ · scale) v. `deterministic` only travels to the
+    backward (the forward is always deterministic)."""
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    out, lse = _forward_outputs(q, v, cu_seqlens_q is not None)
+    with _device_of(q):
+        _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(cu_seqlens_q), _dl(cu_seqlens_k), max_seqlen_q,
+                   max_seqlen_k, softmax_scale=softmax_scale, causal=causal, window_left=window_left,
+                   window_right=window_right, softcap=softcap, backend=backend, num_threads=num_threads,
+                   stream=_stream(q))
+    return out, lse
+
+
+@attention_forward.register_fake
+def _attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                            window_left, window_right, softcap, deterministic, backend, num_threads):
+    return _forward_outputs(q, v, cu_seqlens_q is not None)
+
+
+@torch.library.custom_op("flashattn::attention_backward", mutates_args=())
+def attention_backward(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    cu_seqlens_q: Optional[Tensor],
+    cu_seqlens_k: Optional[Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    deterministic: bool,
+    backend: str,
+    num_threads: int,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv of attention_forward given dout and the forward's out and lse."""
+    dout, q, k, v, out = (_last_dim_contiguous(t) for t in (dout, q, k, v, out))
+    dq, dk, dv = _backward_outputs(q, k, v)
+    with _device_of(q):
+        _C.backward(_dl(dout), _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(dq), _dl(dk), _dl(dv),
+                    _dl(cu_seqlens_q), _dl(cu_seqlens_k), max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
+                    causal=causal, window_left=window_left, window_right=window_right, softcap=softcap,
+                    deterministic=deterministic, backend=backend, num_threads=num_threads, stream=_stream(q))
+    return dq, dk, dv
+
+
+@attention_backward.register_fake
+def _attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             softmax_scale, causal, window_left, window_right, softcap, deterministic, backend,
+                             num_threads):
+    return _backward_outputs(q, k, v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k = inputs[:5]
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.options = inputs[5:]  # max_seqlen_q ... num_threads, in the backward op's order
+    # The log-sum-exp is an auxiliary output (as in flash_attn): no gradient flows through it.
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    dq, dk, dv = torch.ops.flashattn.attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                                        *ctx.options)
+    return (dq, dk, dv) + (None,) * 12
+
+
+attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---- Python entry points ------------------------------------------------------------------------------------------
+
+
+def _check_tensor(name: str, t, *, floating: bool = True) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if floating and t.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise TypeError(f"{name}: dtype must be float16, bfloat16, float32 or float64, got {t.dtype}")
+
+
+def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k) -> None:
+    _check_tensor("q", q)
+    _check_tensor("k", k)
+    _check_tensor("v", v)
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}: dtype {t.dtype} differs from q's {q.dtype}")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if t is not None:
+            _check_tensor(name, t, floating=False)
+            if t.dtype != torch.int32:
+                raise TypeError(f"{name}: dtype must be torch.int32, got {t.dtype}")
+
+
+def resolve_scale(softmax_scale: Optional[float], head_dim: int) -> float:
+    if softmax_scale is None:
+        return head_dim ** -0.5
+    scale = float(softmax_scale)
+    if scale != scale or scale in (float("inf"), float("-inf")):
+        raise ValueError(f"softmax_scale: must be finite, got {softmax_scale}")
+    if scale <= 0:
+        raise NotImplementedError(f"softmax_scale: only positive scales are supported, got {softmax_scale}")
+    return scale
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    cu_seqlens_q: Optional[Tensor] = None,
+    cu_seqlens_k: Optional[Tensor] = None,
+    max_seqlen_q: int = 0,
+    max_seqlen_k: int = 0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    deterministic: bool = False,
+    backend: str = "auto",
+    num_threads: int = 0,
+) -> Tuple[Tensor, Tensor]:
+    """Exact attention in the library's own terms; returns (out, lse).
+
+    Padded: q [b, s_q, h_q, d], k [b, s_k, h_kv, d], v [b, s_k, h_kv, d_v] -> out [b, s_q, h_q, d_v],
+    lse [b, h_q, s_q]. Varlen (cu_seqlens_q/k int32 [b + 1]): [total, h, d] -> out [total_q, h_q, d_v],
+    lse [h_q, total_q]. Causal and the window are aligned bottom-right (flash_attn >= 2.1); -1 = unbounded.
+    `backend` forces one backend by name ("auto" dispatches); num_threads bounds the CPU backends (0 = all).
+    """
+    _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        missing = "cu_seqlens_k" if cu_seqlens_k is None else "cu_seqlens_q"
+        raise ValueError(f"{missing}: cu_seqlens_q and cu_seqlens_k must be given together")
+    scale = resolve_scale(softmax_scale, q.shape[-1])
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    return torch.ops.flashattn.attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                                                 int(max_seqlen_k), scale, bool(causal), int(window_left),
+                                                 int(window_right), float(softcap), bool(deterministic), str(backend),
+                                                 int(num_threads))
+
+
+class BackendChoice(NamedTuple):
+    backend: str     # the backend the dispatcher picks (or the requested one)
+    supported: bool  # False: nothing can run this call; `reason` says why
+    reason: str
+
+
+def choose_backend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    cu_seqlens_q: Optional[Tensor] = None,
+    cu_seqlens_k: Optional[Tensor] = None,
+    max_seqlen_q: int = 0,
+    max_seqlen_k: int = 0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    backward: bool = False,
+    backend: str = "auto",
+) -> BackendChoice:
+    """Which backend `attention` would run for these arguments (backward=True: for the backward), and why."""
+    _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    with _device_of(q):
+        name, ok, reason = _C.choose_backend(
+            _dl(q), _dl(k), _dl(v), None, _dl(cu_seqlens_q), _dl(cu_seqlens_k), int(max_seqlen_q),
+            int(max_seqlen_k), softmax_scale=resolve_scale(softmax_scale, q.shape[-1]), causal=causal,
+            window_left=window_left, window_right=window_right, softcap=softcap, backward=backward, backend=backend,
+            stream=_stream(q))
+    return BackendChoice(name, ok, reason)

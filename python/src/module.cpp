@@ -1,0 +1,284 @@
+// flashattn._C: the framework-neutral native module behind the Python package.
+//
+// Tensors arrive as DLPack arrays (torch, numpy, JAX, CuPy, ...; CPU or CUDA) through nanobind's ndarray, so the
+// module never compiles against a framework: the PyTorch layer (python/flashattn/_ops.py) is plain Python on
+// top of it. The caller allocates every output; a CUDA stream arrives as an integer (cudaStream_t, 0 = the
+// legacy default stream) because only the caller knows which stream its framework is using.
+//
+// Errors: Status::invalid_argument -> ValueError, unsupported -> NotImplementedError, device_error ->
+// RuntimeError, each with the C++ message unchanged. Element types this library has no DType for -> TypeError.
+// The GIL is released while validating (varlen validation may wait on a device copy) and computing.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "flashattn/flashattn.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+using flashattn::AttentionOptions;
+using flashattn::Backend;
+using flashattn::Device;
+using flashattn::DeviceType;
+using flashattn::DType;
+using flashattn::ErrorCode;
+using flashattn::Status;
+using flashattn::TensorView;
+
+// Inputs are read-only (JAX arrays, read-only numpy views); outputs must be writable.
+using In = nb::ndarray<nb::ro>;
+using Out = nb::ndarray<>;
+using OptIn = std::optional<In>;
+using OptOut = std::optional<Out>;
+
+[[noreturn]] void throw_python(PyObject* type, const std::string& message) {
+  PyErr_SetString(type, message.c_str());
+  throw nb::python_error();
+}
+
+void throw_if_failed(const Status& st) {
+  if (st.ok()) return;
+  switch (st.code) {
+    case ErrorCode::invalid_argument: throw_python(PyExc_ValueError, st.message);
+    case ErrorCode::unsupported: throw_python(PyExc_NotImplementedError, st.message);
+    case ErrorCode::device_error: throw_python(PyExc_RuntimeError, st.message);
+    case ErrorCode::ok: break;
+  }
+  throw_python(PyExc_RuntimeError, st.message);
+}
+
+const char* dl_type_name(const nb::dlpack::dtype& t) {
+  switch (nb::dlpack::dtype_code(t.code)) {
+    case nb::dlpack::dtype_code::Int: return "int";
+    case nb::dlpack::dtype_code::UInt: return "uint";
+    case nb::dlpack::dtype_code::Float: return "float";
+    case nb::dlpack::dtype_code::Bfloat: return "bfloat";
+    case nb::dlpack::dtype_code::Complex: return "complex";
+    case nb::dlpack::dtype_code::Bool: return "bool";
+    default: return "dlpack-type-code-";
+  }
+}
+
+DType to_dtype(const char* name, const nb::dlpack::dtype& t) {
+  using code = nb::dlpack::dtype_code;
+  if (t.lanes == 1) {
+    if (t.code == uint8_t(code::Float) && t.bits == 16) return DType::f16;
+    if (t.code == uint8_t(code::Float) && t.bits == 32) return DType::f32;
+    if (t.code == uint8_t(code::Float) && t.bits == 64) return DType::f64;
+    if (t.code == uint8_t(code::Bfloat) && t.bits == 16) return DType::bf16;
+    if (t.code == uint8_t(code::Int) && t.bits == 32) return DType::i32;
+  }
+  std::string got = std::string(dl_type_name(t)) + std::to_string(int(t.bits));
+  if (t.code > uint8_t(code::Bool)) got = "dlpack type code " + std::to_string(int(t.code)) + " bits " + std::to_string(int(t.bits));
+  if (t.lanes != 1) got += "x" + std::to_string(int(t.lanes));
+  throw_python(PyExc_TypeError, std::string(name) + ": unsupported dtype " + got +
+                             " (expected float16, bfloat16, float32 or float64; int32 for cu_seqlens)");
+}
+
+Device to_device(const char* name, int device_type, int device_id) {
+  if (device_type == nb::device::cpu::value || device_type == nb::device::cuda_host::value) {
+    return Device{DeviceType::cpu, 0};  // pinned host memory is ordinary host-addressable memory
+  }
+  if (device_type == nb::device::cuda::value || device_type == nb::device::cuda_managed::value) {
+    return Device{DeviceType::cuda, device_id};
+  }
+  throw_python(PyExc_ValueError, std::string(name) + ": tensors must live on the CPU or a CUDA device (DLPack device type " +
+                              std::to_string(device_type) + ")");
+}
+
+template <typename Array>
+TensorView to_view(const char* name, const Array& a) {
+  if (a.ndim() > size_t(flashattn::kMaxRank)) {
+    throw_python(PyExc_ValueError, std::string(name) + ": rank " + std::to_string(a.ndim()) + " is above the maximum of " +
+                                std::to_string(flashattn::kMaxRank));
+  }
+  TensorView t;
+  t.dtype = to_dtype(name, a.dtype());
+  t.device = to_device(name, a.device_type(), a.device_id());
+  t.rank = int(a.ndim());
+  for (int i = 0; i < t.rank; ++i) {
+    t.shape[i] = int64_t(a.shape(size_t(i)));
+    t.stride[i] = a.stride(size_t(i));
+  }
+  // data() includes DLPack's byte_offset; a const input is never written (validation and the backends only
+  // read q, k, v, dout, out and lse in the backward).
+  t.data = const_cast<void*>(static_cast<const void*>(a.data()));
+  return t;
+}
+
+template <typename Array>
+TensorView to_view(const char* name, const std::optional<Array>& a) {
+  return a ? to_view(name, *a) : TensorView{};
+}
+
+AttentionOptions make_options(double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
+                              double softcap, bool deterministic, const std::string& backend, int num_threads,
+                              uintptr_t stream) {
+  AttentionOptions o;
+  o.softmax_scale = softmax_scale;
+  o.causal = causal;
+  o.window_left = window_left;
+  o.window_right = window_right;
+  o.softcap = softcap;
+  o.deterministic = deterministic;
+  if (!flashattn::parse_backend(backend, &o.backend)) {
+    throw_python(PyExc_ValueError, "backend: unknown name '" + backend +
+                                "' (expected auto, cpu_reference, cpu_flash, cuda_sm80 or cuda_sm90)");
+  }
+  o.num_threads = num_threads;
+  o.stream = reinterpret_cast<void*>(stream);
+  return o;
+}
+
+flashattn::ForwardArgs forward_args(const In& q, const In& k, const In& v, const TensorView& out, const TensorView& lse,
+                                    const OptIn& cu_seqlens_q, const OptIn& cu_seqlens_k, int64_t max_seqlen_q,
+                                    int64_t max_seqlen_k) {
+  flashattn::ForwardArgs a;
+  a.q = to_view("q", q);
+  a.k = to_view("k", k);
+  a.v = to_view("v", v);
+  a.out = out;
+  a.lse = lse;
+  a.cu_seqlens_q = to_view("cu_seqlens_q", cu_seqlens_q);
+  a.cu_seqlens_k = to_view("cu_seqlens_k", cu_seqlens_k);
+  a.max_seqlen_q = max_seqlen_q;
+  a.max_seqlen_k = max_seqlen_k;
+  return a;
+}
+
+// Validates, picks the backend and runs the forward; returns the name of the backend that ran.
+std::string forward(const In& q, const In& k, const In& v, const Out& out, const OptOut& lse,
+                    const OptIn& cu_seqlens_q, const OptIn& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                    double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
+                    const std::string& backend, int num_threads, uintptr_t stream) {
+  const flashattn::ForwardArgs a = forward_args(q, k, v, to_view("out", out), to_view("lse", lse), cu_seqlens_q,
+                                                cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  const AttentionOptions o =
+      make_options(softmax_scale, causal, window_left, window_right, softcap, false, backend, num_threads, stream);
+  Status st;
+  Backend ran = o.backend;
+  {
+    nb::gil_scoped_release release;
+    flashattn::FwdParams p;
+    st = flashattn::make_forward_params(a, o, &p);
+    if (st.ok()) {
+      const flashattn::BackendChoice c = flashattn::choose_backend(p, o.backend, false);
+      st = c.status.ok() ? flashattn::run_forward(p, c.backend) : c.status;
+      ran = c.backend;
+    }
+  }
+  throw_if_failed(st);
+  return flashattn::backend_name(ran);
+}
+
+std::string backward(const In& dout, const In& q, const In& k, const In& v, const In& out, const In& lse,
+                     const Out& dq, const Out& dk, const Out& dv, const OptIn& cu_seqlens_q,
+                     const OptIn& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+                     bool causal, int64_t window_left, int64_t window_right, double softcap, bool deterministic,
+                     const std::string& backend, int num_threads, uintptr_t stream) {
+  flashattn::BackwardArgs a;
+  static_cast<flashattn::ForwardArgs&>(a) = forward_args(q, k, v, to_view("out", out), to_view("lse", lse),
+                                                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  a.dout = to_view("dout", dout);
+  a.dq = to_view("dq", dq);
+  a.dk = to_view("dk", dk);
+  a.dv = to_view("dv", dv);
+  const AttentionOptions o = make_options(softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                                          backend, num_threads, stream);
+  Status st;
+  Backend ran = o.backend;
+  {
+    nb::gil_scoped_release release;
+    flashattn::BwdParams p;
+    st = flashattn::make_backward_params(a, o, &p);
+    if (st.ok()) {
+      const flashattn::BackendChoice c = flashattn::choose_backend(p, o.backend, true);
+      st = c.status.ok() ? flashattn::run_backward(p, c.backend) : c.status;
+      ran = c.backend;
+    }
+  }
+  throw_if_failed(st);
+  return flashattn::backend_name(ran);
+}
+
+// What the dispatcher would run for this call and why, as (backend, supported, reason). Validation errors
+// raise as in forward(). Without `out` a view of the right shape over q's memory stands in: validation only
+// reads shapes and strides, and nothing runs.
+std::tuple<std::string, bool, std::string> choose_backend(const In& q, const In& k, const In& v, const OptOut& out,
+                                                          const OptIn& cu_seqlens_q, const OptIn& cu_seqlens_k,
+                                                          int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                                          double softmax_scale, bool causal, int64_t window_left,
+                                                          int64_t window_right, double softcap, bool backward,
+                                                          const std::string& backend, uintptr_t stream) {
+  TensorView out_view;
+  if (out) {
+    out_view = to_view("out", *out);
+  } else {
+    const TensorView qv = to_view("q", q), vv = to_view("v", v);
+    if (qv.rank >= 1 && vv.rank == qv.rank) {
+      int64_t shape[flashattn::kMaxRank];
+      for (int i = 0; i < qv.rank; ++i) shape[i] = qv.shape[i];
+      shape[qv.rank - 1] = vv.shape[vv.rank - 1];
+      out_view = flashattn::make_contiguous_view(qv.data, qv.dtype, qv.device, qv.rank, shape);
+    }
+  }
+  const flashattn::ForwardArgs a =
+      forward_args(q, k, v, out_view, TensorView{}, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  const AttentionOptions o =
+      make_options(softmax_scale, causal, window_left, window_right, softcap, false, backend, 0, stream);
+  flashattn::BackendChoice c;
+  Status st;
+  {
+    nb::gil_scoped_release release;
+    flashattn::FwdParams p;
+    st = flashattn::make_forward_params(a, o, &p);
+    if (st.ok()) c = flashattn::choose_backend(p, o.backend, backward);
+  }
+  throw_if_failed(st);
+  return {flashattn::backend_name(c.backend), c.status.ok(), c.reason};
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "flashattn native module: exact attention on DLPack tensors (CPU or CUDA), no framework dependency";
+
+  m.def("forward", &forward, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none() = nb::none(),
+        "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
+        "max_seqlen_k"_a = 0, nb::kw_only(), "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1,
+        "window_right"_a = -1, "softcap"_a = 0.0, "backend"_a = "auto", "num_threads"_a = 0, "stream"_a = 0,
+        "Attention forward into caller-allocated out [b, s_q, h_q, d_v] and optional lse [b, h_q, s_q] (fp32);\n"
+        "varlen: [total, h, d] tensors with int32 cu_seqlens_q/k. softmax_scale <= 0 means 1/sqrt(d). stream is a\n"
+        "cudaStream_t as an integer (CUDA tensors). Returns the name of the backend that ran.");
+
+  m.def("backward", &backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a,
+        "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
+        "max_seqlen_k"_a = 0, nb::kw_only(), "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1,
+        "window_right"_a = -1, "softcap"_a = 0.0, "deterministic"_a = false, "backend"_a = "auto",
+        "num_threads"_a = 0, "stream"_a = 0,
+        "Attention backward: fills caller-allocated dq, dk, dv from dout and the forward's out and lse.\n"
+        "Returns the name of the backend that ran.");
+
+  m.def("choose_backend", &choose_backend, "q"_a, "k"_a, "v"_a, "out"_a.none() = nb::none(),
+        "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
+        "max_seqlen_k"_a = 0, nb::kw_only(), "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1,
+        "window_right"_a = -1, "softcap"_a = 0.0, "backward"_a = false, "backend"_a = "auto", "stream"_a = 0,
+        "The backend the dispatcher would run for this call: (name, supported, reason). Runs nothing.");
+
+  m.def("built_with_cuda", &flashattn::built_with_cuda, "Whether this build contains the CUDA kernels.");
+  m.def("cuda_device_count", &flashattn::cuda_device_count, "CUDA devices visible (0 without CUDA).");
+  m.def("cuda_compute_capability", &flashattn::cuda_compute_capability, "device_index"_a,
+        "major * 10 + minor of a CUDA device, or 0.");
+  m.def("version", &flashattn::version, "The library version.");
+  m.attr("__version__") = flashattn::version();
+}

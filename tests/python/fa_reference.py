@@ -1,0 +1,97 @@
+"""Plain PyTorch math reference for the Python tests, and the error bound every comparison uses.
+
+The reference materialises the score matrix. Run in float64 it is the oracle; run in the test's own dtype it
+measures how much error that dtype's ordinary math makes, and ours may make at most twice that plus a few ulps
+(the FlashAttention-3 test rule). Mask semantics are the library's: bottom-right aligned causal mask and window,
+-1 = unbounded, a row without visible keys gives out = 0 and lse = -inf.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+
+def f32(x: float) -> float:
+    """`x` rounded to float32: the library carries softmax_scale and softcap as float."""
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def visible(seq_q: int, seq_k: int, causal: bool, window: Sequence[int], device=None) -> Tensor:
+    """Boolean [seq_q, seq_k]: may query i see key j (diag = i + seq_k - seq_q)."""
+    i = torch.arange(seq_q, device=device)[:, None]
+    j = torch.arange(seq_k, device=device)[None, :]
+    diag = i + seq_k - seq_q
+    vis = torch.ones(seq_q, seq_k, dtype=torch.bool, device=device)
+    if causal:
+        vis &= j <= diag
+    if window[0] >= 0:
+        vis &= j >= diag - window[0]
+    if window[1] >= 0:
+        vis &= j <= diag + window[1]
+    return vis
+
+
+def attention_ref(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, window: Sequence[int] = (-1, -1),
+                  softcap: float = 0.0, scale: Optional[float] = None,
+                  dtype: Optional[torch.dtype] = torch.float64) -> Tuple[Tensor, Tensor]:
+    """out [b, s_q, h_q, d_v] and lse [b, h_q, s_q] computed in `dtype` (None: the inputs' dtype). Differentiable."""
+    dtype = dtype or q.dtype
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    seq_q, seq_k, heads_q, heads_kv = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    scale = f32(q.shape[-1] ** -0.5 if scale is None else scale)
+    group = heads_q // heads_kv
+    k = k.repeat_interleave(group, dim=2)
+    v = v.repeat_interleave(group, dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", q, k) * scale
+    if softcap > 0:
+        cap = f32(softcap)
+        s = cap * torch.tanh(s / cap)
+    vis = visible(seq_q, seq_k, causal, window, q.device)
+    s = s.masked_fill(~vis, float("-inf"))
+    lse = torch.logsumexp(s.detach(), dim=-1) if s.shape[-1] else torch.full(s.shape[:-1], float("-inf"), dtype=dtype, device=q.device)
+    # Rows with no visible key: softmax over zeros (finite), then zeroed: out = 0 and no gradient, never NaN.
+    row_any = vis.any(dim=-1)[:, None]
+    p = torch.softmax(torch.where(row_any, s, torch.zeros_like(s)), dim=-1) * row_any
+    out = torch.einsum("bhij,bjhd->bihd", p, v)
+    return out, lse
+
+
+def varlen_ref(q: Tensor, k: Tensor, v: Tensor, cu_q: Sequence[int], cu_k: Sequence[int],
+               **kwargs) -> Tuple[Tensor, Tensor]:
+    """Packed [total, h, d] inputs: each sequence through attention_ref. Returns out [total_q, h_q, d_v],
+    lse [h_q, total_q]."""
+    outs, lses = [], []
+    for b in range(len(cu_q) - 1):
+        qs, ks, vs = (t[lo:hi].unsqueeze(0) for t, lo, hi in
+                      ((q, cu_q[b], cu_q[b + 1]), (k, cu_k[b], cu_k[b + 1]), (v, cu_k[b], cu_k[b + 1])))
+        o, l = attention_ref(qs, ks, vs, **kwargs)
+        outs.append(o[0])
+        lses.append(l[0])
+    return torch.cat(outs, 0), torch.cat(lses, 1)
+
+
+def eps(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps
+
+
+def assert_close(name: str, ours: Tensor, ref64: Tensor, low: Tensor, dtype: torch.dtype, ulps: float = 8.0):
+    """err(ours) <= 2 * err(low) + ulps * eps(dtype) * max(1, max|ref|), all against the float64 reference.
+
+    Infinite entries (lse of empty rows) must match exactly."""
+    assert ours.shape == ref64.shape, f"{name}: shape {tuple(ours.shape)} != {tuple(ref64.shape)}"
+    ours, ref64, low = ours.double(), ref64.double(), low.double()
+    inf = torch.isinf(ref64)
+    assert torch.equal(torch.isinf(ours), inf), f"{name}: infinities differ from the reference"
+    assert torch.equal(ours[inf], ref64[inf]), f"{name}: infinities differ in sign"
+    assert not torch.isnan(ours).any(), f"{name}: NaN in the result"
+    if ours.numel() == 0 or bool(inf.all()):
+        return
+    fin = ~inf
+    err = (ours[fin] - ref64[fin]).abs().max().item()
+    base = (low[fin] - ref64[fin]).abs().max().item()
+    mag = max(1.0, ref64[fin].abs().max().item())
+    bound = 2 * base + ulps * eps(dtype) * mag
+    assert err <= bound, f"{name}: max error {err:.3g} above the bound {bound:.3g} (same-dtype math: {base:.3g})"

@@ -1,0 +1,206 @@
+"""Forward and backward of the flash_attn API against the float64 math reference: shapes, masks, softcap, GQA,
+head dims, dtypes, non-contiguous inputs, packed layouts, options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Tuple
+
+import pytest
+import torch
+
+import flashattn
+from conftest import cpu_backends
+from fa_reference import assert_close, attention_ref
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int
+    seq_q: int
+    seq_k: int
+    heads_q: int
+    heads_kv: int
+    dim: int
+    dim_v: int
+    causal: bool = False
+    window: Tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+
+    def __str__(self):
+        s = f"b{self.batch}_q{self.seq_q}_k{self.seq_k}_h{self.heads_q}x{self.heads_kv}_d{self.dim}x{self.dim_v}"
+        s += "_causal" if self.causal else ""
+        s += f"_win{self.window[0]},{self.window[1]}" if self.window != (-1, -1) else ""
+        return s + (f"_cap{self.softcap:g}" if self.softcap else "")
+
+
+CASES = [
+    Case(1, 1, 1, 1, 1, 8, 8),
+    Case(2, 17, 17, 4, 4, 16, 16, causal=True),
+    Case(2, 13, 29, 4, 2, 32, 16, causal=True),                 # s_q < s_k, GQA, d != d_v
+    Case(1, 29, 13, 6, 2, 24, 40, causal=True),                 # s_q > s_k: the top rows see no key
+    Case(2, 16, 16, 2, 2, 8, 8, window=(3, 0)),                 # sliding window
+    Case(1, 12, 20, 4, 1, 16, 16, window=(2, 5)),               # MQA, two-sided window
+    Case(2, 10, 10, 2, 2, 64, 64, causal=True, window=(4, -1)),  # causal + left window
+    Case(1, 9, 33, 2, 2, 16, 16, softcap=5.0),
+    Case(1, 11, 11, 2, 1, 16, 16, causal=True, softcap=2.0),
+    Case(1, 12, 5, 2, 2, 8, 8, window=(1, 0)),                  # empty rows and keys no query sees
+    Case(1, 20, 20, 3, 3, 128, 128),
+    Case(1, 8, 8, 1, 1, 256, 256),                              # the largest head dim
+    Case(1, 7, 11, 2, 2, 3, 5),                                 # odd head dims
+    Case(3, 5, 6, 2, 2, 1, 1, causal=True),                     # head dim 1
+]
+LOW_PRECISION_CASES = CASES[:6] + CASES[7:10]
+
+
+def make_inputs(c: Case, dtype, device="cpu"):
+    q = torch.randn(c.batch, c.seq_q, c.heads_q, c.dim, dtype=dtype, device=device)
+    k = torch.randn(c.batch, c.seq_k, c.heads_kv, c.dim, dtype=dtype, device=device)
+    v = torch.randn(c.batch, c.seq_k, c.heads_kv, c.dim_v, dtype=dtype, device=device)
+    dout = torch.randn(c.batch, c.seq_q, c.heads_q, c.dim_v, dtype=dtype, device=device)
+    return q, k, v, dout
+
+
+def check_against_reference(c: Case, dtype, backend, q, k, v, dout, **extra):
+    """Runs flash_attn_func forward and backward on (q, k, v) and compares out, lse, dq, dk, dv."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out, lse, probs = flashattn.flash_attn_func(*leaves, causal=c.causal, window_size=c.window, softcap=c.softcap,
+                                                return_attn_probs=True, backend=backend, **extra)
+    assert probs is None
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert lse.shape == (c.batch, c.heads_q, c.seq_q)
+    out.backward(dout)
+
+    results = {}
+    for ref_dtype in (torch.float64, None):  # the oracle, then the same math in the test dtype
+        ref_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        r_out, r_lse = attention_ref(*ref_leaves, causal=c.causal, window=c.window, softcap=c.softcap,
+                                     scale=extra.get("softmax_scale"), dtype=ref_dtype)
+        r_out.backward(dout.to(r_out.dtype))
+        results[ref_dtype] = (r_out, r_lse) + tuple(t.grad for t in ref_leaves)
+    names = ("out", "lse", "dq", "dk", "dv")
+    ours = (out, lse) + tuple(t.grad for t in leaves)
+    for name, o, r64, low in zip(names, ours, results[torch.float64], results[None]):
+        # lse is float32 whatever the input dtype
+        assert_close(name, o, r64, low, torch.float32 if name == "lse" and dtype == torch.float64 else dtype)
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_float32(case, backend):
+    check_against_reference(case, torch.float32, backend, *make_inputs(case, torch.float32))
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", LOW_PRECISION_CASES, ids=str)
+def test_low_precision(case, dtype, backend):
+    check_against_reference(case, dtype, backend, *make_inputs(case, dtype))
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_float64(backend):
+    c = Case(2, 9, 14, 4, 2, 16, 8, causal=True, softcap=3.0)
+    check_against_reference(c, torch.float64, backend, *make_inputs(c, torch.float64))
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_softmax_scale(backend):
+    c = Case(1, 6, 9, 2, 2, 16, 16, causal=True)
+    check_against_reference(c, torch.float32, backend, *make_inputs(c, torch.float32), softmax_scale=0.37)
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_non_contiguous_inputs(backend):
+    """[b, h, s, d] storage seen as [b, s, h, d], a sliced key tensor, a value with a strided last dimension and a
+    transposed output gradient: all strides are honoured (the last one through a copy)."""
+    c = Case(2, 7, 10, 4, 2, 16, 8, causal=True)
+    q = torch.randn(c.batch, c.heads_q, c.seq_q, c.dim).transpose(1, 2)
+    k = torch.randn(c.batch, c.seq_k + 3, c.heads_kv + 1, c.dim + 4)[:, 2:-1, 1:, :c.dim]
+    v = torch.randn(c.batch, c.seq_k, c.heads_kv, 2 * c.dim_v)[..., ::2]
+    dout = torch.randn(c.batch, c.heads_q, c.seq_q, c.dim_v).transpose(1, 2)
+    assert not q.is_contiguous() and not k.is_contiguous() and v.stride(-1) == 2 and not dout.is_contiguous()
+    check_against_reference(c, torch.float32, backend, q, k, v, dout)
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_packed_layouts_match_unpacked(backend):
+    b, s, h, d = 2, 9, 4, 16
+    qkv = torch.randn(b, s, 3, h, d, requires_grad=True)
+    out = flashattn.flash_attn_qkvpacked_func(qkv, causal=True, backend=backend)
+    (g,) = torch.autograd.grad(out, qkv, torch.ones_like(out))
+
+    q, k, v = (t.detach().clone().requires_grad_() for t in qkv.unbind(2))
+    ref = flashattn.flash_attn_func(q, k, v, causal=True, backend=backend)
+    ref.backward(torch.ones_like(ref))
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(g, torch.stack([q.grad, k.grad, v.grad], 2), rtol=0, atol=0)
+
+    q2 = torch.randn(b, s + 2, h, d, requires_grad=True)
+    kv = torch.randn(b, s, 2, h // 2, d, requires_grad=True)
+    out = flashattn.flash_attn_kvpacked_func(q2, kv, softcap=4.0, backend=backend)
+    k, v = (t.detach().clone().requires_grad_() for t in kv.unbind(2))
+    ref = flashattn.flash_attn_func(q2, k, v, softcap=4.0, backend=backend)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+def test_flash_attn_semantics_of_arguments():
+    """flash_attn conventions: any negative window size is unbounded, softcap <= 0 is off, defaults match."""
+    q, k, v = torch.randn(1, 5, 2, 8), torch.randn(1, 7, 2, 8), torch.randn(1, 7, 2, 8)
+    base = flashattn.flash_attn_func(q, k, v, backend="cpu_reference")
+    for kwargs in ({"window_size": (-5, -2)}, {"window_size": [-1, -1]}, {"softcap": -1.0}, {"softcap": 0.0},
+                   {"softmax_scale": 8 ** -0.5}, {"dropout_p": 0.0}, {"alibi_slopes": None},
+                   {"deterministic": True}):
+        torch.testing.assert_close(flashattn.flash_attn_func(q, k, v, backend="cpu_reference", **kwargs), base,
+                                   rtol=0, atol=0, msg=str(kwargs))
+    # positional order of flash_attn 2: dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, ...
+    a = flashattn.flash_attn_func(q, k, v, 0.0, 0.5, True, (2, 0), 3.0, None, False, False, backend="cpu_reference")
+    b = flashattn.flash_attn_func(q, k, v, softmax_scale=0.5, causal=True, window_size=(2, 0), softcap=3.0,
+                                  backend="cpu_reference")
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_default_path_is_automatic_dispatch():
+    q = torch.randn(1, 4, 2, 8)
+    choice = flashattn.choose_backend(q, q, q)
+    assert choice.backend == "cpu_flash" and choice.supported, choice
+    assert "CPU" in choice.reason
+    forced = flashattn.choose_backend(q, q, q, backend="cpu_reference", backward=True)
+    assert forced.backend == "cpu_reference" and forced.supported
+    cuda = flashattn.choose_backend(q, q, q, backend="cuda_sm80")
+    assert not cuda.supported and "CPU" in cuda.reason
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_deterministic_backward_is_bitwise_repeatable(backend):
+    q, k, v = (torch.randn(2, 33, 4, 32, requires_grad=True) for _ in range(3))
+    grads = []
+    for _ in range(2):
+        out = flashattn.flash_attn_func(q, k, v, causal=True, deterministic=True, backend=backend)
+        grads.append(torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_num_threads(backend):
+    q, k, v = (torch.randn(2, 19, 2, 16) for _ in range(3))
+    one = flashattn.flash_attn_func(q, k, v, causal=True, backend=backend, num_threads=1)
+    all_ = flashattn.flash_attn_func(q, k, v, causal=True, backend=backend, num_threads=0)
+    torch.testing.assert_close(one, all_, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+@pytest.mark.parametrize("shape", [(0, 4, 4), (2, 0, 4), (2, 4, 0)], ids=["batch0", "seq_q0", "seq_k0"])
+def test_empty_sizes(shape, backend):
+    b, sq, sk = shape
+    q = torch.randn(b, sq, 2, 8, requires_grad=True)
+    k = torch.randn(b, sk, 2, 8, requires_grad=True)
+    v = torch.randn(b, sk, 2, 8, requires_grad=True)
+    out, lse, _ = flashattn.flash_attn_func(q, k, v, return_attn_probs=True, backend=backend)
+    assert out.shape == (b, sq, 2, 8) and lse.shape == (b, 2, sq)
+    if sk == 0 and out.numel():
+        assert torch.all(out == 0) and torch.all(lse == float("-inf"))
+    out.sum().backward()
+    if sq == 0:  # no query: the keys and values get zero gradients
+        assert torch.all(k.grad == 0) and torch.all(v.grad == 0)

@@ -1,0 +1,151 @@
+"""The torch.library integration: gradcheck in float64, opcheck of both operators, torch.compile(fullgraph=True)
+of a small attention block (forward and backward, no graph break)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flashattn
+from conftest import cpu_backends
+
+OPS = torch.ops.flashattn
+
+
+def fwd_args(q, k, v, cu_q=None, cu_k=None, max_q=0, max_k=0, scale=0.3, causal=False, wl=-1, wr=-1, softcap=0.0,
+             deterministic=False, backend="cpu_reference", num_threads=0):
+    return (q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, softcap, deterministic, backend, num_threads)
+
+
+# ---- gradcheck -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+@pytest.mark.parametrize("kwargs", [
+    {},
+    {"causal": True},
+    {"causal": True, "softcap": 1.5},
+    {"window_size": (1, 0)},
+], ids=["plain", "causal", "causal_softcap", "window"])
+def test_gradcheck(kwargs, backend):
+    q = torch.randn(1, 4, 2, 3, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 5, 1, 3, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 5, 1, 2, dtype=torch.float64, requires_grad=True)
+    fn = lambda q, k, v: flashattn.flash_attn_func(q, k, v, backend=backend, **kwargs)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_gradcheck_varlen(backend):
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    q = torch.randn(5, 2, 3, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(5, 2, 3, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(5, 2, 4, dtype=torch.float64, requires_grad=True)
+    fn = lambda q, k, v: flashattn.flash_attn_varlen_func(q, k, v, cu, cu, 3, 3, causal=True,  # noqa: E731
+                                                          backend=backend)
+    assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+def test_gradcheck_sdpa_top_left_causal():
+    q = torch.randn(1, 2, 5, 3, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 2, 3, 3, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 2, 3, 3, dtype=torch.float64, requires_grad=True)
+    fn = lambda q, k, v: flashattn.scaled_dot_product_attention(q, k, v, is_causal=True,  # noqa: E731
+                                                                backend="cpu_reference")
+    assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+def test_lse_is_not_differentiable():
+    q = torch.randn(1, 3, 1, 4, requires_grad=True)
+    out, lse, _ = flashattn.flash_attn_func(q, q, q, return_attn_probs=True, backend="cpu_reference")
+    assert out.requires_grad and not lse.requires_grad
+
+
+# ---- opcheck -------------------------------------------------------------------------------------------------------
+
+
+def opcheck_cases(device="cpu", dtype=torch.float32):
+    def t(*shape, grad=True):
+        return torch.randn(*shape, dtype=dtype, device=device, requires_grad=grad)
+
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32, device=device)
+    return [
+        fwd_args(t(2, 5, 4, 8), t(2, 7, 2, 8), t(2, 7, 2, 4), causal=True),
+        fwd_args(t(1, 6, 2, 16), t(1, 6, 2, 16), t(1, 6, 2, 16), wl=2, wr=1, softcap=2.0),
+        fwd_args(t(7, 2, 8), t(7, 2, 8), t(7, 2, 8), cu, cu, 4, 4, causal=True),
+        fwd_args(t(2, 5, 4, 8, grad=False), t(2, 7, 2, 8, grad=False), t(2, 7, 2, 8, grad=False)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_opcheck_forward(case):
+    args = opcheck_cases()[case]
+    torch.library.opcheck(OPS.attention_forward.default, args)
+
+
+def test_opcheck_backward():
+    q, k, v = torch.randn(2, 5, 4, 8), torch.randn(2, 7, 2, 8), torch.randn(2, 7, 2, 8)
+    out, lse = OPS.attention_forward(*fwd_args(q, k, v, causal=True))
+    dout = torch.randn_like(out)
+    bwd = (dout, q, k, v, out, lse, None, None, 0, 0, 0.3, True, -1, -1, 0.0, False, "cpu_reference", 0)
+    torch.library.opcheck(OPS.attention_backward.default, bwd)
+
+
+# ---- torch.compile -------------------------------------------------------------------------------------------------
+
+
+class AttentionBlock(torch.nn.Module):
+    """Pre-norm self-attention with GQA, the shape people compile."""
+
+    def __init__(self, dim=32, heads=4, kv_heads=2, backend="auto"):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim, self.backend = heads, kv_heads, dim // heads, backend
+        self.norm = torch.nn.LayerNorm(dim)
+        self.qkv = torch.nn.Linear(dim, (heads + 2 * kv_heads) * self.head_dim)
+        self.proj = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        qkv = self.qkv(self.norm(x))
+        q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
+                             self.kv_heads * self.head_dim], dim=-1)
+        q = q.view(b, s, self.heads, self.head_dim)
+        k = k.view(b, s, self.kv_heads, self.head_dim)
+        v = v.view(b, s, self.kv_heads, self.head_dim)
+        o = flashattn.flash_attn_func(q, k, v, causal=True, backend=self.backend)
+        return x + self.proj(o.reshape(b, s, -1))
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_compile_fullgraph_forward_backward(backend):
+    torch._dynamo.reset()
+    block = AttentionBlock(backend=backend)
+    x = torch.randn(2, 9, 32, requires_grad=True)
+    eager_out = block(x)
+    eager_grads = torch.autograd.grad(eager_out.square().sum(), [x] + list(block.parameters()))
+
+    compiled = torch.compile(block, fullgraph=True)
+    out = compiled(x)
+    grads = torch.autograd.grad(out.square().sum(), [x] + list(block.parameters()))
+    torch.testing.assert_close(out, eager_out, rtol=1e-5, atol=1e-5)
+    for g, e in zip(grads, eager_grads):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+
+
+def test_compile_sdpa_and_varlen_without_graph_breaks():
+    torch._dynamo.reset()
+
+    def f(q, k, v, cu):
+        a = flashattn.scaled_dot_product_attention(q, k, v, is_causal=True, backend="cpu_reference")
+        b = flashattn.flash_attn_varlen_func(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu,
+                                             cu, 4, 4, causal=True, backend="cpu_reference")
+        return a.sum() + b.sum()
+
+    q, k, v = (torch.randn(1, 2, 6, 8, requires_grad=True) for _ in range(3))
+    cu = torch.tensor([0, 2, 6], dtype=torch.int32)
+    explanation = torch._dynamo.explain(f)(q, k, v, cu)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    out = compiled(q, k, v, cu)
+    out.backward()
+    torch.testing.assert_close(out, f(q, k, v, cu))
