@@ -181,7 +181,7 @@ std::string forward(const In& q, const In& k, const In& v, const Out& out, const
   return flashattn::backend_name(ran);
 }
 
-std::string backward(const In& dout, const In& q, const In& k, const In& v, const In& out, const In& lse,
+std::string backward(const In& dout, const In& q, const In& k, const In& v, const In& out, const OptIn& lse,
                      const Out& dq, const Out& dk, const Out& dv, const OptIn& cu_seqlens_q,
                      const OptIn& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
                      bool causal, int64_t window_left, int64_t window_right, double softcap, bool deterministic,
@@ -261,7 +261,7 @@ NB_MODULE(_C, m) {
         "varlen: [total, h, d] tensors with int32 cu_seqlens_q/k. softmax_scale <= 0 means 1/sqrt(d). stream is a\n"
         "cudaStream_t as an integer (CUDA tensors). Returns the name of the backend that ran.");
 
-  m.def("backward", &backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a,
+  m.def("backward", &backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "dq"_a, "dk"_a, "dv"_a,
         "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
         "max_seqlen_k"_a = 0, nb::kw_only(), "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1,
         "window_right"_a = -1, "softcap"_a = 0.0, "deterministic"_a = false, "backend"_a = "auto",

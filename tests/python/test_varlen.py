@@ -26,13 +26,13 @@ VARLEN_CASES = [
 
 
 def run_case(lengths_q, lengths_k, heads_q, heads_kv, dim, dim_v, causal, window, softcap, dtype, backend,
-             fn="varlen"):
-    cu_q, cu_k = cu(lengths_q), cu(lengths_k)
+             device="cpu"):
+    cu_q, cu_k = cu(lengths_q).to(device), cu(lengths_k).to(device)
     total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
-    q = torch.randn(total_q, heads_q, dim, dtype=dtype)
-    k = torch.randn(total_k, heads_kv, dim, dtype=dtype)
-    v = torch.randn(total_k, heads_kv, dim_v, dtype=dtype)
-    dout = torch.randn(total_q, heads_q, dim_v, dtype=dtype)
+    q = torch.randn(total_q, heads_q, dim, dtype=dtype, device=device)
+    k = torch.randn(total_k, heads_kv, dim, dtype=dtype, device=device)
+    v = torch.randn(total_k, heads_kv, dim_v, dtype=dtype, device=device)
+    dout = torch.randn(total_q, heads_q, dim_v, dtype=dtype, device=device)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     out, lse, _ = flashattn.flash_attn_varlen_func(*leaves, cu_q, cu_k, max(lengths_q), max(lengths_k),
                                                    causal=causal, window_size=window, softcap=softcap,

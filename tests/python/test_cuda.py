@@ -1,0 +1,138 @@
+"""CUDA: the default (automatic) path against the float64 reference, varlen, torch's current stream, CUDA graph
+capture, opcheck, torch.compile, device checks. Every test is skipped cleanly without a GPU or without the CUDA
+kernels in the build."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flashattn
+from conftest import CUDA_AVAILABLE, _backend_problem, requires_cuda
+from fa_reference import attention_ref
+from test_attention import CASES, Case, check_against_reference, make_inputs
+from test_torch_integration import AttentionBlock, opcheck_cases
+from test_varlen import VARLEN_CASES, run_case
+
+pytestmark = [pytest.mark.cuda, requires_cuda]
+
+_problem = {dt: _backend_problem("auto", "cuda", dt) for dt in (torch.float16, torch.bfloat16)} if CUDA_AVAILABLE \
+    else {}
+
+
+@pytest.fixture(params=[torch.float16, torch.bfloat16], ids=str)
+def dtype(request):
+    if _problem.get(request.param):
+        pytest.skip(f"automatic CUDA dispatch cannot run {request.param}: {_problem[request.param]}")
+    return request.param
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_forward_backward(case, dtype):
+    check_against_reference(case, dtype, "auto", *make_inputs(case, dtype, "cuda"))
+
+
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=lambda c: f"q{c[0]}_k{c[1]}")
+def test_varlen(case, dtype):
+    run_case(*case, dtype=dtype, backend="auto", device="cuda")
+
+
+def test_current_stream_is_honoured(dtype):
+    """q is written on a side stream after a long spin; the attention launched on that stream must see it. A kernel
+    on any other stream would race the copy."""
+    src = torch.randn(2, 512, 8, 64, dtype=dtype, device="cuda")
+    k, v = torch.randn_like(src), torch.randn_like(src)
+    expected = flashattn.flash_attn_func(src, k, v, causal=True)
+    q = torch.zeros_like(src)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of spinning on the side stream
+        q.copy_(src)
+        out = flashattn.flash_attn_func(q, k, v, causal=True)
+    side.synchronize()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_cuda_graph_capture(dtype):
+    q, k, v = (torch.randn(2, 64, 4, 32, dtype=dtype, device="cuda", requires_grad=True) for _ in range(3))
+    dout = torch.randn(2, 64, 4, 32, dtype=dtype, device="cuda")
+
+    def step():
+        out = flashattn.flash_attn_func(q, k, v, causal=True, window_size=(16, 0))
+        return (out,) + torch.autograd.grad(out, (q, k, v), dout)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up outside the capture, as torch requires
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    for _ in range(2):
+        with torch.no_grad():
+            for t in (q, k, v, dout):
+                t.copy_(torch.randn_like(t))
+        graph.replay()
+        eager = step()
+        for s, e in zip(static, eager):
+            torch.testing.assert_close(s, e, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("case", range(len(opcheck_cases("cpu"))))
+def test_opcheck(case, dtype):
+    torch.library.opcheck(torch.ops.flashattn.attention_forward.default,
+                          opcheck_cases("cuda", dtype)[case][:13] + ("auto", 0))
+
+
+def test_compile_fullgraph(dtype):
+    torch._dynamo.reset()
+    block = AttentionBlock(dim=64, heads=4, kv_heads=2).to("cuda", dtype)
+    x = torch.randn(2, 33, 64, device="cuda", dtype=dtype, requires_grad=True)
+    eager = block(x)
+    eager_grads = torch.autograd.grad(eager.float().square().sum(), [x] + list(block.parameters()))
+    compiled = torch.compile(block, fullgraph=True)
+    out = compiled(x)
+    grads = torch.autograd.grad(out.float().square().sum(), [x] + list(block.parameters()))
+    tol = dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out, eager, **tol)
+    for g, e in zip(grads, eager_grads):
+        torch.testing.assert_close(g, e, **tol)
+
+
+def test_sdpa_matches_torch(dtype):
+    q = torch.randn(2, 4, 40, 64, dtype=dtype, device="cuda")
+    k = torch.randn(2, 2, 70, 64, dtype=dtype, device="cuda")
+    v = torch.randn(2, 2, 70, 64, dtype=dtype, device="cuda")
+    ours = flashattn.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True,
+                                                           enable_gqa=True)
+    torch.testing.assert_close(ours.double(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_device_mismatch_names_the_argument():
+    q = torch.randn(1, 4, 2, 64, dtype=torch.float16, device="cuda")
+    with pytest.raises(ValueError, match="^k: on cpu but q is on cuda"):
+        flashattn.flash_attn_func(q, q.cpu(), q)
+
+
+def test_cpu_backend_on_cuda_tensors_is_unsupported():
+    q = torch.randn(1, 4, 2, 64, dtype=torch.float16, device="cuda")
+    with pytest.raises(NotImplementedError, match="cpu_reference runs on CPU tensors"):
+        flashattn.flash_attn_func(q, q, q, backend="cpu_reference")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_second_device(dtype):
+    c = Case(1, 33, 47, 4, 2, 64, 64, causal=True)
+    with torch.cuda.device(0):
+        check_against_reference(c, dtype, "auto", *make_inputs(c, dtype, "cuda:1"))
+
+
+def test_reference_runs_on_gpu_inputs_too():
+    """The float64 math reference itself is device-agnostic (sanity check of the harness)."""
+    q = torch.randn(1, 3, 1, 8, device="cuda", dtype=torch.float64)
+    out, lse = attention_ref(q, q, q, causal=True)
+    assert out.device.type == "cuda" and torch.isfinite(lse).all()
