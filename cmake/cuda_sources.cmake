@@ -4,6 +4,9 @@ set(FLASHATTN_CUDA_SOURCES
   src/cuda/runtime.cu
   src/cuda/sm80/supports.cpp
   src/cuda/sm80/forward.cu
+  src/cuda/sm80/forward_hd64.cu
+  src/cuda/sm80/forward_hd128.cu
+  src/cuda/sm80/forward_hd256.cu
   src/cuda/sm80/backward.cu
   src/cuda/sm90/unavailable.cpp
 )

@@ -1,0 +1,7 @@
+// The head-dim bucket 64 of the sm80 forward, both dtypes (one file per bucket so they compile in parallel).
+#include "cuda/sm80/forward_launch.cuh"
+
+namespace flashattn::cuda::sm80 {
+template Status launch_forward<__half, 64>(const FwdParams&);
+template Status launch_forward<__nv_bfloat16, 64>(const FwdParams&);
+}  // namespace flashattn::cuda::sm80

@@ -1,0 +1,80 @@
+// Host side of the sm80 forward: FwdParams -> ForwardKernelArgs, the launch checks, and the launch of one
+// (dtype, head-dim bucket) kernel. Instantiated once per bucket in forward_hd*.cu so that the buckets compile
+// in parallel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "cuda/check.h"
+#include "cuda/sm80/forward_kernel.cuh"
+#include "flashattn/params.h"
+
+namespace flashattn::cuda::sm80 {
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// 16-byte vector access is safe for a tensor when its base, its three strides and its row length all keep
+// every 8-element chunk on a 16-byte boundary.
+inline bool vector_ok(const void* p, int64_t batch_stride, int64_t row_stride, int64_t head_stride, int64_t dim) {
+  return aligned16(p) && batch_stride % 8 == 0 && row_stride % 8 == 0 && head_stride % 8 == 0 && dim % 8 == 0;
+}
+
+template <typename T, int kD>
+Status launch_forward(const FwdParams& p) {
+  using Kernel = ForwardKernel<T, kD>;
+  constexpr int kSmem = Kernel::kSmemBytes;
+
+  ForwardKernelArgs a{};
+  a.q = p.q;
+  a.k = p.k;
+  a.v = p.v;
+  a.o = p.o;
+  a.lse = p.lse;
+  a.q_batch_stride = p.q_batch_stride, a.q_row_stride = p.q_row_stride, a.q_head_stride = p.q_head_stride;
+  a.k_batch_stride = p.k_batch_stride, a.k_row_stride = p.k_row_stride, a.k_head_stride = p.k_head_stride;
+  a.v_batch_stride = p.v_batch_stride, a.v_row_stride = p.v_row_stride, a.v_head_stride = p.v_head_stride;
+  a.o_batch_stride = p.o_batch_stride, a.o_row_stride = p.o_row_stride, a.o_head_stride = p.o_head_stride;
+  a.lse_batch_stride = p.lse_batch_stride, a.lse_head_stride = p.lse_head_stride;
+  a.cu_seqlens_q = p.cu_seqlens_q;
+  a.cu_seqlens_k = p.cu_seqlens_k;
+  a.seqlen_q = int(p.seqlen_q);
+  a.seqlen_k = int(p.seqlen_k);
+  a.head_group = int(p.heads_q / p.heads_kv);
+  a.head_dim = int(p.head_dim);
+  a.head_dim_v = int(p.head_dim_v);
+  a.num_m_blocks = int((p.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM);
+  a.causal = p.causal;
+  a.window_left = p.window_left;
+  a.window_right = p.window_right;
+  const double unit = p.softcap > 0 ? double(p.softcap) : double(p.softmax_scale);
+  a.unit_scale = float(unit);
+  a.scale_log2 = float(unit * 1.4426950408889634);  // log2(e)
+  a.softcap_pre = p.softcap > 0 ? float(double(p.softmax_scale) / double(p.softcap)) : 0.f;
+  a.q_vec = vector_ok(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.head_dim);
+  a.k_vec = vector_ok(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, p.head_dim);
+  a.v_vec = vector_ok(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, p.head_dim_v);
+  a.o_vec = vector_ok(p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride, p.head_dim_v);
+
+  detail::DeviceGuard guard(p.device.index);
+  FA_CUDA_TRY(guard.status());
+  int smem_optin = 0;
+  FA_CUDA_TRY(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device.index));
+  if (smem_optin < kSmem) {
+    return Status::unsupported("cuda_sm80: the head-dim " + std::to_string(kD) + " forward kernel needs " +
+                               std::to_string(kSmem / 1024) + " KB of shared memory per block; device " +
+                               std::to_string(p.device.index) + " allows " + std::to_string(smem_optin / 1024) +
+                               " KB");
+  }
+  auto kernel = forward_kernel<T, kD>;
+  FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  const dim3 grid(unsigned(a.num_m_blocks), unsigned(p.heads_q), unsigned(p.batch));
+  kernel<<<grid, Kernel::kThreads, kSmem, static_cast<cudaStream_t>(p.stream)>>>(a);
+  FA_CUDA_TRY(cudaGetLastError());
+  return Status::success();
+}
+
+}  // namespace flashattn::cuda::sm80

@@ -1,0 +1,63 @@
+// Score transforms and masking of the sm80 forward on S tiles held as mma C fragments, built on MaskSpec
+// (common/mask.h), which decides which keys a row sees for every backend.
+//
+// Per-element work only where it changes something: the kernel asks tile_needs_mask once per tile (uniform
+// over the block), and only tiles on a mask edge or past the last key pay for apply_mask.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/mask.h"
+
+namespace flashattn::cuda::sm80 {
+
+// True when some (row, key) of the tile rows [row_begin, row_end) x keys [key_begin, key_begin + block_n)
+// is hidden: a mask edge crosses it, or it runs past the last key.
+__device__ __forceinline__ bool tile_needs_mask(const MaskSpec& mask, int row_begin, int row_end, int key_begin,
+                                                int block_n) {
+  return int64_t(key_begin) + block_n > mask.seqlen_k ||
+         !mask.tile_fully_visible(row_begin, row_end, key_begin, int64_t(key_begin) + block_n);
+}
+
+// Sets hidden scores to -inf. `row0` is the sequence row of the warp's first row, `key0` the tile's first key;
+// fragment element (mt, nt, e) sits at row row0 + 16 mt + g + 8 (e / 2), key key0 + 8 nt + 2 q + (e % 2).
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], const MaskSpec& mask, int row0, int key0,
+                                           int lane) {
+  const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      int64_t lo, hi;  // visible keys of this row: [lo, hi), already clipped to [0, seqlen_k)
+      mask.key_range(row0 + mt * 16 + g + 8 * r, &lo, &hi);
+      const int lo_t = int(max(int64_t(-1), min(lo - key0, int64_t(1) << 30)));
+      const int hi_t = int(max(int64_t(-1), min(hi - key0, int64_t(1) << 30)));
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int j = nt * 8 + 2 * q + e;  // key offset inside the tile
+          if (j < lo_t || j >= hi_t) s[mt][nt][2 * r + e] = -INFINITY;
+        }
+      }
+    }
+  }
+}
+
+// Softcap: x = tanh(q·k · pre) with pre = softmax_scale / softcap; the natural score is softcap · x, which the
+// softmax folds into its unit scale.
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void apply_softcap(float (&s)[kMTiles][kNTiles][4], float pre) {
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mt][nt][e] = tanhf(s[mt][nt][e] * pre);
+    }
+  }
+}
+
+}  // namespace flashattn::cuda::sm80

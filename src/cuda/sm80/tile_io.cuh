@@ -1,0 +1,103 @@
+// Shared-memory tiles of the sm80 kernels: the swizzled layout, and the copies between global memory and it.
+//
+// Layout: a tile of R rows x D columns of 2-byte elements (D a multiple of 64) is stored row-major, with the
+// 16-byte chunk index XOR-ed by (row & 7). ldmatrix reads one 16-byte chunk from each of 8 consecutive rows;
+// unswizzled, rows 128 bytes or more apart would all hit the same four banks (an 8-way conflict). With the
+// XOR the 8 chunks land in 8 different bank groups, for reads (ldmatrix) and for the 32-bit fragment writes of
+// the epilogue alike.
+//
+// Loads: the fast path is cp.async of 16 bytes with zero-fill, which needs the global address 16-byte
+// aligned: the base pointer 16-byte aligned, every stride a multiple of 8 elements and the valid column count
+// a multiple of 8. The launcher checks that per tensor (`vec`); otherwise each chunk is gathered element by
+// element (synchronously) and stored to shared memory as one 16-byte write. Both paths zero-fill rows past
+// `rows_valid` and columns past `cols_valid`, so tails need no branch in the matrix products.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/primitives.cuh"
+
+namespace flashattn::cuda::sm80 {
+
+// Element offset of (row, col) in a swizzled tile with kD columns; col % 8 is kept within the chunk.
+template <int kD>
+__device__ __forceinline__ int swizzle(int row, int col) {
+  static_assert(kD % 64 == 0, "the swizzle permutes chunks within groups of 8");
+  return row * kD + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+}
+
+// Copies rows [0, kRows) x columns [0, kD) of a global tile (element (r, c) at g[r * row_stride + c]) into
+// the swizzled shared tile `s`, zero-filling rows >= rows_valid and columns >= cols_valid. All kThreads
+// threads of the block call it; the fast path only issues cp.async (the caller commits and waits).
+// Thread t always copies column chunk t % (kD / 8) of rows t / (kD / 8) + i * kRowsPerPass: one global pointer
+// and one shared offset per thread, stepped by constants, so that the kernel's main loop keeps no per-chunk
+// addresses alive (they cost registers: hoisted out of the loop, 16 chunk addresses spilled).
+template <int kRows, int kD, int kThreads, typename T>
+__device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, int rows_valid, int cols_valid,
+                                          bool vec) {
+  constexpr int kChunksPerRow = kD / 8;
+  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
+  static_assert(kRowsPerPass % 8 == 0, "the swizzle phase (row & 7) is the same on every pass");
+  const int row0 = int(threadIdx.x) / kChunksPerRow;
+  const int col = (int(threadIdx.x) % kChunksPerRow) * 8;
+  T* dst = s + swizzle<kD>(row0, col);
+  const T* src = g + row0 * row_stride + col;
+  const int64_t src_step = int64_t(kRowsPerPass) * row_stride;
+  const bool col_in = col < cols_valid;
+  if (vec) {
+#pragma unroll
+    for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+      const bool in = col_in && row0 + i * kRowsPerPass < rows_valid;
+      // The source of a zero-filled chunk is not read; the tile base keeps the address a valid one.
+      cp_async_16(dst + i * kRowsPerPass * kD, in ? src + i * src_step : g, in);
+    }
+  } else {
+    // Not unrolled: the slow path must not hold many gathered chunks in registers next to the accumulators.
+#pragma unroll 1
+    for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+      const bool in = col_in && row0 + i * kRowsPerPass < rows_valid;
+      const uint16_t* src16 = reinterpret_cast<const uint16_t*>(src + i * src_step);
+      uint32_t w[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t lo = (in && col + 2 * j < cols_valid) ? src16[2 * j] : 0u;
+        const uint32_t hi = (in && col + 2 * j + 1 < cols_valid) ? src16[2 * j + 1] : 0u;
+        w[j] = lo | (hi << 16);
+      }
+      *reinterpret_cast<uint4*>(dst + i * kRowsPerPass * kD) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
+// Stores rows [0, rows_valid) x columns [0, cols_valid) of the swizzled shared tile `s` (kRows x kD) to global
+// memory, one 16-byte chunk per lane at a time, so a warp writes whole row segments. Called by one warp for
+// the rows it owns (no block barrier needed); `vec` as for load_tile.
+template <int kRows, int kD, typename T>
+__device__ __forceinline__ void store_tile_warp(T* g, int64_t row_stride, const T* s, int rows_valid,
+                                                int cols_valid, bool vec, int lane) {
+  constexpr int kChunksPerRow = kD / 8;
+  constexpr int kChunks = kRows * kChunksPerRow;
+  static_assert(kChunks % 32 == 0, "every lane stores the same number of chunks");
+#pragma unroll
+  for (int i = 0; i < kChunks / 32; ++i) {
+    const int c = lane + i * 32;
+    const int row = c / kChunksPerRow;
+    const int col = (c % kChunksPerRow) * 8;
+    if (row >= rows_valid || col >= cols_valid) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(s + swizzle<kD>(row, col));
+    T* dst = g + row * row_stride + col;
+    if (vec) {
+      *reinterpret_cast<uint4*>(dst) = v;
+    } else {
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      uint16_t* d16 = reinterpret_cast<uint16_t*>(dst);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (col + j < cols_valid) d16[j] = uint16_t(w[j / 2] >> (16 * (j % 2)));
+      }
+    }
+  }
+}
+
+}  // namespace flashattn::cuda::sm80

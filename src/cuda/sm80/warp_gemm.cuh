@@ -1,0 +1,81 @@
+// Warp-level matrix products of the sm80 forward, on mma.sync m16n8k16 with fp32 accumulation. Scope: one
+// warp; the operands live in swizzled shared tiles (tile_io.cuh) or in registers.
+//
+// Fragment layouts are the PTX ones (primitives.cuh). The ldmatrix lane addressing below follows from them:
+// ldmatrix.x4 loads four 8x8 matrices, lane l giving the row address of row (l & 7) of matrix (l >> 3), and
+// lane t receiving elements (t / 4, 2 (t % 4) .. +1) of each matrix (with .trans, the transposed pair).
+#pragma once
+
+#include "cuda/primitives.cuh"
+#include "cuda/sm80/tile_io.cuh"
+
+namespace flashattn::cuda::sm80 {
+
+// S[mt][nt] += Q[16 mt .., :] · K[8 nt .., :]ᵀ for a warp owning kMTiles x 16 query rows.
+//   sq: the warp's first query row in the swizzled Q tile (kD columns); sk: the K tile (rows = keys).
+// A = Q rows: matrices (rows +0/+8) x (cols +0/+8) in the order a[0..3] needs: row offset (l >> 3 & 1) * 8,
+// column offset (l >> 4) * 8. B = K rows read as "col" operand: b[0], b[1] of n-tile 2p are K rows +0..7 at
+// columns +0 / +8, those of n-tile 2p+1 rows +8..15: row offset (l >> 4) * 8, column offset (l >> 3 & 1) * 8.
+template <typename T, int kD, int kMTiles, int kNTiles>
+__device__ __forceinline__ void warp_gemm_qk(float (&s)[kMTiles][kNTiles][4], const T* sq, const T* sk, int lane) {
+  static_assert(kNTiles % 2 == 0, "K fragments are loaded two n-tiles at a time");
+  const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
+  const int b_row = (lane & 7) + (lane >> 4) * 8, b_col = ((lane >> 3) & 1) * 8;
+#pragma unroll
+  for (int ks = 0; ks < kD / 16; ++ks) {
+    uint32_t a[kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) ldmatrix_x4(a[mt], sq + swizzle<kD>(mt * 16 + a_row, ks * 16 + a_col));
+#pragma unroll
+    for (int np = 0; np < kNTiles / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4(b, sk + swizzle<kD>(np * 16 + b_row, ks * 16 + b_col));
+      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        mma_16x8x16<T>(s[mt][2 * np], a[mt], b0);
+        mma_16x8x16<T>(s[mt][2 * np + 1], a[mt], b1);
+      }
+    }
+  }
+}
+
+// The P operand of one 16-key step, rounded to T: the C fragments of S n-tiles 2 ks and 2 ks + 1 are exactly
+// the A fragment of a 16x16 tile (a[0] / a[1]: rows g / g+8 of n-tile 2 ks; a[2] / a[3]: of n-tile 2 ks + 1),
+// so P never leaves registers.
+template <typename T, int kNTiles>
+__device__ __forceinline__ void p_fragment(uint32_t (&a)[4], const float (&p)[kNTiles][4], int ks) {
+  a[0] = pack_pair<T>(p[2 * ks][0], p[2 * ks][1]);
+  a[1] = pack_pair<T>(p[2 * ks][2], p[2 * ks][3]);
+  a[2] = pack_pair<T>(p[2 * ks + 1][0], p[2 * ks + 1][1]);
+  a[3] = pack_pair<T>(p[2 * ks + 1][2], p[2 * ks + 1][3]);
+}
+
+// O[mt][dt] += P[mt] · V for the warp's rows; P in registers (kNTiles = keys / 8 fp32 C fragments per m-tile),
+// V a swizzled tile (rows = keys, kD columns). B = V read transposed: b[0], b[1] of d-tile 2p are keys +0..7
+// / +8..15 at columns +0..7, those of d-tile 2p+1 at columns +8..15: key offset (l >> 3 & 1) * 8, column
+// offset (l >> 4) * 8.
+template <typename T, int kD, int kMTiles, int kNTiles>
+__device__ __forceinline__ void warp_gemm_pv(float (&o)[kMTiles][kD / 8][4], const float (&p)[kMTiles][kNTiles][4],
+                                             const T* sv, int lane) {
+  const int b_row = (lane & 7) + ((lane >> 3) & 1) * 8, b_col = (lane >> 4) * 8;
+#pragma unroll
+  for (int ks = 0; ks < kNTiles / 2; ++ks) {
+    uint32_t a[kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) p_fragment<T, kNTiles>(a[mt], p[mt], ks);
+#pragma unroll
+    for (int dp = 0; dp < kD / 16; ++dp) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, sv + swizzle<kD>(ks * 16 + b_row, dp * 16 + b_col));
+      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        mma_16x8x16<T>(o[mt][2 * dp], a[mt], b0);
+        mma_16x8x16<T>(o[mt][2 * dp + 1], a[mt], b1);
+      }
+    }
+  }
+}
+
+}  // namespace flashattn::cuda::sm80
