@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# One device call for issue 4 (Hopper forward): runs the sm90 GPU tests (primitives + forward grid), a
+# compute-sanitizer memcheck on a small subset, then times the sm90 forward and cuDNN (PyTorch SDPA) on the
+# benchmark grid. Logs go to $OUT; a short table is printed last.
+#
+# Prepare here (no GPU needed), then run this on the device with build-sm90/carry carried:
+#   cmake -S bench/gpu/sm90_check -B build-sm90 -G Ninja && ninja -C build-sm90 -j1
+#   bench/gpu/device_check_sm90.sh --stage      # copies binaries, libgomp and googletest into build-sm90/carry
+# On the device: bench/gpu/device_check_sm90.sh   (SM90_SKIP_SANITIZER=1 / SM90_SKIP_CUDNN=1 to skip steps)
+# If the carried binaries do not start there, it builds them there (16 cores) from bench/gpu/sm90_check.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+carry=build-sm90/carry
+
+if [ "${1:-}" = "--stage" ]; then
+  mkdir -p "$carry/lib"
+  cp build-sm90/sm90_tests build-sm90/bench_sm90_forward "$carry/"
+  cp /lib/x86_64-linux-gnu/libgomp.so.1 "$carry/lib/" 2>/dev/null || true
+  [ -d "$carry/googletest" ] || cp -r /usr/src/googletest "$carry/googletest"
+  du -sh "$carry"
+  exit 0
+fi
+
+OUT=${OUT:-/tmp/sm90-out}
+mkdir -p "$OUT"
+say() { printf '\n==== %s\n' "$*" | tee -a "$OUT/summary.txt"; }
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$PWD/$carry/lib"
+
+say "device"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv 2>&1 | tee -a "$OUT/summary.txt"
+nvcc --version 2>&1 | tail -2
+
+TESTS=$carry/sm90_tests
+BENCH=$carry/bench_sm90_forward
+if ! "$TESTS" --gtest_list_tests >/dev/null 2>&1; then
+  say "carried binaries do not start here; building on the device"
+  prefix=()
+  if [ ! -f /usr/include/gtest/gtest.h ]; then
+    cmake -S "$carry/googletest" -B /tmp/gtest-build -G Ninja -DBUILD_GMOCK=OFF -DCMAKE_INSTALL_PREFIX=/tmp/gtest \
+      >"$OUT/gtest_build.log" 2>&1 && ninja -C /tmp/gtest-build install >>"$OUT/gtest_build.log" 2>&1
+    prefix=(-DCMAKE_PREFIX_PATH=/tmp/gtest)
+  fi
+  cmake -S bench/gpu/sm90_check -B /tmp/sm90-build -G Ninja "${prefix[@]}" >"$OUT/build.log" 2>&1 &&
+    ninja -C /tmp/sm90-build -j16 >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  TESTS=/tmp/sm90-build/sm90_tests
+  BENCH=/tmp/sm90-build/bench_sm90_forward
+fi
+
+say "GPU tests (primitives + forward grid)"
+timeout 60 "$TESTS" --gtest_color=no >"$OUT/tests.log" 2>&1
+tests_rc=$?
+echo "tests exit code $tests_rc" | tee -a "$OUT/summary.txt"
+grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran|error|Failure" "$OUT/tests.log" | head -40 | tee -a "$OUT/summary.txt"
+
+if [ "$tests_rc" = 124 ]; then
+  say "the tests timed out (a kernel hangs?): skipping memcheck and timing"
+  tail -20 "$OUT/tests.log"
+  exit 1
+fi
+
+if [ "${SM90_SKIP_SANITIZER:-0}" != 1 ]; then
+  say "compute-sanitizer memcheck (small subset)"
+  timeout 90 compute-sanitizer --tool memcheck --print-limit 10 "$TESTS" --gtest_color=no \
+    --gtest_filter='*TmaRing*:*bf16_d128_causal_tail*:*varlen_causal*:*bf16_d256_window*' >"$OUT/memcheck.log" 2>&1
+  echo "memcheck exit code $?" | tee -a "$OUT/summary.txt"
+  grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/memcheck.log" | tail -8 | tee -a "$OUT/summary.txt"
+fi
+
+say "sm90 forward timing (bf16, B*S = 16k, H*D = 2048)"
+timeout 90 "$BENCH" --csv >"$OUT/bench_sm90.csv" 2>&1
+echo "bench exit code $?" >>"$OUT/summary.txt"
+cat "$OUT/bench_sm90.csv" >>"$OUT/summary.txt"
+
+if [ "${SM90_SKIP_CUDNN:-0}" != 1 ]; then
+  say "cuDNN (PyTorch SDPA) on the same grid"
+  timeout 90 python3 bench/gpu/sdpa_cudnn_grid.py >"$OUT/bench_cudnn.csv" 2>&1
+  cat "$OUT/bench_cudnn.csv" >>"$OUT/summary.txt"
+fi
+
+say "table: TFLOP/s, ours vs cuDNN"
+python3 - "$OUT/bench_sm90.csv" "$OUT/bench_cudnn.csv" <<'PY' | tee -a "$OUT/summary.txt"
+import csv, sys
+def load(p):
+    try:
+        return {(r["hd"], r["seqlen"], r["causal"]): r for r in csv.DictReader(l for l in open(p) if "," in l and not l.startswith("#"))}
+    except Exception:
+        return {}
+ours, cudnn = load(sys.argv[1]), load(sys.argv[2])
+print(f"{'hd':>4} {'S':>6} {'causal':>6} {'ours ms':>9} {'ours TF':>8} {'cuDNN TF':>9}")
+for key, r in ours.items():
+    c = cudnn.get(key, {}).get("tflops", "-")
+    print(f"{key[0]:>4} {key[1]:>6} {key[2]:>6} {r['ms']:>9} {r['tflops']:>8} {c:>9}")
+PY
+grep -E "^\[  (PASSED|FAILED) " "$OUT/tests.log" | tail -3

@@ -1,0 +1,277 @@
+// The in-house Hopper (sm_90a) primitives the sm90 kernels are written in: warpgroup matrix multiplies
+// (wgmma) with shared-memory matrix descriptors over 128-byte-swizzled tiles, the bulk tensor copy engine
+// (TMA), mbarriers with phase tracking, proxy fences and register reallocation (setmaxnreg). Each is a thin,
+// named wrapper over PTX: CCCL's cuda::ptx where it has the instruction (TMA, mbarrier, fences), inline PTX
+// where it does not (wgmma, setmaxnreg). Unit-tested on the GPU in tests/gpu/test_sm90_primitives.cpp.
+//
+// Compile for `-gencode=arch=compute_90a,code=sm_90a` only: wgmma and setmaxnreg do not exist elsewhere.
+//
+// Tiles in shared memory use the 128-byte swizzled layout of cuda/sm90/swizzle.h.
+//
+// wgmma register layouts (PTX ISA, wgmma .m64nNk16), for thread t of the warpgroup: warp w = t / 32 owns rows
+// 16w..16w+15; with g = (t % 32) / 4 and q = t % 4:
+//   accumulator (fp32, N/2 registers): d[4j + 0..1] = (row 16w + g,     cols 8j + 2q, +1)
+//                                      d[4j + 2..3] = (row 16w + g + 8, cols 8j + 2q, +1)
+//   A from registers (4 x 32-bit, two 16-bit values each, low half first):
+//     a[0] = (16w + g, 2q..+1), a[1] = (16w + g + 8, 2q..+1), a[2] = (16w + g, 8 + 2q..+1),
+//     a[3] = (16w + g + 8, 8 + 2q..+1)
+// so an accumulator over keys converts into the A operand of the next product without data movement (the
+// forward's P = softmax(S) feeding O += P V).
+#pragma once
+
+#include <cuda/ptx>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda/primitives.cuh"
+#include "cuda/sm90/swizzle.h"
+
+namespace flashattn::cuda::sm90 {
+
+// ---- shared-memory matrix descriptors (PTX "matrix descriptor format") ----
+// Bits 0-13: start address >> 4; 16-29: leading-dimension byte offset >> 4; 32-45: stride-dimension byte
+// offset >> 4; 49-51: base offset (0: our tiles start on a 1024-byte boundary); 62-63: swizzle (1 = 128 B).
+__device__ __forceinline__ uint64_t encode_descriptor(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  constexpr uint64_t kSwizzle128 = 1;
+  return uint64_t((smem_addr & 0x3FFFF) >> 4) | (uint64_t((lbo_bytes & 0x3FFFF) >> 4) << 16) |
+         (uint64_t((sbo_bytes & 0x3FFFF) >> 4) << 32) | (kSwizzle128 << 62);
+}
+
+// K-major operand (rows of the M or N dimension, K contiguous), e.g. Q and K for S = Q Kᵀ. One wgmma reads 16
+// K-elements = 32 bytes of each 128-byte row, so the leading offset is unused (encoded as 1 by convention) and
+// the stride offset is one swizzle atom (8 rows). Step along K inside a panel by adding 32 bytes to the start
+// address: the swizzle is a function of the address, so the hardware applies the same XOR that TMA did.
+__device__ __forceinline__ uint64_t make_desc_k_major(uint32_t smem_addr) {
+  return encode_descriptor(smem_addr, 16, kSwizzleAtomBytes);
+}
+
+// MN-major operand (rows of the K dimension, N contiguous), e.g. V for O += P V, where V's rows are keys. The
+// leading offset steps to the next 64 columns of N (the next panel); the stride offset steps 8 K-rows.
+__device__ __forceinline__ uint64_t make_desc_mn_major(uint32_t smem_addr, uint32_t panel_bytes) {
+  return encode_descriptor(smem_addr, panel_bytes, kSwizzleAtomBytes);
+}
+
+// ---- wgmma: warpgroup-wide asynchronous matrix multiply, D(64 x N, fp32) (+)= A(64 x 16) B(16 x N) ----
+// Makes prior register writes (accumulators, A fragments) visible to the next wgmma of this warpgroup.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most kPending committed wgmma groups of this warp are in flight.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Keeps the compiler from moving reads or writes of accumulator registers across an asynchronous wgmma.
+template <int kN>
+__device__ __forceinline__ void fence_registers(float (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int kN>
+__device__ __forceinline__ void fence_registers(uint32_t (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+#define FA_SM90_ACC_REGS_32 "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" "}"
+#define FA_SM90_ACC_REGS_64 "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" "}"
+#define FA_SM90_ACC_REGS_128 "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" "}"
+
+#define FA_SM90_D8(d, i) \
+  "+f"(d[(i) + 0]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]), "+f"(d[(i) + 5]), \
+      "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
+#define FA_SM90_D32(d, i) FA_SM90_D8(d, (i)), FA_SM90_D8(d, (i) + 8), FA_SM90_D8(d, (i) + 16), FA_SM90_D8(d, (i) + 24)
+#define FA_SM90_D64(d) FA_SM90_D32(d, 0), FA_SM90_D32(d, 32)
+#define FA_SM90_D128(d) FA_SM90_D32(d, 0), FA_SM90_D32(d, 32), FA_SM90_D32(d, 64), FA_SM90_D32(d, 96)
+
+// Operand numbers follow the accumulators: SS takes (desc_a, desc_b, accumulate, trans_b), RS takes
+// (a0..a3, desc_b, accumulate, trans_b). `accumulate` = 0 overwrites D (the first product of a sum).
+#define FA_SM90_WGMMA_SS(N, TYPE, ACC, DA, DB, SCALE, TRANS)                                            \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE ", 0;\n"                                                     \
+  "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TYPE "." TYPE " " ACC ", " DA ", " DB ", p, 1, 1, 0, " \
+  TRANS ";\n}\n"
+#define FA_SM90_WGMMA_RS(N, TYPE, ACC, A, DB, SCALE, TRANS)                                       \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE ", 0;\n"                                              \
+  "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TYPE "." TYPE " " ACC ", " A ", " DB ", p, 1, 1, " \
+  TRANS ";\n}\n"
+
+// D(64 x N) (+)= A(64 x 16, shared, K-major) * B(16 x N, shared; K-major if kTransB == 0, N-major if 1).
+template <typename T, int N, int kTransB>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  static_assert(N == 64 || N == 128 || N == 256, "wgmma_ss: N must be 64, 128 or 256");
+  const uint32_t acc = accumulate ? 1u : 0u;
+  if constexpr (N == 64) {
+    if constexpr (ElementTraits<T>::is_bf16)
+      asm volatile(FA_SM90_WGMMA_SS("64", "bf16", FA_SM90_ACC_REGS_32, "%32", "%33", "%34", "%35")
+                   : FA_SM90_D32(d, 0) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB));
+    else
+      asm volatile(FA_SM90_WGMMA_SS("64", "f16", FA_SM90_ACC_REGS_32, "%32", "%33", "%34", "%35")
+                   : FA_SM90_D32(d, 0) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB));
+  } else if constexpr (N == 128) {
+    if constexpr (ElementTraits<T>::is_bf16)
+      asm volatile(FA_SM90_WGMMA_SS("128", "bf16", FA_SM90_ACC_REGS_64, "%64", "%65", "%66", "%67")
+                   : FA_SM90_D64(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB));
+    else
+      asm volatile(FA_SM90_WGMMA_SS("128", "f16", FA_SM90_ACC_REGS_64, "%64", "%65", "%66", "%67")
+                   : FA_SM90_D64(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB));
+  } else {
+    if constexpr (ElementTraits<T>::is_bf16)
+      asm volatile(FA_SM90_WGMMA_SS("256", "bf16", FA_SM90_ACC_REGS_128, "%128", "%129", "%130", "%131")
+                   : FA_SM90_D128(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB));
+    else
+      asm volatile(FA_SM90_WGMMA_SS("256", "f16", FA_SM90_ACC_REGS_128, "%128", "%129", "%130", "%131")
+                   : FA_SM90_D128(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB));
+  }
+}
+
+// D(64 x N) (+)= A(64 x 16, registers, layout above) * B(16 x N, shared; K-major if kTransB == 0, else N-major).
+template <typename T, int N, int kTransB>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
+                                         bool accumulate) {
+  static_assert(N == 64 || N == 128 || N == 256, "wgmma_rs: N must be 64, 128 or 256");
+  const uint32_t acc = accumulate ? 1u : 0u;
+  if constexpr (N == 64) {
+    if constexpr (ElementTraits<T>::is_bf16)
+      asm volatile(FA_SM90_WGMMA_RS("64", "bf16", FA_SM90_ACC_REGS_32, "{%32, %33, %34, %35}", "%36", "%37", "%38")
+                   : FA_SM90_D32(d, 0)
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc), "n"(kTransB));
+    else
+      asm volatile(FA_SM90_WGMMA_RS("64", "f16", FA_SM90_ACC_REGS_32, "{%32, %33, %34, %35}", "%36", "%37", "%38")
+                   : FA_SM90_D32(d, 0)
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc), "n"(kTransB));
+  } else if constexpr (N == 128) {
+    if constexpr (ElementTraits<T>::is_bf16)
+      asm volatile(FA_SM90_WGMMA_RS("128", "bf16", FA_SM90_ACC_REGS_64, "{%64, %65, %66, %67}", "%68", "%69", "%70")
+                   : FA_SM90_D64(d)
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc), "n"(kTransB));
+    else
+      asm volatile(FA_SM90_WGMMA_RS("128", "f16", FA_SM90_ACC_REGS_64, "{%64, %65, %66, %67}", "%68", "%69", "%70")
+                   : FA_SM90_D64(d)
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc), "n"(kTransB));
+  } else {
+    if constexpr (ElementTraits<T>::is_bf16)
+      asm volatile(
+          FA_SM90_WGMMA_RS("256", "bf16", FA_SM90_ACC_REGS_128, "{%128, %129, %130, %131}", "%132", "%133", "%134")
+          : FA_SM90_D128(d)
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc), "n"(kTransB));
+    else
+      asm volatile(
+          FA_SM90_WGMMA_RS("256", "f16", FA_SM90_ACC_REGS_128, "{%128, %129, %130, %131}", "%132", "%133", "%134")
+          : FA_SM90_D128(d)
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc), "n"(kTransB));
+  }
+}
+
+// The A operand for keys 16kk..16kk+15 of a product whose previous accumulator (over those keys, N = keys)
+// is `acc`: same thread, same rows, so conversion is register-local (see the layout comment at the top).
+template <typename T, int kAccRegs>
+__device__ __forceinline__ void accumulator_to_a_fragment(uint32_t (&a)[4], const float (&acc)[kAccRegs], int kk) {
+  const int j = 2 * kk;  // the two 8-column blocks j, j+1 make up 16 keys
+  a[0] = pack_pair<T>(acc[4 * j + 0], acc[4 * j + 1]);
+  a[1] = pack_pair<T>(acc[4 * j + 2], acc[4 * j + 3]);
+  a[2] = pack_pair<T>(acc[4 * j + 4], acc[4 * j + 5]);
+  a[3] = pack_pair<T>(acc[4 * j + 6], acc[4 * j + 7]);
+}
+
+// ---- register reallocation between warpgroups (setmaxnreg) ----
+// Takes effect only under a register cap at entry (__launch_bounds__(threads, 1)); every warp of the
+// warpgroup must execute the same one. kRegs: a multiple of 8 in [24, 256].
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_increase() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg: multiple of 8 in [24, 256]");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_decrease() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg: multiple of 8 in [24, 256]");
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// ---- mbarriers (shared-memory transaction barriers) ----
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
+  ::cuda::ptx::mbarrier_init(bar, arrivals);
+}
+// Makes initialised barriers visible to the async proxy (TMA) before any thread uses them; follow with a
+// block-wide barrier.
+__device__ __forceinline__ void mbarrier_init_fence() {
+  ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+}
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) { (void)::cuda::ptx::mbarrier_arrive(bar); }
+// One arrival that also announces `bytes` of TMA transactions the current phase must wait for.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  (void)::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                               ::cuda::ptx::space_shared, bar, bytes);
+}
+// Blocks until the phase of parity `parity` has completed. A fresh barrier is in phase 0, so waiting on
+// parity 1 returns at once: that is how a producer sees every slot of a new ring as free.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  while (!::cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
+  }
+}
+
+// Position in a ring of kStages slots and the parity of the current pass over it: each slot's barrier
+// completes once per pass, so the parity to wait for flips every time the index wraps.
+template <int kStages>
+struct RingPosition {
+  int index = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++index == kStages) {
+      index = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
+// ---- proxy fences ----
+// Ordinary (generic-proxy) shared-memory stores that wgmma or TMA read next need this in each writing
+// thread, before the barrier that publishes them.
+__device__ __forceinline__ void fence_async_shared() { ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared); }
+
+// ---- TMA: bulk tensor copies global -> shared, completing on an mbarrier ----
+// `map` is a CUtensorMap (passed as a __grid_constant__ kernel parameter); coordinates innermost first,
+// in elements. Out-of-range box elements arrive as zeros and still count toward the barrier's bytes.
+__device__ __forceinline__ void tma_load_4d(void* smem_dst, const void* map, int c0, int c1, int c2, int c3,
+                                            uint64_t* bar) {
+  const int32_t coords[4] = {c0, c1, c2, c3};
+  ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_shared, ::cuda::ptx::space_global, smem_dst, map, coords,
+                                    bar);
+}
+
+// Pulls a tensor map's descriptor into the cache ahead of its first use.
+__device__ __forceinline__ void tma_prefetch_map(const void* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+
+// ---- special-function unit math for the softmax ----
+// 2^x as one MUFU.EX2 (ftz: the denormal results we lose are far below what P can hold in 16 bits).
+// ex2(-inf) = +0, so masked scores vanish without a branch.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+// tanh on the special-function unit (max relative error about 2^-11: below the 16-bit output's rounding).
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+}  // namespace flashattn::cuda::sm90

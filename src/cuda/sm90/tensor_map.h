@@ -1,0 +1,22 @@
+// Host side of TMA: building CUtensorMap descriptors for the sm90 kernels. The driver function that encodes
+// them (cuTensorMapEncodeTiled) is fetched at run time through the runtime's driver entry point, so the
+// library never links against libcuda. Only the CUDA headers' types are used here.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "flashattn/types.h"
+
+namespace flashattn::detail {
+
+// A rank-4 tiled tensor map over 16-bit elements with 128-byte swizzle, for boxes of `box_rows` rows of
+// 64 contiguous elements (one swizzle panel; wider tiles take one copy per panel).
+//   dims (innermost first) {cols, rows, heads, batch}; strides in elements for rows, heads, batch.
+// Requires a 16-byte aligned base, strides that are multiples of 8 elements, cols a multiple of 64.
+// Out-of-range rows arrive as zeros.
+Status make_tensor_map_sw128(CUtensorMap* map, const void* base, DType dtype, const int64_t dims[4],
+                             const int64_t strides[3], int box_rows);
+
+}  // namespace flashattn::detail

@@ -1,0 +1,32 @@
+// Launchers of the sm_90a test kernels (tests/gpu/sm90_primitive_kernels.cu) that exercise one primitive of
+// src/cuda/sm90/primitives_sm90.cuh each. All pointers are device pointers; 16-bit data travels as raw bits.
+// Each launcher synchronises and returns the first CUDA error.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace flashattn::test::sm90 {
+
+// One TMA load of `panels` boxes of [box_rows x 64] at (col0, row0) into shared memory, then a raw dump of
+// that shared memory (panels * box_rows * 128 bytes) to `dump`.
+cudaError_t tma_load_and_dump(const CUtensorMap& map, int col0, int row0, int box_rows, int panels, uint8_t* dump);
+
+// C[64 x n] = A[64 x k] * B[n x k]ᵀ (A, B row-major) through wgmma with both operands in shared memory, K-major.
+cudaError_t wgmma_ss_product(bool bf16, int n, int k, const uint16_t* a, const uint16_t* b, float* c);
+
+// C[64 x n] = A[64 x k] * B[k x n] (row-major): A from registers, B in shared memory, N-major (transposed).
+cudaError_t wgmma_rs_product(bool bf16, int n, int k, const uint16_t* a, const uint16_t* b, float* c);
+
+// The forward's two-product chain without softmax: S = Q Kᵀ (SS) rounded to 16 bits in registers, then
+// O = S V (RS). Q [64 x d], K [n x d], V [n x d], O [64 x d], all row-major.
+cudaError_t wgmma_chain(bool bf16, int n, int d, const uint16_t* q, const uint16_t* k, const uint16_t* v, float* o);
+
+// A warp-specialised ring: one producer thread (its warpgroup shrunk by setmaxnreg) streams `tiles` boxes
+// of [64 x 64] starting at row 0 through a 2-stage shared-memory ring with full/empty mbarriers; two consumer
+// warpgroups (grown by setmaxnreg) copy each tile out, unswizzled, to out[tiles * 64 x 64].
+cudaError_t tma_ring_copy(const CUtensorMap& map, int tiles, uint16_t* out);
+
+}  // namespace flashattn::test::sm90
