@@ -13,12 +13,14 @@ set(FLASHATTN_CUDA_SOURCES
 
 # Hopper kernels (wgmma, setmaxnreg) exist only for the arch-specific sm_90a target, so they build in their own
 # object library for exactly that target, whatever CMAKE_CUDA_ARCHITECTURES says. They use CCCL's cuda::ptx
-# bulk tensor copies to shared::cta (CUDA >= 12.8); older toolkits build without them.
+# bulk tensor copies to shared::cta (CUDA >= 12.8); older toolkits build src/cuda/sm90/unavailable.cpp instead.
 if(CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.8)
   add_library(flashattn_sm90a OBJECT ${CMAKE_CURRENT_LIST_DIR}/../src/cuda/sm90/forward_sm90.cu)
   set_target_properties(flashattn_sm90a PROPERTIES CUDA_ARCHITECTURES 90a-real POSITION_INDEPENDENT_CODE ON)
   target_include_directories(flashattn_sm90a PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../include
                              ${CMAKE_CURRENT_LIST_DIR}/../src)
   target_compile_options(flashattn_sm90a PRIVATE --expt-relaxed-constexpr -lineinfo)
-  list(APPEND FLASHATTN_CUDA_SOURCES $<TARGET_OBJECTS:flashattn_sm90a> src/cuda/sm90/tensor_map.cpp)
+  list(REMOVE_ITEM FLASHATTN_CUDA_SOURCES src/cuda/sm90/unavailable.cpp)
+  list(APPEND FLASHATTN_CUDA_SOURCES $<TARGET_OBJECTS:flashattn_sm90a> src/cuda/sm90/tensor_map.cpp
+       src/cuda/sm90/supports.cpp)
 endif()

@@ -207,3 +207,36 @@ TEST(Sm90ForwardSupport, ReportsWhyItDeclines) {
 
 }  // namespace
 }  // namespace flashattn::test
+
+namespace flashattn::test {
+namespace {
+
+// On Hopper, dispatch routes supported forwards to cuda_sm90 and says why it passes over it otherwise.
+TEST(Sm90ForwardSupport, DispatchPicksSm90OnHopper) {
+  FA_REQUIRE_GPU();
+  if (flashattn::cuda_compute_capability(0) != 90) GTEST_SKIP() << "needs compute capability 9.0";
+  auto params_for = [](int64_t d, FwdParams* p) {
+    HostTensor q(DType::bf16, {1, 64, 2, d}), o(DType::bf16, {1, 64, 2, d});
+    static DeviceTensor dq, dout;  // kept alive: make_forward_params only records pointers
+    dq = DeviceTensor(q);
+    dout = DeviceTensor(o);
+    ForwardArgs a;
+    a.q = a.k = a.v = dq.view(q);
+    a.out = dout.view(o);
+    return make_forward_params(a, AttentionOptions{}, p);
+  };
+  FwdParams p;
+  ASSERT_TRUE(params_for(128, &p).ok());
+  BackendChoice c = choose_backend(p, Backend::automatic, false);
+  EXPECT_EQ(c.backend, Backend::cuda_sm90) << c.reason;
+  c = choose_backend(p, Backend::automatic, true);
+  EXPECT_NE(c.backend, Backend::cuda_sm90) << c.reason;
+  EXPECT_NE(c.reason.find("cuda_sm90 passed over"), std::string::npos) << c.reason;
+  ASSERT_TRUE(params_for(96, &p).ok());
+  c = choose_backend(p, Backend::automatic, false);
+  EXPECT_NE(c.backend, Backend::cuda_sm90) << c.reason;
+  EXPECT_NE(c.reason.find("head dim 96"), std::string::npos) << c.reason;
+}
+
+}  // namespace
+}  // namespace flashattn::test

@@ -1,11 +1,14 @@
-// The Hopper (sm_90a: TMA + wgmma) kernels are issue 4 and not written yet. Until they exist, dispatch is told
-// so with the reason and runs cuda_sm80 on Hopper; forcing backend=cuda_sm90 gives this message as the error.
+// Built instead of supports.cpp when the CUDA toolkit is too old for the Hopper kernels (they need CUDA >= 12.8
+// for CCCL's bulk tensor copies to shared::cta; see cmake/cuda_sources.cmake). Dispatch is told so with the
+// reason and runs cuda_sm80 on Hopper; forcing backend=cuda_sm90 gives this message as the error.
 #include "backend.h"
 
 namespace flashattn::detail {
 namespace {
 Status not_built() {
-  return Status::unsupported("cuda_sm90: the Hopper TMA/wgmma kernels are not implemented yet; cuda_sm80 runs on Hopper");
+  return Status::unsupported(
+      "cuda_sm90: the Hopper TMA/wgmma kernels are not in this build (CUDA toolkit older than 12.8); cuda_sm80 runs "
+      "on Hopper");
 }
 }  // namespace
 
