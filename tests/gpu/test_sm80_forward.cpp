@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -240,6 +241,7 @@ void check_case(const Case& c) {
   const double err_lowp = relative_error(ref.out_lowp, ref.out);
   const double atol = 0.25 * unit_roundoff(c.dtype);
   EXPECT_LE(err, 2 * err_lowp + atol) << "O: relative error " << err << " vs naive low-precision " << err_lowp;
+  std::printf("[ errors ] %-28s O %.2e (naive low precision %.2e)\n", c.name.c_str(), err, err_lowp);
   expect_padding_untouched(*pb.o, "out");
 
   const std::vector<double> lse = pb.lse->values();

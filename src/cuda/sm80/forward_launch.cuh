@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -14,6 +15,8 @@
 #include "flashattn/params.h"
 
 namespace flashattn::cuda::sm80 {
+
+constexpr int kMaxDevices = 64;  // devices whose shared-memory attribute setting is remembered
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
@@ -70,7 +73,13 @@ Status launch_forward(const FwdParams& p) {
                                " KB");
   }
   auto kernel = forward_kernel<T, kD>;
-  FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  // Once per device: the attribute call costs microseconds, which short launches would otherwise pay each time.
+  static std::atomic<bool> smem_set[kMaxDevices];
+  const bool cached = p.device.index >= 0 && p.device.index < kMaxDevices;
+  if (!cached || !smem_set[p.device.index].load(std::memory_order_acquire)) {
+    FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    if (cached) smem_set[p.device.index].store(true, std::memory_order_release);
+  }
   const dim3 grid(unsigned(a.num_m_blocks), unsigned(p.heads_q), unsigned(p.batch));
   kernel<<<grid, Kernel::kThreads, kSmem, static_cast<cudaStream_t>(p.stream)>>>(a);
   FA_CUDA_TRY(cudaGetLastError());
