@@ -2,6 +2,8 @@
 // bf16, head dims 64/128/256, S = 4k and 16k, causal and not. CUDA events around each launch; median of the
 // timed launches after warm-up. FLOPs: 4·B·H·S²·D, half of that under a causal mask.
 //
+// Both consumer orderings (Sm90ForwardVariant) are timed.
+//
 //   bench_sm90_forward [--iters N] [--csv]
 #include <cuda_runtime.h>
 
@@ -68,7 +70,10 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
 
-  std::printf(csv ? "hd,seqlen,causal,ms,tflops\n" : "%4s %6s %6s %9s %8s\n", "hd", "seqlen", "causal", "ms", "TFLOP/s");
+  std::printf(csv ? "variant,hd,seqlen,causal,ms,tflops\n" : "%10s %4s %6s %6s %9s %8s\n", "variant", "hd", "seqlen",
+              "causal", "ms", "TFLOP/s");
+  using flashattn::detail::Sm90ForwardVariant;
+  for (Sm90ForwardVariant variant : {Sm90ForwardVariant::serial, Sm90ForwardVariant::overlapped})
   for (int64_t hd : {64, 128, 256})
     for (int64_t s : {4096, 16384})
       for (bool causal : {false, true}) {
@@ -90,12 +95,13 @@ int main(int argc, char** argv) {
           std::printf("hd %lld S %lld: %s\n", (long long)hd, (long long)s, st.message.c_str());
           continue;
         }
-        for (int w = 0; w < 3; ++w) st = flashattn::detail::sm90_forward_run(p);
+        const char* vname = variant == Sm90ForwardVariant::serial ? "serial" : "overlapped";
+        for (int w = 0; w < 3; ++w) st = flashattn::detail::sm90_forward_run(p, variant);
         CHECK_CUDA(cudaDeviceSynchronize());
         std::vector<float> ms;
         for (int it = 0; it < iters && st.ok(); ++it) {
           CHECK_CUDA(cudaEventRecord(start));
-          st = flashattn::detail::sm90_forward_run(p);
+          st = flashattn::detail::sm90_forward_run(p, variant);
           CHECK_CUDA(cudaEventRecord(stop));
           CHECK_CUDA(cudaEventSynchronize(stop));
           float t = 0;
@@ -110,7 +116,8 @@ int main(int argc, char** argv) {
         std::sort(ms.begin(), ms.end());
         const double med = ms[ms.size() / 2];
         const double flops = 4.0 * double(b) * double(h) * double(s) * double(s) * double(hd) / (causal ? 2 : 1);
-        std::printf(csv ? "%lld,%lld,%d,%.4f,%.1f\n" : "%4lld %6lld %6d %9.4f %8.1f\n", (long long)hd, (long long)s,
+        std::printf(csv ? "%s,%lld,%lld,%d,%.4f,%.1f\n" : "%10s %4lld %6lld %6d %9.4f %8.1f\n", vname, (long long)hd,
+                    (long long)s,
                     int(causal), med, flops / (med * 1e-3) / 1e12);
       }
   return 0;

@@ -71,6 +71,13 @@ if [ "${SM90_SKIP_SANITIZER:-0}" != 1 ]; then
     --gtest_filter='*TmaRing*:*bf16_d128_causal_tail*:*varlen_causal*:*bf16_d256_window*' >"$OUT/memcheck.log" 2>&1
   echo "memcheck exit code $?" | tee -a "$OUT/summary.txt"
   grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/memcheck.log" | tail -8 | tee -a "$OUT/summary.txt"
+  for tool in racecheck synccheck; do
+    say "compute-sanitizer $tool (ring + one forward case)"
+    timeout 60 compute-sanitizer --tool "$tool" --print-limit 10 "$TESTS" --gtest_color=no \
+      --gtest_filter='*WarpSpecialised*:*bf16_d128_causal_tail*' >"$OUT/$tool.log" 2>&1
+    echo "$tool exit code $?" | tee -a "$OUT/summary.txt"
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/$tool.log" | tail -4 | tee -a "$OUT/summary.txt"
+  done
 fi
 
 say "sm90 forward timing (bf16, B*S = 16k, H*D = 2048)"
@@ -92,10 +99,14 @@ def load(p):
         return {(r["hd"], r["seqlen"], r["causal"]): r for r in csv.DictReader(l for l in open(p) if "," in l and not l.startswith("#"))}
     except Exception:
         return {}
-ours, cudnn = load(sys.argv[1]), load(sys.argv[2])
-print(f"{'hd':>4} {'S':>6} {'causal':>6} {'ours ms':>9} {'ours TF':>8} {'cuDNN TF':>9}")
+ours, cudnn = {}, load(sys.argv[2])
+for line in open(sys.argv[1]):
+    f = line.strip().split(",")
+    if len(f) == 6 and f[0] != "variant":
+        ours.setdefault((f[1], f[2], f[3]), {})[f[0]] = f[5]
+print(f"{'hd':>4} {'S':>6} {'causal':>6} {'serial TF':>10} {'overlap TF':>11} {'cuDNN TF':>9}")
 for key, r in ours.items():
     c = cudnn.get(key, {}).get("tflops", "-")
-    print(f"{key[0]:>4} {key[1]:>6} {key[2]:>6} {r['ms']:>9} {r['tflops']:>8} {c:>9}")
+    print(f"{key[0]:>4} {key[1]:>6} {key[2]:>6} {r.get('serial', '-'):>10} {r.get('overlapped', '-'):>11} {c:>9}")
 PY
 grep -E "^\[  (PASSED|FAILED) " "$OUT/tests.log" | tail -3

@@ -130,7 +130,7 @@ TEST_P(Sm90Forward, MatchesReference) {
     ASSERT_TRUE(st.ok()) << st.message;
   }
 
-  // The sm90 kernel, called directly (dispatch may not route here yet).
+  // The sm90 kernel, called directly in each of its variants (dispatch runs the default one).
   o.poison();
   lse.poison();
   DeviceTensor dq(q), dk(k), dv(v), dout(o), dlse(lse);
@@ -154,16 +154,23 @@ TEST_P(Sm90Forward, MatchesReference) {
   ASSERT_TRUE(st.ok()) << st.message;
   st = detail::sm90_forward_supports(p);
   ASSERT_TRUE(st.ok()) << st.message;
-  st = detail::sm90_forward_run(p);
-  ASSERT_TRUE(st.ok()) << st.message;
-  FA_CUDA_CHECK(cudaDeviceSynchronize());
-  dout.download(o);
-  dlse.download(lse);
+  for (detail::Sm90ForwardVariant variant : {detail::Sm90ForwardVariant::serial, detail::Sm90ForwardVariant::overlapped}) {
+    SCOPED_TRACE(variant == detail::Sm90ForwardVariant::serial ? "variant serial" : "variant overlapped");
+    o.poison();
+    lse.poison();
+    dout.upload(o);
+    dlse.upload(lse);
+    st = detail::sm90_forward_run(p, variant);
+    ASSERT_TRUE(st.ok()) << st.message;
+    FA_CUDA_CHECK(cudaDeviceSynchronize());
+    dout.download(o);
+    dlse.download(lse);
 
-  const double u = unit_roundoff(c.dtype);
-  const double o_err = relative_error(o.values(), o_ref.values());
-  EXPECT_LT(o_err, 2 * u) << "O relative error" << first_mismatches(o, o_ref, 0.05);
-  EXPECT_LT(max_abs_error(lse.values(), lse_ref.values()), 1e-3) << "LSE" << first_mismatches(lse, lse_ref, 1e-3);
+    const double u = unit_roundoff(c.dtype);
+    const double o_err = relative_error(o.values(), o_ref.values());
+    EXPECT_LT(o_err, 2 * u) << "O relative error" << first_mismatches(o, o_ref, 0.05);
+    EXPECT_LT(max_abs_error(lse.values(), lse_ref.values()), 1e-3) << "LSE" << first_mismatches(lse, lse_ref, 1e-3);
+  }
 }
 
 std::vector<FwdCase> cases() {

@@ -15,6 +15,8 @@ namespace flashattn::cuda::sm90 {
 constexpr int kWarpgroupThreads = 128;
 constexpr int kWgmmaRows = 64;  // M of one wgmma: the rows of one consumer warpgroup
 constexpr int kWgmmaK = 16;     // K of one wgmma for 16-bit inputs
+// Named barriers of the consumer ping-pong (one per consumer warpgroup); 0 is __syncthreads'.
+constexpr int kPingPongBarrier0 = 1;
 
 template <int kHeadDim>
 struct ForwardConfig {

@@ -151,37 +151,46 @@ __device__ void produce(const SharedStorage<kHeadDim>& sm, const BlockWork& w, i
 }
 
 // ---- consumer: one warpgroup, 64 query rows ----
+// The per-warpgroup state and the steps of one key tile; the two drivers below order them differently.
 template <typename T, int kHeadDim>
-__device__ void consume(const SharedStorage<kHeadDim>& sm, const BlockWork& w, const ForwardArgs& a, int wg) {
+struct Consumer {
   using Cfg = ForwardConfig<kHeadDim>;
-  constexpr int kN = Cfg::kBlockN;
-  constexpr int kPanels = kHeadDim / kPanelCols;
-  const int t = threadIdx.x % kWarpgroupThreads;
-  const int warp = t / 32, lane = t % 32, g = lane / 4, quad = lane % 4;
-  // This thread's two rows (accumulator layout, primitives_sm90.cuh), relative to the sequence start.
-  int row[2];
-  row[0] = w.m_block * Cfg::kBlockM + wg * kWgmmaRows + 16 * warp + g;
-  row[1] = row[0] + 8;
-  int64_t key_lo[2], key_hi[2];
-  for (int r = 0; r < 2; ++r) w.mask.key_range(row[r], &key_lo[r], &key_hi[r]);
+  static constexpr int kN = Cfg::kBlockN;
+  using Scores = float[kN / 2];                    // S (then P) of one tile: accumulator layout
+  using PFragments = uint32_t[kN / kWgmmaK][4];    // P as the A operand of P V, 16 keys per fragment
 
+  const SharedStorage<kHeadDim>& sm;
+  const BlockWork& w;
+  const ForwardArgs& a;
+  int lane, quad;
+  int row[2];  // this thread's two rows (accumulator layout), relative to the sequence start
+  int64_t key_lo[2], key_hi[2];
+  int block_row_begin, block_row_end;
+  uint32_t q_addr;
   float o[kHeadDim / 2];
-#pragma unroll
-  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
   float row_max[2] = {-INFINITY, -INFINITY};  // in score units (after softcap), not yet scaled to log2
   float row_sum[2] = {0.f, 0.f};              // this thread's part; the quad's four parts add up at the end
 
-  const uint32_t q_addr = smem_address(sm.q) + wg * kWgmmaRows * kSwizzleBytes;
-  const int block_row_begin = w.m_block * Cfg::kBlockM;
-  const int block_row_end = min(block_row_begin + Cfg::kBlockM, w.seqlen_q);
+  __device__ Consumer(const SharedStorage<kHeadDim>& sm_, const BlockWork& w_, const ForwardArgs& a_, int wg)
+      : sm(sm_), w(w_), a(a_) {
+    const int t = threadIdx.x % kWarpgroupThreads;
+    const int warp = t / 32;
+    lane = t % 32;
+    quad = lane % 4;
+    row[0] = w.m_block * Cfg::kBlockM + wg * kWgmmaRows + 16 * warp + lane / 4;
+    row[1] = row[0] + 8;
+    for (int r = 0; r < 2; ++r) w.mask.key_range(row[r], &key_lo[r], &key_hi[r]);
+    block_row_begin = w.m_block * Cfg::kBlockM;
+    block_row_end = min(block_row_begin + Cfg::kBlockM, w.seqlen_q);
+    q_addr = smem_address(sm.q) + wg * kWgmmaRows * kSwizzleBytes;
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
+  }
 
-  if (w.n_end > w.n_begin) mbarrier_wait(sm.q_full, 0);
-  RingPosition<Cfg::kStages> pos;
-  for (int n = w.n_end - 1; n >= w.n_begin; --n) {
-    // S = Q Kᵀ: K-major operands; k-step kk is panel kk / 4, 32 bytes further per step inside a row.
-    float s[kN / 2];
-    const uint32_t k_addr = smem_address(sm.k + pos.index * Cfg::kKVTileBytes);
-    mbarrier_wait(&sm.k_full[pos.index], pos.phase);
+  // S = Q Kᵀ, issued and committed (not waited for). K-major operands; k-step kk is panel kk / 4, 32 bytes
+  // further per step inside a row.
+  __device__ void issue_qk(Scores& s, int stage) {
+    const uint32_t k_addr = smem_address(sm.k + stage * Cfg::kKVTileBytes);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / kWgmmaK; ++kk) {
@@ -190,16 +199,29 @@ __device__ void consume(const SharedStorage<kHeadDim>& sm, const BlockWork& w, c
                          make_desc_k_major(k_addr + (kk / 4) * kN * kSwizzleBytes + step), kk > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(s);
+  }
 
+  // O += P V, issued and committed. V is N-major: one panel (kN rows) per 64 columns of head dim. P is
+  // converted before the fence: a register write between two wgmmas would make the compiler serialise them.
+  __device__ void issue_pv(const PFragments& p, int stage) {
+    const uint32_t v_addr = smem_address(sm.v + stage * Cfg::kKVTileBytes);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kN / kWgmmaK; ++kk)
+      wgmma_rs<T, kHeadDim, 1>(o, p[kk], make_desc_mn_major(v_addr + kk * kWgmmaK * kSwizzleBytes, kN * kSwizzleBytes),
+                               true);
+    wgmma_commit();
+  }
+
+  // Softcap, then the mask (only on tiles that cross a mask edge or the end of the keys).
+  __device__ void transform_scores(Scores& s, int n) {
     if (a.softcap > 0.f) {
 #pragma unroll
       for (int i = 0; i < kN / 2; ++i) s[i] = a.softcap * tanhf(s[i] * a.softcap_in_scale);
     }
     const int key0 = n * kN;
-    const bool needs_mask = key0 + kN > w.seqlen_k ||
-                            !w.mask.tile_fully_visible(block_row_begin, block_row_end, key0, key0 + kN);
+    const bool needs_mask =
+        key0 + kN > w.seqlen_k || !w.mask.tile_fully_visible(block_row_begin, block_row_end, key0, key0 + kN);
     if (needs_mask) {
 #pragma unroll
       for (int j = 0; j < kN / 8; ++j)
@@ -210,9 +232,12 @@ __device__ void consume(const SharedStorage<kHeadDim>& sm, const BlockWork& w, c
           if (key < key_lo[r] || key >= key_hi[r]) s[4 * j + e] = -INFINITY;
         }
     }
+  }
 
-    // Online softmax. A row whose maximum is still -inf (nothing visible yet) subtracts 0, so exp2(-inf) = 0
-    // and the rescale factor exp2(-inf) = 0 clears nothing that was not already 0: never NaN.
+  // Online softmax: raises the running maxima, turns S into P in place, updates the row sums and returns in
+  // `rescale` the factor O must still be multiplied by. A row whose maximum is still -inf (nothing visible yet)
+  // subtracts 0, so exp2(-inf) = 0 and the factor exp2(-inf) = 0 clears nothing that was not already 0.
+  __device__ void softmax(Scores& s, float (&rescale)[2]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float mx = row_max[r];
@@ -220,7 +245,7 @@ __device__ void consume(const SharedStorage<kHeadDim>& sm, const BlockWork& w, c
       for (int j = 0; j < kN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
       mx = quad_max(mx);
       const float base = mx == -INFINITY ? 0.f : mx * a.scale_log2;
-      const float rescale = exp2_approx(row_max[r] * a.scale_log2 - base);
+      rescale[r] = exp2_approx(row_max[r] * a.scale_log2 - base);
       row_max[r] = mx;
       float sum = 0.f;
 #pragma unroll
@@ -232,63 +257,152 @@ __device__ void consume(const SharedStorage<kHeadDim>& sm, const BlockWork& w, c
         s[4 * j + 2 * r + 1] = p1;
         sum += p0 + p1;
       }
-      row_sum[r] = row_sum[r] * rescale + sum;
+      row_sum[r] = row_sum[r] * rescale[r] + sum;
+    }
+  }
+
+  __device__ void rescale_o(const float (&rescale)[2]) {
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[4 * j + e] *= rescale[e >> 1];
+  }
+
+  __device__ static void to_fragments(PFragments& p, const Scores& s) {
+#pragma unroll
+    for (int kk = 0; kk < kN / kWgmmaK; ++kk) accumulator_to_a_fragment<T>(p[kk], s, kk);
+  }
+
+  // Both tiles of a stage are consumed: one arrival per warp (the wgmma reads completed for the whole
+  // warpgroup once this warp's wait returned).
+  __device__ void release(int stage) {
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&sm.empty[stage]);
+  }
+
+  // Normalise, write O (16-bit pairs) and the LSE of the rows inside the sequence.
+  __device__ void epilogue() {
+    constexpr float kLn2 = 0.69314718055994530942f;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float total = quad_sum(row_sum[r]);
+      const float inv = total > 0.f ? 1.f / total : 0.f;
+      if (row[r] >= w.seqlen_q) continue;
+      const int64_t grow = int64_t(w.q_row0) + row[r];
+      T* out = static_cast<T*>(a.o) + grow * a.o_row_stride + int64_t(w.head) * a.o_head_stride +
+               (a.cu_seqlens_q ? 0 : int64_t(w.batch) * a.o_batch_stride);
 #pragma unroll
       for (int j = 0; j < kHeadDim / 8; ++j) {
-        o[4 * j + 2 * r] *= rescale;
-        o[4 * j + 2 * r + 1] *= rescale;
+        const uint32_t bits = pack_pair<T>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+        *reinterpret_cast<uint32_t*>(out + 8 * j + 2 * quad) = bits;
+      }
+      if (a.lse && quad == 0) {
+        const float lse = total > 0.f ? (row_max[r] * a.scale_log2 + log2f(total)) * kLn2 : -INFINITY;
+        float* dst = a.cu_seqlens_q ? a.lse + int64_t(w.head) * a.lse_head_stride + grow
+                                    : a.lse + int64_t(w.batch) * a.lse_batch_stride +
+                                          int64_t(w.head) * a.lse_head_stride + row[r];
+        *dst = lse;
       }
     }
-
-    // O += P V: P converted to A fragments before the fence (a register write between two wgmmas would make
-    // the compiler serialise them); V N-major, one panel (kN rows) per 64 columns of head dim.
-    uint32_t p_frag[kN / kWgmmaK][4];
-#pragma unroll
-    for (int kk = 0; kk < kN / kWgmmaK; ++kk) accumulator_to_a_fragment<T>(p_frag[kk], s, kk);
-    const uint32_t v_addr = smem_address(sm.v + pos.index * Cfg::kKVTileBytes);
-    mbarrier_wait(&sm.v_full[pos.index], pos.phase);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kN / kWgmmaK; ++kk)
-      wgmma_rs<T, kHeadDim, 1>(o, p_frag[kk], make_desc_mn_major(v_addr + kk * kWgmmaK * kSwizzleBytes, kN * kSwizzleBytes),
-                               true);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(o);
-    // Both tiles of this stage are consumed: one arrival per warp (the wgmma reads completed for the whole
-    // warpgroup once this warp's wait returned).
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(&sm.empty[pos.index]);
-    pos.advance();
   }
-  (void)kPanels;
+};
 
-  // Epilogue: normalise, write O (16-bit pairs) and the LSE of rows inside the sequence.
-  constexpr float kLn2 = 0.69314718055994530942f;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float total = quad_sum(row_sum[r]);
-    const float inv = total > 0.f ? 1.f / total : 0.f;
-    if (row[r] >= w.seqlen_q) continue;
-    const int64_t grow = int64_t(w.q_row0) + row[r];
-    T* out = static_cast<T*>(a.o) + grow * a.o_row_stride + int64_t(w.head) * a.o_head_stride +
-             (a.cu_seqlens_q ? 0 : int64_t(w.batch) * a.o_batch_stride);
-#pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) {
-      const uint32_t bits = pack_pair<T>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
-      *reinterpret_cast<uint32_t*>(out + 8 * j + 2 * quad) = bits;
-    }
-    if (a.lse && quad == 0) {
-      const float lse = total > 0.f ? (row_max[r] * a.scale_log2 + log2f(total)) * kLn2 : -INFINITY;
-      float* dst = a.cu_seqlens_q ? a.lse + int64_t(w.head) * a.lse_head_stride + grow
-                                  : a.lse + int64_t(w.batch) * a.lse_batch_stride +
-                                        int64_t(w.head) * a.lse_head_stride + row[r];
-      *dst = lse;
-    }
+// v1 order: per tile, S = Q Kᵀ and wait, softmax, O += P V and wait. The two consumer warpgroups overlap
+// each other only as the warp schedulers happen to interleave them.
+template <typename T, int kHeadDim>
+__device__ void consume_serial(Consumer<T, kHeadDim>& c) {
+  using C = Consumer<T, kHeadDim>;
+  const BlockWork& w = c.w;
+  if (w.n_end <= w.n_begin) return;
+  mbarrier_wait(c.sm.q_full, 0);
+  RingPosition<C::Cfg::kStages> pos;
+  for (int n = w.n_end - 1; n >= w.n_begin; --n) {
+    typename C::Scores s;
+    mbarrier_wait(&c.sm.k_full[pos.index], pos.phase);
+    c.issue_qk(s, pos.index);
+    wgmma_wait<0>();
+    fence_registers(s);
+    c.transform_scores(s, n);
+    float rescale[2];
+    c.softmax(s, rescale);
+    c.rescale_o(rescale);
+    typename C::PFragments p;
+    C::to_fragments(p, s);
+    mbarrier_wait(&c.sm.v_full[pos.index], pos.phase);
+    c.issue_pv(p, pos.index);
+    wgmma_wait<0>();
+    fence_registers(c.o);
+    c.release(pos.index);
+    pos.advance();
   }
 }
 
+// Ping-pong between the two consumer warpgroups: each issues its matrix products only in its turn (a named
+// barrier per warpgroup; the other arrives on it after issuing), so one warpgroup's softmax runs while the
+// other's products occupy the tensor cores.
+__device__ __forceinline__ void pingpong_wait_turn(int wg) { named_barrier_sync(kPingPongBarrier0 + wg, 2 * kWarpgroupThreads); }
+__device__ __forceinline__ void pingpong_pass_turn(int wg) {
+  named_barrier_arrive(kPingPongBarrier0 + (1 - wg), 2 * kWarpgroupThreads);
+}
+
+// v2 order (intra-warpgroup overlap + ping-pong): the products of tile n, S_n = Q K_nᵀ and O += P_{n+1} V_{n+1}
+// (the previous tile, keys run downwards), are issued together; the softmax of S_n runs while P V is still on
+// the tensor cores, and O is rescaled once that product has landed.
 template <typename T, int kHeadDim>
+__device__ void consume_overlapped(Consumer<T, kHeadDim>& c, int wg) {
+  using C = Consumer<T, kHeadDim>;
+  const BlockWork& w = c.w;
+  if (w.n_end <= w.n_begin) return;
+  if (wg == 1) pingpong_pass_turn(wg);  // warpgroup 0 goes first
+  mbarrier_wait(c.sm.q_full, 0);
+  RingPosition<C::Cfg::kStages> pos;
+  typename C::Scores s;
+  typename C::PFragments p;
+  float rescale[2];
+  // First tile: S only.
+  mbarrier_wait(&c.sm.k_full[pos.index], pos.phase);
+  pingpong_wait_turn(wg);
+  c.issue_qk(s, pos.index);
+  pingpong_pass_turn(wg);
+  wgmma_wait<0>();
+  fence_registers(s);
+  c.transform_scores(s, w.n_end - 1);
+  c.softmax(s, rescale);  // O is still 0: nothing to rescale
+  C::to_fragments(p, s);
+  int prev = pos.index;
+  uint32_t prev_phase = pos.phase;
+  pos.advance();
+  for (int n = w.n_end - 2; n >= w.n_begin; --n) {
+    mbarrier_wait(&c.sm.k_full[pos.index], pos.phase);
+    mbarrier_wait(&c.sm.v_full[prev], prev_phase);
+    pingpong_wait_turn(wg);
+    c.issue_qk(s, pos.index);
+    c.issue_pv(p, prev);
+    pingpong_pass_turn(wg);
+    wgmma_wait<1>();  // S_n has landed (groups complete in order); P V may still run
+    fence_registers(s);
+    c.transform_scores(s, n);
+    c.softmax(s, rescale);
+    wgmma_wait<0>();
+    fence_registers(c.o);
+    c.rescale_o(rescale);
+    c.release(prev);
+    C::to_fragments(p, s);
+    prev = pos.index;
+    prev_phase = pos.phase;
+    pos.advance();
+  }
+  // Last tile's P V.
+  mbarrier_wait(&c.sm.v_full[prev], prev_phase);
+  pingpong_wait_turn(wg);
+  c.issue_pv(p, prev);
+  pingpong_pass_turn(wg);
+  wgmma_wait<0>();
+  fence_registers(c.o);
+  c.release(prev);
+}
+
+template <typename T, int kHeadDim, bool kOverlap>
 __global__ void __launch_bounds__(ForwardConfig<kHeadDim>::kThreads, 1)
     forward_kernel(const __grid_constant__ ForwardArgs args, const __grid_constant__ CUtensorMap tm_q,
                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -319,7 +433,12 @@ __global__ void __launch_bounds__(ForwardConfig<kHeadDim>::kThreads, 1)
     }
   } else {
     setmaxnreg_increase<Cfg::kConsumerRegisters>();
-    consume<T, kHeadDim>(sm, w, args, wg - 1);
+    Consumer<T, kHeadDim> c(sm, w, args, wg - 1);
+    if constexpr (kOverlap)
+      consume_overlapped(c, wg - 1);
+    else
+      consume_serial(c);
+    c.epilogue();
   }
 }
 
@@ -335,7 +454,7 @@ bool stride_ok(int64_t s) { return s % 8 == 0; }  // 16 bytes of 16-bit elements
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 template <typename T, int kHeadDim>
-Status launch(const FwdParams& p) {
+Status launch(const FwdParams& p, Sm90ForwardVariant variant) {
   using Cfg = ForwardConfig<kHeadDim>;
   const bool varlen = p.is_varlen();
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
@@ -387,18 +506,19 @@ Status launch(const FwdParams& p) {
   a.window_left = int(p.window_left);
   a.window_right = int(p.window_right);
 
-  auto kernel = cuda::sm90::forward_kernel<T, kHeadDim>;
+  auto kernel = variant == Sm90ForwardVariant::overlapped ? cuda::sm90::forward_kernel<T, kHeadDim, true>
+                                                         : cuda::sm90::forward_kernel<T, kHeadDim, false>;
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(a, tm_q, tm_k, tm_v);
   return cuda_status(cudaGetLastError(), "cuda_sm90 forward launch");
 }
 
 template <typename T>
-Status launch_head_dim(const FwdParams& p) {
+Status launch_head_dim(const FwdParams& p, Sm90ForwardVariant variant) {
   switch (p.head_dim) {
-    case 64: return launch<T, 64>(p);
-    case 128: return launch<T, 128>(p);
-    case 256: return launch<T, 256>(p);
+    case 64: return launch<T, 64>(p, variant);
+    case 128: return launch<T, 128>(p, variant);
+    case 256: return launch<T, 256>(p, variant);
     default: return Status::unsupported("cuda_sm90: head dim " + std::to_string(p.head_dim) + " (runs 64, 128, 256)");
   }
 }
@@ -434,12 +554,12 @@ Status sm90_forward_supports(const FwdParams& p) {
   return Status::success();
 }
 
-Status sm90_forward_run(const FwdParams& p) {
+Status sm90_forward_run(const FwdParams& p, Sm90ForwardVariant variant) {
   Status st = sm90_forward_supports(p);
   if (!st.ok()) return st;
   DeviceGuard guard(p.device.index);
   FA_CUDA_TRY(guard.status());
-  return p.dtype == DType::bf16 ? launch_head_dim<__nv_bfloat16>(p) : launch_head_dim<__half>(p);
+  return p.dtype == DType::bf16 ? launch_head_dim<__nv_bfloat16>(p, variant) : launch_head_dim<__half>(p, variant);
 }
 
 }  // namespace flashattn::detail

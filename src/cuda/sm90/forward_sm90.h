@@ -10,7 +10,13 @@ namespace flashattn::detail {
 // ok, or unsupported with the reason (dtype, head dim, strides/alignment TMA cannot express, device).
 Status sm90_forward_supports(const FwdParams& p);
 
-// Runs validated params for which sm90_forward_supports is ok. Asynchronous on p.stream.
-Status sm90_forward_run(const FwdParams& p);
+// How the consumer warpgroups order their work (forward_sm90.cu): `serial` waits for each product before the
+// next step; `overlapped` issues S_n = Q K_nᵀ together with O += P_{n+1} V_{n+1}, runs the softmax while P V
+// is in flight, and alternates the two warpgroups' products (ping-pong).
+enum class Sm90ForwardVariant { serial, overlapped };
+
+// Runs validated params for which sm90_forward_supports is ok. Asynchronous on p.stream. Dispatch uses the
+// default variant; tests and the benchmark name one.
+Status sm90_forward_run(const FwdParams& p, Sm90ForwardVariant variant = Sm90ForwardVariant::serial);
 
 }  // namespace flashattn::detail

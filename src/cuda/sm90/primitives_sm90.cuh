@@ -203,6 +203,15 @@ __device__ __forceinline__ void setmaxnreg_decrease() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
+// ---- named barriers (bar.sync / bar.arrive on ids other than __syncthreads' 0) ----
+// `threads` counts every thread that takes part, arriving or waiting; a multiple of 32.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---- mbarriers (shared-memory transaction barriers) ----
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
   ::cuda::ptx::mbarrier_init(bar, arrivals);
