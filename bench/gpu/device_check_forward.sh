@@ -35,9 +35,19 @@ timeout 120 compute-sanitizer --tool racecheck $t --gtest_filter='*tiny_len17*:*
 wait $bench_pid
 timeout 120 /tmp/forward_bench 1024 4096 16384 > "$OUT/bench.txt" 2>&1
 timeout 120 python3 bench/gpu/torch_flash_fwd.py 1024 4096 16384 > "$OUT/torch.txt" 2>&1
+# Optional A/B: bench/gpu/forward_variant.sed edits forward_config.h in a second tree; only the timings run.
+if [ -f bench/gpu/forward_variant.sed ]; then
+  bench/gpu/forward_only_tree.sh /tmp/fwdsrc2
+  sed -i -f bench/gpu/forward_variant.sed /tmp/fwdsrc2/src/cuda/sm80/forward_config.h
+  { cmake -S /tmp/fwdsrc2 -B /tmp/build-fwd2 -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90 -DFLASHATTN_CUDA=ON \
+      -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_TESTS=OFF && ninja -C /tmp/build-fwd2 -j"$jobs" flashattn &&
+    nvcc -O2 -std=c++17 -arch=sm_90 -Iinclude bench/gpu/forward_bench.cu /tmp/build-fwd2/libflashattn.a \
+      -Xcompiler -fopenmp -o /tmp/forward_bench2; } >> "$log" 2>&1
+  { grep -v "^#" bench/gpu/forward_variant.sed; timeout 90 /tmp/forward_bench2 4096 16384; } > "$OUT/variant.txt" 2>&1
+fi
 echo "==== summary"; head -2 "$log"; grep "build rc" "$log"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests rc|^\[==========\]" "$OUT/tests.log" | head -30
 grep "\[ errors \]" "$OUT/tests.log" | awk '{print $6}' | sort -g | tail -1 | sed 's/^/worst O error: /'
 grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$san"
 grep -E "REG" "$OUT/resources.txt" | head -6
-cat "$OUT/bench.txt"; tail -26 "$OUT/torch.txt"
+cat "$OUT/bench.txt"; tail -26 "$OUT/torch.txt"; cat "$OUT/variant.txt" 2>/dev/null

@@ -24,7 +24,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include "common/mask.h"
 #include "cuda/primitives.cuh"
@@ -155,44 +154,36 @@ struct ForwardKernel {
       // Groups committed after K[i] when iteration i starts, and after V[i] when its P·V starts.
       constexpr int kInFlight = 2 * (kStages - 1);
 
-      // Head dims more than 15 below the bucket: skip the all-zero 16-column steps of both products (a
-      // second copy of the loop, so the common full-width case keeps a branch-free inner loop).
-      const int k_steps = (a.head_dim + 15) / 16, d_pairs = (a.head_dim_v + 15) / 16;
-      auto main_loop = [&](auto tail) {
-        constexpr bool kTail = decltype(tail)::value;
-        for (int i = 0; i < n_iters; ++i) {
-          const int stage = i % kStages;
-          const int n0 = (n_block_max - 1 - i) * kBlockN;
-          cp_async_wait<kInFlight>();
-          __syncthreads();  // K[i] visible to all; every warp is done with V[i - 1]'s buffer
-          load_v(i + kStages - 1);
+      // One copy of the loop for every head dim of the bucket: columns past d / d_v are zero-filled and go
+      // through the mma. (A second, step-skipping copy for small dims was tried on 2026-11-29: ptxas then spilled
+      // inside the full-width copy too and every shape lost ~12%; see bench/results/gpu-forward-2026-11-29.md.)
+      for (int i = 0; i < n_iters; ++i) {
+        const int stage = i % kStages;
+        const int n0 = (n_block_max - 1 - i) * kBlockN;
+        cp_async_wait<kInFlight>();
+        __syncthreads();  // K[i] visible to all; every warp is done with V[i - 1]'s buffer
+        load_v(i + kStages - 1);
 
-          float s[kMTiles][kNTiles][4];
+        float s[kMTiles][kNTiles][4];
 #pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt)
+        for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < kNTiles; ++nt)
+          for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-              for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
-          warp_gemm_qk<T, kD, kMTiles, kNTiles, kTail>(s, sQw, sK + stage * kBlockN * kD, lane, k_steps);
+            for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+        warp_gemm_qk<T, kD, kMTiles, kNTiles>(s, sQw, sK + stage * kBlockN * kD, lane);
 
-          if (a.softcap_pre != 0.f) apply_softcap(s, a.softcap_pre);
-          if (tile_needs_mask(mask, m0, m0 + rows, n0, kBlockN)) apply_mask(s, mask, m0 + warp_row0, n0, lane);
+        if (a.softcap_pre != 0.f) apply_softcap(s, a.softcap_pre);
+        if (tile_needs_mask(mask, m0, m0 + rows, n0, kBlockN)) apply_mask(s, mask, m0 + warp_row0, n0, lane);
 
-          cp_async_wait<kInFlight>();
-          __syncthreads();  // V[i] visible to all; every warp is done with K[i]'s buffer
-          load_k(i + kStages);
+        cp_async_wait<kInFlight>();
+        __syncthreads();  // V[i] visible to all; every warp is done with K[i]'s buffer
+        load_k(i + kStages);
 
-          float factor[kMTiles][2];
-          softmax.update(s, a.scale_log2, factor);
-          OnlineSoftmax<kMTiles>::rescale(acc_o, factor);
-          warp_gemm_pv<T, kD, kMTiles, kNTiles, kTail>(acc_o, s, sV + stage * kBlockN * kD, lane, d_pairs);
-        }
-      };
-      if (a.head_dim > kD - 16 && a.head_dim_v > kD - 16) {
-        main_loop(std::false_type{});
-      } else {
-        main_loop(std::true_type{});
+        float factor[kMTiles][2];
+        softmax.update(s, a.scale_log2, factor);
+        OnlineSoftmax<kMTiles>::rescale(acc_o, factor);
+        warp_gemm_pv<T, kD, kMTiles, kNTiles>(acc_o, s, sV + stage * kBlockN * kD, lane);
       }
     }
     cp_async_wait<0>();  // only empty groups can be pending here, but leave none behind

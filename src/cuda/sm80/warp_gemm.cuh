@@ -16,19 +16,13 @@ namespace flashattn::cuda::sm80 {
 // A = Q rows: matrices (rows +0/+8) x (cols +0/+8) in the order a[0..3] needs: row offset (l >> 3 & 1) * 8,
 // column offset (l >> 4) * 8. B = K rows read as "col" operand: b[0], b[1] of n-tile 2p are K rows +0..7 at
 // columns +0 / +8, those of n-tile 2p+1 rows +8..15: row offset (l >> 4) * 8, column offset (l >> 3 & 1) * 8.
-// kTail: only the first `k_steps` 16-column steps hold nonzero columns (head_dim < kD - 15); the rest are
-// skipped. Without it the loop has no branch, so ptxas can interleave loads and mma across steps freely.
-template <typename T, int kD, int kMTiles, int kNTiles, bool kTail>
-__device__ __forceinline__ void warp_gemm_qk(float (&s)[kMTiles][kNTiles][4], const T* sq, const T* sk, int lane,
-                                             int k_steps) {
+template <typename T, int kD, int kMTiles, int kNTiles>
+__device__ __forceinline__ void warp_gemm_qk(float (&s)[kMTiles][kNTiles][4], const T* sq, const T* sk, int lane) {
   static_assert(kNTiles % 2 == 0, "K fragments are loaded two n-tiles at a time");
   const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
   const int b_row = (lane & 7) + (lane >> 4) * 8, b_col = ((lane >> 3) & 1) * 8;
 #pragma unroll
   for (int ks = 0; ks < kD / 16; ++ks) {
-    if constexpr (kTail) {
-      if (ks >= k_steps) break;
-    }
     uint32_t a[kMTiles][4];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) ldmatrix_x4(a[mt], sq + swizzle<kD>(mt * 16 + a_row, ks * 16 + a_col));
@@ -60,10 +54,10 @@ __device__ __forceinline__ void p_fragment(uint32_t (&a)[4], const float (&p)[kN
 // O[mt][dt] += P[mt] · V for the warp's rows; P in registers (kNTiles = keys / 8 fp32 C fragments per m-tile),
 // V a swizzled tile (rows = keys, kD columns). B = V read transposed: b[0], b[1] of d-tile 2p are keys +0..7
 // / +8..15 at columns +0..7, those of d-tile 2p+1 at columns +8..15: key offset (l >> 3 & 1) * 8, column
-// offset (l >> 4) * 8. kTail: only the first `d_pairs` 16-column pairs of V are nonzero (head_dim_v < kD - 15).
-template <typename T, int kD, int kMTiles, int kNTiles, bool kTail>
+// offset (l >> 4) * 8.
+template <typename T, int kD, int kMTiles, int kNTiles>
 __device__ __forceinline__ void warp_gemm_pv(float (&o)[kMTiles][kD / 8][4], const float (&p)[kMTiles][kNTiles][4],
-                                             const T* sv, int lane, int d_pairs) {
+                                             const T* sv, int lane) {
   const int b_row = (lane & 7) + ((lane >> 3) & 1) * 8, b_col = (lane >> 4) * 8;
 #pragma unroll
   for (int ks = 0; ks < kNTiles / 2; ++ks) {
@@ -72,9 +66,6 @@ __device__ __forceinline__ void warp_gemm_pv(float (&o)[kMTiles][kD / 8][4], con
     for (int mt = 0; mt < kMTiles; ++mt) p_fragment<T, kNTiles>(a[mt], p[mt], ks);
 #pragma unroll
     for (int dp = 0; dp < kD / 16; ++dp) {
-      if constexpr (kTail) {
-        if (dp >= d_pairs) break;
-      }
       uint32_t b[4];
       ldmatrix_x4_trans(b, sv + swizzle<kD>(ks * 16 + b_row, dp * 16 + b_col));
       const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
