@@ -8,9 +8,9 @@ import torch
 import flashattn
 
 
-def _backend_problem(backend: str, device: str = "cpu", dtype=torch.float32):
-    """None if `backend` runs forward and backward on a tiny call, else the NotImplementedError message."""
-    q = torch.zeros(1, 2, 1, 8, dtype=dtype, device=device, requires_grad=True)
+def _backend_problem(backend: str, device: str = "cpu", dtype=torch.float32, head_dim: int = 8):
+    """None if `backend` runs forward and backward on a small call, else the NotImplementedError message."""
+    q = torch.zeros(1, 16, 2, head_dim, dtype=dtype, device=device, requires_grad=True)
     try:
         out = flashattn.flash_attn_func(q, q, q, backend=backend)
         out.sum().backward()

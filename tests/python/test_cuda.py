@@ -16,8 +16,8 @@ from test_varlen import VARLEN_CASES, run_case
 
 pytestmark = [pytest.mark.cuda, requires_cuda]
 
-_problem = {dt: _backend_problem("auto", "cuda", dt) for dt in (torch.float16, torch.bfloat16)} if CUDA_AVAILABLE \
-    else {}
+_problem = {dt: _backend_problem("auto", "cuda", dt, head_dim=64) for dt in (torch.float16, torch.bfloat16)} \
+    if CUDA_AVAILABLE else {}
 
 
 @pytest.fixture(params=[torch.float16, torch.bfloat16], ids=str)
@@ -55,8 +55,8 @@ def test_current_stream_is_honoured(dtype):
 
 
 def test_cuda_graph_capture(dtype):
-    q, k, v = (torch.randn(2, 64, 4, 32, dtype=dtype, device="cuda", requires_grad=True) for _ in range(3))
-    dout = torch.randn(2, 64, 4, 32, dtype=dtype, device="cuda")
+    q, k, v = (torch.randn(2, 80, 4, 64, dtype=dtype, device="cuda", requires_grad=True) for _ in range(3))
+    dout = torch.randn(2, 80, 4, 64, dtype=dtype, device="cuda")
 
     def step():
         out = flashattn.flash_attn_func(q, k, v, causal=True, window_size=(16, 0))
@@ -84,7 +84,7 @@ def test_cuda_graph_capture(dtype):
 @pytest.mark.parametrize("case", range(len(opcheck_cases("cpu"))))
 def test_opcheck(case, dtype):
     torch.library.opcheck(torch.ops.flashattn.attention_forward.default,
-                          opcheck_cases("cuda", dtype)[case][:13] + ("auto", 0))
+                          opcheck_cases("cuda", dtype, head_dim=64)[case][:13] + ("auto", 0))
 
 
 def test_compile_fullgraph(dtype):

@@ -64,16 +64,18 @@ def test_lse_is_not_differentiable():
 # ---- opcheck -------------------------------------------------------------------------------------------------------
 
 
-def opcheck_cases(device="cpu", dtype=torch.float32):
+def opcheck_cases(device="cpu", dtype=torch.float32, head_dim=8):
+    d = head_dim
+
     def t(*shape, grad=True):
         return torch.randn(*shape, dtype=dtype, device=device, requires_grad=grad)
 
     cu = torch.tensor([0, 3, 7], dtype=torch.int32, device=device)
     return [
-        fwd_args(t(2, 5, 4, 8), t(2, 7, 2, 8), t(2, 7, 2, 4), causal=True),
-        fwd_args(t(1, 6, 2, 16), t(1, 6, 2, 16), t(1, 6, 2, 16), wl=2, wr=1, softcap=2.0),
-        fwd_args(t(7, 2, 8), t(7, 2, 8), t(7, 2, 8), cu, cu, 4, 4, causal=True),
-        fwd_args(t(2, 5, 4, 8, grad=False), t(2, 7, 2, 8, grad=False), t(2, 7, 2, 8, grad=False)),
+        fwd_args(t(2, 5, 4, d), t(2, 7, 2, d), t(2, 7, 2, d // 2), causal=True),
+        fwd_args(t(1, 6, 2, 2 * d), t(1, 6, 2, 2 * d), t(1, 6, 2, 2 * d), wl=2, wr=1, softcap=2.0),
+        fwd_args(t(7, 2, d), t(7, 2, d), t(7, 2, d), cu, cu, 4, 4, causal=True),
+        fwd_args(t(2, 5, 4, d, grad=False), t(2, 7, 2, d, grad=False), t(2, 7, 2, d, grad=False)),
     ]
 
 
