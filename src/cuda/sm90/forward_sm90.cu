@@ -60,7 +60,8 @@ struct SharedStorage {
   uint64_t* q_full;
   uint64_t* k_full;
   uint64_t* v_full;
-  uint64_t* empty;
+  uint64_t* empty;    // the stage's K (and, in the serial ordering, its V) may be overwritten
+  uint64_t* empty_v;  // overlapped ordering only: the stage's V may be overwritten
 
   __device__ explicit SharedStorage(uint8_t* raw) {
     const uintptr_t p = reinterpret_cast<uintptr_t>(raw);
@@ -72,6 +73,7 @@ struct SharedStorage {
     k_full = q_full + 1;
     v_full = k_full + Cfg::kStages;
     empty = v_full + Cfg::kStages;
+    empty_v = empty + Cfg::kStages;
   }
 };
 
@@ -120,7 +122,9 @@ __device__ BlockWork block_work(const ForwardArgs& a) {
 }
 
 // ---- producer: one thread streams Q once, then K/V tiles through the ring ----
-template <int kHeadDim>
+// kSplitRelease: K and V of a stage are freed separately (empty / empty_v), as the overlapped ordering frees
+// K as soon as S has landed but V only after P V; the serial ordering frees both at once through `empty`.
+template <int kHeadDim, bool kSplitRelease>
 __device__ void produce(const SharedStorage<kHeadDim>& sm, const BlockWork& w, int kv_head, const CUtensorMap* tm_q,
                         const CUtensorMap* tm_k, const CUtensorMap* tm_v) {
   using Cfg = ForwardConfig<kHeadDim>;
@@ -141,6 +145,7 @@ __device__ void produce(const SharedStorage<kHeadDim>& sm, const BlockWork& w, i
     for (int p = 0; p < kPanels; ++p)
       tma_load_4d(k_tile + p * Cfg::kBlockN * kSwizzleBytes, tm_k, p * kPanelCols, row, kv_head, w.batch_coord,
                   &sm.k_full[pos.index]);
+    if constexpr (kSplitRelease) mbarrier_wait(&sm.empty_v[pos.index], pos.phase ^ 1u);
     mbarrier_arrive_expect_tx(&sm.v_full[pos.index], Cfg::kKVTileBytes);
 #pragma unroll
     for (int p = 0; p < kPanels; ++p)
@@ -274,10 +279,14 @@ struct Consumer {
   }
 
   // Both tiles of a stage are consumed: one arrival per warp (the wgmma reads completed for the whole
-  // warpgroup once this warp's wait returned).
+  // warpgroup once this warp's wait returned). release_v is the overlapped ordering's separate V release.
   __device__ void release(int stage) {
     __syncwarp();
     if (lane == 0) mbarrier_arrive(&sm.empty[stage]);
+  }
+  __device__ void release_v(int stage) {
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&sm.empty_v[stage]);
   }
 
   // Normalise, write O (16-bit pairs) and the LSE of the rows inside the sequence.
@@ -347,7 +356,8 @@ __device__ __forceinline__ void pingpong_pass_turn(int wg) {
 
 // v2 order (intra-warpgroup overlap + ping-pong): the products of tile n, S_n = Q K_nᵀ and O += P_{n+1} V_{n+1}
 // (the previous tile, keys run downwards), are issued together; the softmax of S_n runs while P V is still on
-// the tensor cores, and O is rescaled once that product has landed.
+// the tensor cores, and O is rescaled once that product has landed. K_n is released as soon as S_n has landed
+// and V_{n+1} after its product, so the producer refills a K slot one iteration before it is needed.
 template <typename T, int kHeadDim>
 __device__ void consume_overlapped(Consumer<T, kHeadDim>& c, int wg) {
   using C = Consumer<T, kHeadDim>;
@@ -366,6 +376,7 @@ __device__ void consume_overlapped(Consumer<T, kHeadDim>& c, int wg) {
   pingpong_pass_turn(wg);
   wgmma_wait<0>();
   fence_registers(s);
+  c.release(pos.index);
   c.transform_scores(s, w.n_end - 1);
   c.softmax(s, rescale);  // O is still 0: nothing to rescale
   C::to_fragments(p, s);
@@ -381,12 +392,13 @@ __device__ void consume_overlapped(Consumer<T, kHeadDim>& c, int wg) {
     pingpong_pass_turn(wg);
     wgmma_wait<1>();  // S_n has landed (groups complete in order); P V may still run
     fence_registers(s);
+    c.release(pos.index);
     c.transform_scores(s, n);
     c.softmax(s, rescale);
     wgmma_wait<0>();
     fence_registers(c.o);
     c.rescale_o(rescale);
-    c.release(prev);
+    c.release_v(prev);
     C::to_fragments(p, s);
     prev = pos.index;
     prev_phase = pos.phase;
@@ -399,7 +411,7 @@ __device__ void consume_overlapped(Consumer<T, kHeadDim>& c, int wg) {
   pingpong_pass_turn(wg);
   wgmma_wait<0>();
   fence_registers(c.o);
-  c.release(prev);
+  c.release_v(prev);
 }
 
 template <typename T, int kHeadDim, bool kOverlap>
@@ -417,6 +429,7 @@ __global__ void __launch_bounds__(ForwardConfig<kHeadDim>::kThreads, 1)
       mbarrier_init(&sm.k_full[s], 1);
       mbarrier_init(&sm.v_full[s], 1);
       mbarrier_init(&sm.empty[s], Cfg::kConsumerWarps);
+      mbarrier_init(&sm.empty_v[s], Cfg::kConsumerWarps);
     }
     mbarrier_init_fence();
   }
@@ -429,7 +442,7 @@ __global__ void __launch_bounds__(ForwardConfig<kHeadDim>::kThreads, 1)
       tma_prefetch_map(&tm_q);
       tma_prefetch_map(&tm_k);
       tma_prefetch_map(&tm_v);
-      produce<kHeadDim>(sm, w, w.head / args.heads_per_kv, &tm_q, &tm_k, &tm_v);
+      produce<kHeadDim, kOverlap>(sm, w, w.head / args.heads_per_kv, &tm_q, &tm_k, &tm_v);
     }
   } else {
     setmaxnreg_increase<Cfg::kConsumerRegisters>();
