@@ -198,6 +198,12 @@ std::vector<FwdCase> cases() {
   c.lens_q = {17, 0, 300, 129}; c.lens_k = {40, 5, 300, 0}; add(c);
   c = {}; c.name = "f16_d64_varlen_window"; c.dtype = DType::f16; c.head_dim = 64; c.window_left = 20;
   c.window_right = 0; c.lens_q = {1, 250, 64}; c.lens_k = {130, 250, 1}; add(c);
+  // hd 64 has a 3-stage ring: 8 key tiles wrap it twice.
+  c = {}; c.name = "bf16_d64_ring_wraps"; c.head_dim = 64; c.seqlen_q = 200; c.seqlen_k = 1000; add(c);
+  c = {}; c.name = "bf16_d128_varlen_gqa_softcap_causal"; c.heads_q = 4; c.heads_kv = 1; c.causal = true;
+  c.softcap = 20; c.lens_q = {300, 77}; c.lens_k = {513, 77}; add(c);
+  c = {}; c.name = "f16_d256_window_left_only"; c.dtype = DType::f16; c.head_dim = 256; c.seqlen_q = 150;
+  c.seqlen_k = 400; c.window_left = 100; add(c);
   return v;
 }
 
@@ -217,6 +223,51 @@ TEST(Sm90ForwardSupport, ReportsWhyItDeclines) {
 
 namespace flashattn::test {
 namespace {
+
+// The public entry point with automatic backend choice runs the sm90 kernel on Hopper end to end.
+TEST(Sm90ForwardSupport, DispatchedForwardMatchesReference) {
+  FA_REQUIRE_GPU();
+  if (flashattn::cuda_compute_capability(0) != 90) GTEST_SKIP() << "needs compute capability 9.0";
+  HostTensor q(DType::bf16, {2, 300, 4, 128}), k(DType::bf16, {2, 300, 2, 128}), v(DType::bf16, {2, 300, 2, 128});
+  HostTensor o(DType::bf16, {2, 300, 4, 128}), lse(DType::f32, {2, 4, 300});
+  std::mt19937_64 rng(99);
+  q.fill_normal(rng);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  HostTensor o_ref = o, lse_ref = lse;
+  AttentionOptions opt;
+  opt.causal = true;
+  {
+    ForwardArgs a;
+    a.q = q.view();
+    a.k = k.view();
+    a.v = v.view();
+    a.out = o_ref.view();
+    a.lse = lse_ref.view();
+    AttentionOptions ro = opt;
+    ro.backend = Backend::cpu_reference;
+    ASSERT_TRUE(attention_forward(a, ro).ok());
+  }
+  o.poison();
+  lse.poison();
+  DeviceTensor dq(q), dk(k), dv(v), dout(o), dlse(lse);
+  ForwardArgs a;
+  a.q = dq.view(q);
+  a.k = dk.view(k);
+  a.v = dv.view(v);
+  a.out = dout.view(o);
+  a.lse = dlse.view(lse);
+  FwdParams p;
+  ASSERT_TRUE(make_forward_params(a, opt, &p).ok());
+  ASSERT_EQ(choose_backend(p, Backend::automatic, false).backend, Backend::cuda_sm90);
+  const Status st = attention_forward(a, opt);
+  ASSERT_TRUE(st.ok()) << st.message;
+  FA_CUDA_CHECK(cudaDeviceSynchronize());
+  dout.download(o);
+  dlse.download(lse);
+  EXPECT_LT(relative_error(o.values(), o_ref.values()), 2 * unit_roundoff(DType::bf16));
+  EXPECT_LT(max_abs_error(lse.values(), lse_ref.values()), 1e-3);
+}
 
 // On Hopper, dispatch routes supported forwards to cuda_sm90 and says why it passes over it otherwise.
 TEST(Sm90ForwardSupport, DispatchPicksSm90OnHopper) {
