@@ -8,6 +8,9 @@ set(FLASHATTN_CUDA_SOURCES
   src/cuda/sm80/forward_hd128.cu
   src/cuda/sm80/forward_hd256.cu
   src/cuda/sm80/backward.cu
+  src/cuda/sm80/backward_hd64.cu
+  src/cuda/sm80/backward_hd128.cu
+  src/cuda/sm80/backward_hd256.cu
   src/cuda/sm90/unavailable.cpp
 )
 

@@ -101,6 +101,13 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
                "r"(src_bytes));
 }
 
+// Copies the first `src_bytes` (0..16) of a 16-byte chunk and zero-fills the rest: a chunk that straddles the
+// end of a row (head dims that are not multiples of 8) arrives zero-padded.
+__device__ __forceinline__ void cp_async_16_partial(void* smem_dst, const void* gmem_src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem_dst)), "l"(gmem_src),
+               "r"(src_bytes));
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 // Waits until at most `kPending` committed groups are still in flight.

@@ -1,0 +1,135 @@
+// Times the sm80 backward through the public API on the issue-3 shapes: B·S = 16k tokens, H·D = 2048, bf16,
+// head dims 64/128/256, causal and not. FLOPs 2.5 × 4·B·H·S²·D, half for causal. Inputs are random (never
+// zeros); O is random and the LSE is the value a random-score row would have (log of its visible key count
+// + 1/2), so P has realistic magnitudes without depending on the forward kernel. Median of per-call event
+// pairs around back-to-back calls (workspace allocation included, as users call it).
+//
+//   nvcc -O2 -std=c++17 -arch=sm_90 -Iinclude bench/gpu/backward_bench.cu <build>/libflashattn.a \
+//     -Xcompiler -fopenmp -o backward_bench && ./backward_bench [S ...]
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "flashattn/flashattn.h"
+
+using namespace flashattn;
+
+#define CHECK(x)                                                    \
+  do {                                                              \
+    cudaError_t e_ = (x);                                           \
+    if (e_ != cudaSuccess) {                                        \
+      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                 \
+    }                                                               \
+  } while (0)
+
+// Roughly unit-normal values (centred sum of 4 hashed uniforms).
+__global__ void fill_random(__nv_bfloat16* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ (seed * 0x9e3779b9u);
+    float acc = 0;
+    for (int k = 0; k < 4; ++k) {
+      h ^= h >> 15, h *= 2246822519u, h ^= h >> 13, h *= 3266489917u, h ^= h >> 16;
+      acc += float(h & 0xffffff) / float(0x1000000);
+    }
+    p[i] = __float2bfloat16((acc - 2.f) * 1.7320508f);
+  }
+}
+
+// lse[b][h][i] = log(keys visible to row i) + 0.5 (the LSE of unit-variance scores).
+__global__ void fill_lse(float* lse, int64_t rows, int64_t s, bool causal) {
+  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows; r += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = r % s;
+    lse[r] = logf(float(causal ? i + 1 : s)) + 0.5f;
+  }
+}
+
+TensorView view4(void* data, int64_t b, int64_t s, int64_t h, int64_t d) {
+  const int64_t shape[4] = {b, s, h, d};
+  return make_contiguous_view(data, DType::bf16, Device{DeviceType::cuda, 0}, 4, shape);
+}
+
+double time_backward(const BwdParams& p, int reps) {
+  for (int i = 0; i < 2; ++i) {
+    Status st = run_backward(p, Backend::cuda_sm80);
+    if (!st.ok()) {
+      std::fprintf(stderr, "%s\n", st.message.c_str());
+      std::exit(1);
+    }
+  }
+  CHECK(cudaDeviceSynchronize());
+  std::vector<cudaEvent_t> ev(2 * size_t(reps));
+  for (auto& e : ev) CHECK(cudaEventCreate(&e));
+  for (int i = 0; i < reps; ++i) {
+    CHECK(cudaEventRecord(ev[2 * i]));
+    run_backward(p, Backend::cuda_sm80);
+    CHECK(cudaEventRecord(ev[2 * i + 1]));
+  }
+  CHECK(cudaDeviceSynchronize());
+  CHECK(cudaGetLastError());
+  std::vector<float> ms(size_t(reps));
+  for (int i = 0; i < reps; ++i) CHECK(cudaEventElapsedTime(&ms[size_t(i)], ev[2 * i], ev[2 * i + 1]));
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> seqs;
+  for (int i = 1; i < argc; ++i) seqs.push_back(std::atoll(argv[i]));
+  if (seqs.empty()) seqs = {1024, 4096, 16384};
+  const int64_t tokens = 16384, hidden = 2048;
+  const size_t n = size_t(tokens * hidden);  // elements of each of q, k, v, o, dout, dq, dk, dv (all shapes)
+  void* buf[8];
+  for (int t = 0; t < 8; ++t) {
+    CHECK(cudaMalloc(&buf[t], n * 2));
+    fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(buf[t]), n, uint32_t(t + 1));
+  }
+  float* lse;
+  CHECK(cudaMalloc(&lse, size_t(tokens) * 256 * 4));
+  CHECK(cudaGetLastError());
+
+  std::printf("| S | B | H | D | causal | mode | ms | TFLOP/s |\n|---|---|---|---|---|---|---|---|\n");
+  for (int64_t d : {64, 128, 256}) {
+    for (int64_t s : seqs) {
+      for (bool causal : {false, true}) {
+        for (bool det : {false, true}) {
+          // Deterministic mode once per head dim, at the largest length without causal: it is not the fast path.
+          if (det && (causal || s != seqs.back())) continue;
+          const int64_t b = tokens / s, h = hidden / d;
+          fill_lse<<<1024, 256>>>(lse, b * h * s, s, causal);
+          BackwardArgs a;
+          a.q = view4(buf[0], b, s, h, d), a.k = view4(buf[1], b, s, h, d), a.v = view4(buf[2], b, s, h, d);
+          a.out = view4(buf[3], b, s, h, d), a.dout = view4(buf[4], b, s, h, d);
+          a.dq = view4(buf[5], b, s, h, d), a.dk = view4(buf[6], b, s, h, d), a.dv = view4(buf[7], b, s, h, d);
+          const int64_t lshape[3] = {b, h, s};
+          a.lse = make_contiguous_view(lse, DType::f32, Device{DeviceType::cuda, 0}, 3, lshape);
+          AttentionOptions opt;
+          opt.causal = causal;
+          opt.deterministic = det;
+          opt.backend = Backend::cuda_sm80;
+          BwdParams p;
+          Status st = make_backward_params(a, opt, &p);
+          if (!st.ok()) {
+            std::fprintf(stderr, "%s\n", st.message.c_str());
+            return 1;
+          }
+          const double ms = time_backward(p, det ? 5 : 20);
+          const double flops = 2.5 * 4.0 * b * h * double(s) * double(s) * d / (causal ? 2 : 1);
+          std::printf("| %lld | %lld | %lld | %lld | %d | %s | %.3f | %.1f |\n", (long long)s, (long long)b,
+                      (long long)h, (long long)d, int(causal), det ? "deterministic" : "atomic dQ", ms,
+                      flops / (ms * 1e-3) / 1e12);
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+  for (void* p : buf) cudaFree(p);
+  cudaFree(lse);
+  return 0;
+}

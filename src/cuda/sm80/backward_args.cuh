@@ -1,0 +1,90 @@
+// The plain struct the sm80 backward kernels read: BwdParams narrowed to what the device needs, plus the
+// workspace and the per-tensor alignment facts the launcher works out once.
+#pragma once
+
+#include <cstdint>
+
+#include "common/mask.h"
+
+namespace flashattn::cuda::sm80 {
+
+struct BwdKernelArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* o;
+  const void* dout;
+  const float* lse;
+  void* dq;
+  void* dk;
+  void* dv;
+
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int64_t do_batch_stride, do_row_stride, do_head_stride;
+  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+  int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
+  int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+  int64_t lse_batch_stride, lse_head_stride;
+
+  const int32_t* cu_seqlens_q;  // null: padded batch
+  const int32_t* cu_seqlens_k;
+  int seqlen_q, seqlen_k;  // padded lengths, or the maxima in varlen mode
+  int batch, heads_q, heads_kv, group;
+  int head_dim, head_dim_v;
+
+  float scale;       // softmax_scale
+  float scale_log2;  // softmax_scale * log2(e): exp(s * scale - lse) = exp2(s * scale_log2 - lse * log2e)
+  float softcap;     // 0 = off
+  float tanh_scale;    // softmax_scale / softcap: tanh's argument is s * tanh_scale
+  float softcap_log2;  // softcap * log2(e)
+  bool causal;
+  int64_t window_left, window_right;
+
+  // Workspace: D = rowsum(dO o O) [heads_q][rows_q] and the fp32 dQ accumulator [heads_q][rows_q][dq_accum_ld].
+  // rows_q is batch * seqlen_q (padded) or total_q (varlen); a sequence's rows start at ws_row0 (below).
+  float* dsum;
+  float* dq_accum;
+  int64_t rows_q;
+  int dq_accum_ld;
+  bool accumulate_dq;  // false in deterministic mode: the dQ pass recomputes instead
+
+  // 16-byte alignment of pointer and every stride (cp.async path) per input; 4-byte pairs for outputs.
+  bool vec_q, vec_k, vec_v, vec_do;
+  bool pair_dq, pair_dk, pair_dv;
+};
+
+// Where batch entry b lives: packed offsets in varlen mode, b * seqlen otherwise.
+struct SeqExtent {
+  int64_t start_q, start_k;  // first row inside the tensors (varlen) or 0
+  int64_t ws_row0;           // first row inside the workspace
+  int len_q, len_k;
+};
+
+__device__ __forceinline__ SeqExtent seq_extent(const BwdKernelArgs& a, int b) {
+  SeqExtent e;
+  if (a.cu_seqlens_q != nullptr) {
+    const int q0 = a.cu_seqlens_q[b], q1 = a.cu_seqlens_q[b + 1];
+    const int k0 = a.cu_seqlens_k[b], k1 = a.cu_seqlens_k[b + 1];
+    e.start_q = q0;
+    e.start_k = k0;
+    e.ws_row0 = q0;
+    e.len_q = q1 - q0;
+    e.len_k = k1 - k0;
+  } else {
+    e.start_q = 0;
+    e.start_k = 0;
+    e.ws_row0 = int64_t(b) * a.seqlen_q;
+    e.len_q = a.seqlen_q;
+    e.len_k = a.seqlen_k;
+  }
+  return e;
+}
+
+__device__ __forceinline__ MaskSpec seq_mask(const BwdKernelArgs& a, const SeqExtent& e) {
+  return MaskSpec::make(e.len_q, e.len_k, a.causal, a.window_left, a.window_right);
+}
+
+}  // namespace flashattn::cuda::sm80

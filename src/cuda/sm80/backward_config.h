@@ -1,0 +1,82 @@
+// Every tile-size decision of the sm80 backward, in one place.
+//
+// Compile-time axes are dtype x head-dim bucket only. A call with head dims d, d_v runs the smallest bucket
+// >= max(d, d_v); columns past d (or d_v) are zero-filled on load and never stored.
+//
+// Per bucket (M = query rows per tile, N = keys per thread block, all 8 warps):
+//   bucket  M    N    S/dP warps (M x N)   dK/dV warps (N x d)   dQ warps (M x d)
+//     64   128  128        2 x 4                  4 x 2                4 x 2
+//    128    64  128        2 x 4                  4 x 2                2 x 4
+//    256    64   64        4 x 2                  2 x 4                2 x 4
+// These follow the FlashAttention-2 sm80 choices: the dK and dV accumulators (N x d fp32 each, held in
+// registers for the whole key block) plus one S and one dP tile must fit in 255 registers per thread.
+#pragma once
+
+namespace flashattn::cuda::sm80 {
+
+constexpr int kBwdWarps = 8;
+constexpr int kBwdThreads = kBwdWarps * 32;
+// One 16-byte chunk of padding per shared-memory row: consecutive rows then start 16 bytes apart modulo 128,
+// so the 8 row addresses of every ldmatrix (and every 16-byte cp.async row) hit distinct banks.
+constexpr int kSmemPad = 8;
+
+template <int kHeadDim>
+struct BwdTiles;
+
+template <>
+struct BwdTiles<64> {
+  static constexpr int kM = 128, kN = 128;
+  static constexpr int kSdPWarpsM = 2, kdKVWarpsN = 4, kdQWarpsM = 4;
+};
+template <>
+struct BwdTiles<128> {
+  static constexpr int kM = 64, kN = 128;
+  static constexpr int kSdPWarpsM = 2, kdKVWarpsN = 4, kdQWarpsM = 2;
+};
+template <>
+struct BwdTiles<256> {
+  static constexpr int kM = 64, kN = 64;
+  static constexpr int kSdPWarpsM = 4, kdKVWarpsN = 2, kdQWarpsM = 2;
+};
+
+// Everything derived from the bucket: warp tiles, mma counts per warp, shared-memory layout (in elements).
+template <int kHeadDim_>
+struct BwdConfig : BwdTiles<kHeadDim_> {
+  using Tiles = BwdTiles<kHeadDim_>;
+  static constexpr int kD = kHeadDim_;
+  static constexpr int kM = Tiles::kM, kN = Tiles::kN;
+
+  // S = Q Kᵀ and dP = dO Vᵀ: an M x N tile over kSdPWarpsM x kSdPWarpsN warps.
+  static constexpr int kSdPWarpsN = kBwdWarps / Tiles::kSdPWarpsM;
+  static constexpr int kSdPWarpM = kM / Tiles::kSdPWarpsM, kSdPWarpN = kN / kSdPWarpsN;
+  // dV += Pᵀ dO and dK += dSᵀ Q: an N x D tile.
+  static constexpr int kdKVWarpsD = kBwdWarps / Tiles::kdKVWarpsN;
+  static constexpr int kdKVWarpN = kN / Tiles::kdKVWarpsN, kdKVWarpD = kD / kdKVWarpsD;
+  // dQ = dS K: an M x D tile.
+  static constexpr int kdQWarpsD = kBwdWarps / Tiles::kdQWarpsM;
+  static constexpr int kdQWarpM = kM / Tiles::kdQWarpsM, kdQWarpD = kD / kdQWarpsD;
+
+  // Row pitches (elements): head-dim rows (Q, dO, K, V) and key rows (P, dS).
+  static constexpr int kLdD = kD + kSmemPad;
+  static constexpr int kLdN = kN + kSmemPad;
+
+  // Main kernel (one key block per thread block): K, V resident; Q, dO double-buffered; P, dS staging.
+  static constexpr int kQStages = 2;
+  static constexpr int kMainSmemElems = 2 * kN * kLdD + 2 * kQStages * kM * kLdD + 2 * kM * kLdN;
+  // Deterministic dQ kernel (one query block per thread block): Q, dO resident; K, V double-buffered; dS.
+  static constexpr int kKVStages = 2;
+  static constexpr int kDqSmemElems = 2 * kM * kLdD + 2 * kKVStages * kN * kLdD + kM * kLdN;
+
+  static constexpr int kMainSmemBytes = kMainSmemElems * 2;
+  static constexpr int kDqSmemBytes = kDqSmemElems * 2;
+
+  static_assert(kSdPWarpM % 16 == 0 && kSdPWarpN % 16 == 0, "S/dP warp tile must be whole 16x16 mma pairs");
+  static_assert(kdKVWarpN % 16 == 0 && kdKVWarpD % 16 == 0, "dK/dV warp tile must be whole 16x16 mma pairs");
+  static_assert(kdQWarpM % 16 == 0 && kdQWarpD % 16 == 0, "dQ warp tile must be whole 16x16 mma pairs");
+  static_assert(kM % 16 == 0 && kN % 16 == 0 && kD % 16 == 0, "mma k-steps are 16 wide");
+};
+
+// The buckets, smallest first; a call uses the first one >= max(d, d_v).
+constexpr int kBwdHeadDimBuckets[] = {64, 128, 256};
+
+}  // namespace flashattn::cuda::sm80

@@ -1,0 +1,107 @@
+// The per-bucket launch sequence of the sm80 backward (host code), shared by backward_hd64/128/256.cu, each
+// of which instantiates it for fp16 and bf16 so that the buckets compile in parallel. On params.stream:
+//   1. memset dq_accum (non-deterministic mode)     2. bwd_preprocess_kernel (D = rowsum(dO∘O))
+//   3. bwd_dkdv_kernel (dK, dV; dQ atomics)          4. bwd_dq_convert_kernel, or bwd_dq_kernel (deterministic)
+// The workspace (D, and dq_accum unless deterministic) is taken with cudaMallocAsync and released with
+// cudaFreeAsync on the same stream, so the whole call is capturable in a CUDA graph.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "backend.h"
+#include "cuda/check.h"
+#include "cuda/sm80/backward_args.cuh"
+
+namespace flashattn::detail {
+
+// One per head-dim bucket (both dtypes), defined in backward_hd<bucket>.cu.
+Status sm80_backward_hd64(const cuda::sm80::BwdKernelArgs& a, const BwdParams& p, cudaStream_t s, int max_smem);
+Status sm80_backward_hd128(const cuda::sm80::BwdKernelArgs& a, const BwdParams& p, cudaStream_t s, int max_smem);
+Status sm80_backward_hd256(const cuda::sm80::BwdKernelArgs& a, const BwdParams& p, cudaStream_t s, int max_smem);
+
+}  // namespace flashattn::detail
+
+#ifdef FA_SM80_BACKWARD_INSTANTIATE
+#include "cuda/sm80/backward_kernels.cuh"
+
+namespace flashattn::detail {
+
+using cuda::sm80::BwdConfig;
+using cuda::sm80::BwdKernelArgs;
+using cuda::sm80::kBwdThreads;
+
+inline unsigned blocks_for_warps(int64_t warps) { return unsigned((warps * 32 + 255) / 256); }
+
+template <typename T, int kD>
+Status sm80_backward_launch(BwdKernelArgs a, const BwdParams& p, cudaStream_t stream, int max_smem) {
+  using C = BwdConfig<kD>;
+  const int need = p.deterministic && C::kDqSmemBytes > C::kMainSmemBytes ? C::kDqSmemBytes : C::kMainSmemBytes;
+  if (need > max_smem) {
+    return Status::unsupported("cuda_sm80: the backward for head dim bucket " + std::to_string(kD) + " needs " +
+                               std::to_string(need) + " bytes of shared memory per block; device " +
+                               std::to_string(p.device.index) + " allows " + std::to_string(max_smem));
+  }
+  const int64_t n_key_blocks = (p.seqlen_k + C::kN - 1) / C::kN;
+  const int64_t n_query_blocks = (p.seqlen_q + C::kM - 1) / C::kM;
+  if (p.batch > 65535 || p.heads_q > 65535 || n_key_blocks > 0x7fffffff || n_query_blocks > 0x7fffffff) {
+    return Status::unsupported("cuda_sm80: backward grid too large (batch or heads above 65535)");
+  }
+
+  // Workspace: D [heads_q][rows_q], then (non-deterministic) dq_accum [heads_q][rows_q][kD].
+  // dq_accum starts 256-byte aligned (the float2 reductions need 8).
+  const size_t dsum_elems = size_t(p.heads_q) * size_t(a.rows_q);
+  const size_t dsum_padded = (dsum_elems + 63) / 64 * 64;
+  const size_t accum_elems = p.deterministic ? 0 : dsum_elems * size_t(kD);
+  const size_t ws_bytes = (dsum_padded + accum_elems) * sizeof(float);
+  void* ws = nullptr;
+  if (ws_bytes > 0) FA_CUDA_TRY(cudaMallocAsync(&ws, ws_bytes, stream));
+  a.dsum = static_cast<float*>(ws);
+  a.dq_accum = accum_elems ? a.dsum + dsum_padded : nullptr;
+  a.dq_accum_ld = kD;
+
+  Status st = [&]() -> Status {
+    if (accum_elems) FA_CUDA_TRY(cudaMemsetAsync(a.dq_accum, 0, accum_elems * sizeof(float), stream));
+    const int64_t row_warps = a.rows_q * p.heads_q;
+    if (row_warps > 0) {
+      cuda::sm80::bwd_preprocess_kernel<T><<<blocks_for_warps(row_warps), 256, 0, stream>>>(a);
+      FA_CUDA_TRY(cudaGetLastError());
+    }
+    if (n_key_blocks > 0 && p.batch > 0) {
+      auto kernel = cuda::sm80::bwd_dkdv_kernel<T, kD>;
+      FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kMainSmemBytes));
+      const dim3 grid(unsigned(n_key_blocks), unsigned(p.heads_kv), unsigned(p.batch));
+      kernel<<<grid, kBwdThreads, C::kMainSmemBytes, stream>>>(a);
+      FA_CUDA_TRY(cudaGetLastError());
+    }
+    if (p.deterministic) {
+      if (n_query_blocks > 0 && p.batch > 0) {
+        auto kernel = cuda::sm80::bwd_dq_kernel<T, kD>;
+        FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kDqSmemBytes));
+        const dim3 grid(unsigned(n_query_blocks), unsigned(p.heads_q), unsigned(p.batch));
+        kernel<<<grid, kBwdThreads, C::kDqSmemBytes, stream>>>(a);
+        FA_CUDA_TRY(cudaGetLastError());
+      }
+    } else if (row_warps > 0) {
+      cuda::sm80::bwd_dq_convert_kernel<T><<<blocks_for_warps(row_warps), 256, 0, stream>>>(a);
+      FA_CUDA_TRY(cudaGetLastError());
+    }
+    return Status::success();
+  }();
+  if (ws) {
+    Status freed = cuda_status(cudaFreeAsync(ws, stream), "cudaFreeAsync(backward workspace)");
+    if (st.ok()) st = freed;
+  }
+  return st;
+}
+
+
+template <int kD>
+Status sm80_backward_bucket(const BwdKernelArgs& a, const BwdParams& p, cudaStream_t stream, int max_smem) {
+  return p.dtype == DType::f16 ? sm80_backward_launch<__half, kD>(a, p, stream, max_smem)
+                               : sm80_backward_launch<__nv_bfloat16, kD>(a, p, stream, max_smem);
+}
+
+}  // namespace flashattn::detail
+#endif  // FA_SM80_BACKWARD_INSTANTIATE

@@ -1,0 +1,459 @@
+// GPU tests of the sm80 backward (src/cuda/sm80/backward*.cu[h]) against the CPU reference.
+//
+// O and LSE come from the CPU reference forward (so these tests do not depend on the GPU forward). The oracle
+// is the reference backward in float64 on the same rounded inputs. The tolerance follows FlashAttention's
+// rule: err(ours) <= 2 * err(emulation) + atol, where the emulation is this file's own naive backward that
+// rounds exactly where the kernel must (P and dS to the storage type before their products, fp32 sums, D from
+// the rounded O, outputs rounded), and err is both the L2 and the max abs error vs the oracle; atol is
+// u * |ref| (u = the dtype's unit roundoff) plus a tiny floor for gradients that vanish exactly.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "common/host_tensor.h"
+#include "common/mask.h"
+#include "flashattn/flashattn.h"
+#include "gpu/device_tensor.h"
+
+namespace flashattn::test {
+namespace {
+
+struct BwdCase {
+  DType dtype = DType::bf16;
+  int64_t batch = 1, sq = 64, sk = 64, hq = 2, hkv = 2, d = 64, dv = 64;
+  bool causal = false;
+  int64_t wl = -1, wr = -1;
+  double softcap = 0;
+  bool bhsd = false;   // storage order [b, h, s, d] (a permuted view) instead of [b, s, h, d]
+  int64_t pad = 0;     // extra elements at the end of every row (odd values break 16-byte alignment)
+  std::vector<int> lens_q, lens_k;  // varlen when non-empty
+  bool deterministic = false;
+  uint64_t seed = 1;
+
+  bool varlen() const { return !lens_q.empty(); }
+  std::string name() const {
+    std::ostringstream os;
+    os << dtype_name(dtype) << " b" << batch << " sq" << sq << " sk" << sk << " h" << hq << "/" << hkv << " d" << d
+       << "/" << dv << (causal ? " causal" : "") << " win(" << wl << "," << wr << ")" << " cap" << softcap
+       << (bhsd ? " bhsd" : "") << " pad" << pad << (varlen() ? " varlen" : "") << (deterministic ? " det" : "");
+    return os.str();
+  }
+};
+
+// Tensors of one problem in one dtype, laid out per the case.
+struct Problem {
+  HostTensor q, k, v, o, lse, dout, dq, dk, dv, cu_q, cu_k;
+  int64_t total_q = 0, total_k = 0, max_q = 0, max_k = 0;
+};
+
+HostTensor make_tensor(const BwdCase& c, DType dt, int64_t rows_or_seq, int64_t heads, int64_t dim) {
+  if (c.varlen()) return HostTensor(dt, {rows_or_seq, heads, dim}, c.bhsd ? std::vector<int>{1, 0, 2} : std::vector<int>{}, c.pad);
+  return HostTensor(dt, {c.batch, rows_or_seq, heads, dim}, c.bhsd ? std::vector<int>{0, 2, 1, 3} : std::vector<int>{},
+                    c.pad);
+}
+
+Problem make_problem(const BwdCase& c, DType dt) {
+  Problem p;
+  int64_t rq, rk;
+  if (c.varlen()) {
+    p.cu_q = HostTensor(DType::i32, {int64_t(c.lens_q.size()) + 1});
+    p.cu_k = HostTensor(DType::i32, {int64_t(c.lens_k.size()) + 1});
+    int64_t aq = 0, ak = 0;
+    p.cu_q.set(0, 0), p.cu_k.set(0, 0);
+    for (size_t i = 0; i < c.lens_q.size(); ++i) {
+      aq += c.lens_q[i], ak += c.lens_k[i];
+      p.cu_q.set(int64_t(i) + 1, double(aq)), p.cu_k.set(int64_t(i) + 1, double(ak));
+      p.max_q = std::max<int64_t>(p.max_q, c.lens_q[i]), p.max_k = std::max<int64_t>(p.max_k, c.lens_k[i]);
+    }
+    p.total_q = aq, p.total_k = ak;
+    rq = aq, rk = ak;
+  } else {
+    rq = c.sq, rk = c.sk;
+  }
+  p.q = make_tensor(c, dt, rq, c.hq, c.d);
+  p.k = make_tensor(c, dt, rk, c.hkv, c.d);
+  p.v = make_tensor(c, dt, rk, c.hkv, c.dv);
+  p.o = make_tensor(c, dt, rq, c.hq, c.dv);
+  p.dout = make_tensor(c, dt, rq, c.hq, c.dv);
+  p.dq = make_tensor(c, dt, rq, c.hq, c.d);
+  p.dk = make_tensor(c, dt, rk, c.hkv, c.d);
+  p.dv = make_tensor(c, dt, rk, c.hkv, c.dv);
+  p.lse = c.varlen() ? HostTensor(DType::f32, {c.hq, rq}) : HostTensor(DType::f32, {c.batch, c.hq, rq});
+  return p;
+}
+
+// Same logical values in another dtype (and the same layout).
+void copy_values(const HostTensor& from, HostTensor& to) {
+  std::vector<double> vals = from.values();
+  size_t i = 0;
+  to.for_each([&](int64_t off) { to.set(off, vals[i++]); });
+}
+
+BackwardArgs views(Problem& p, bool varlen, const DeviceTensor* dev = nullptr) {
+  // dev: device tensors in the order q, k, v, o, lse, dout, dq, dk, dv, cu_q, cu_k.
+  HostTensor* hs[] = {&p.q, &p.k, &p.v, &p.o, &p.lse, &p.dout, &p.dq, &p.dk, &p.dv, &p.cu_q, &p.cu_k};
+  TensorView tv[11];
+  for (int i = 0; i < 11; ++i) tv[i] = dev ? dev[i].view(*hs[i]) : hs[i]->view();
+  BackwardArgs a;
+  a.q = tv[0], a.k = tv[1], a.v = tv[2], a.out = tv[3], a.lse = tv[4], a.dout = tv[5];
+  a.dq = tv[6], a.dk = tv[7], a.dv = tv[8];
+  if (varlen) {
+    a.cu_seqlens_q = tv[9], a.cu_seqlens_k = tv[10];
+    a.max_seqlen_q = p.max_q, a.max_seqlen_k = p.max_k;
+  }
+  return a;
+}
+
+AttentionOptions options(const BwdCase& c, Backend b) {
+  AttentionOptions o;
+  o.causal = c.causal;
+  o.window_left = c.wl, o.window_right = c.wr;
+  o.softcap = c.softcap;
+  o.deterministic = c.deterministic;
+  o.backend = b;
+  return o;
+}
+
+double round_to(DType t, double x) {
+  if (t == DType::f16) return to_float(to_half(float(x)));
+  if (t == DType::bf16) return to_float(to_bfloat16(float(x)));
+  return x;
+}
+
+// Rows [start, start + n) of head h of a [b, s, h, d] / [total, h, d] tensor as dense fp32 [n][dim].
+std::vector<float> gather(const BwdCase& c, const HostTensor& t, int64_t b, int64_t start, int64_t n, int64_t h) {
+  const int64_t dim = t.shape().back();
+  std::vector<float> out(size_t(n * dim));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t col = 0; col < dim; ++col) {
+      const int64_t off = c.varlen() ? t.offset({start + i, h, col}) : t.offset({b, start + i, h, col});
+      out[size_t(i * dim + col)] = float(t.get(off));
+    }
+  return out;
+}
+
+void scatter(const BwdCase& c, HostTensor& t, int64_t b, int64_t start, int64_t n, int64_t h,
+             const std::vector<float>& v) {
+  const int64_t dim = t.shape().back();
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t col = 0; col < dim; ++col) {
+      const int64_t off = c.varlen() ? t.offset({start + i, h, col}) : t.offset({b, start + i, h, col});
+      t.set(off, v[size_t(i * dim + col)]);
+    }
+}
+
+// The kernel's arithmetic, naively: fp32 products and sums, P and dS rounded to the storage type before they
+// enter products, D from the stored O. Writes dq, dk, dv of `p` (rounded to its dtype).
+void emulate_backward(const BwdCase& c, Problem& p) {
+  const DType dt = c.dtype;
+  const int64_t group = c.hq / c.hkv, nb = c.varlen() ? int64_t(c.lens_q.size()) : c.batch;
+  const float scale = float(1.0 / std::sqrt(double(c.d)));
+  const int64_t d = c.d, dv = c.dv;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t q0 = c.varlen() ? int64_t(p.cu_q.get(b)) : 0, k0 = c.varlen() ? int64_t(p.cu_k.get(b)) : 0;
+    const int64_t sq = c.varlen() ? c.lens_q[size_t(b)] : c.sq, sk = c.varlen() ? c.lens_k[size_t(b)] : c.sk;
+    const MaskSpec mask = MaskSpec::make(sq, sk, c.causal, c.wl, c.wr);
+    for (int64_t hk = 0; hk < c.hkv; ++hk) {
+      const std::vector<float> K = gather(c, p.k, b, k0, sk, hk), V = gather(c, p.v, b, k0, sk, hk);
+      std::vector<float> dK(size_t(sk * d), 0.f), dV(size_t(sk * dv), 0.f);
+      for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+        const std::vector<float> Q = gather(c, p.q, b, q0, sq, h), dO = gather(c, p.dout, b, q0, sq, h);
+        const std::vector<float> O = gather(c, p.o, b, q0, sq, h);
+        std::vector<float> P(size_t(sq * sk), 0.f), dS(size_t(sq * sk), 0.f), dQ(size_t(sq * d), 0.f);
+#pragma omp parallel for schedule(dynamic)
+        for (int64_t i = 0; i < sq; ++i) {
+          const float lse = float(p.lse.get(c.varlen() ? p.lse.offset({h, q0 + i}) : p.lse.offset({b, h, i})));
+          float dsum = 0;
+          for (int64_t col = 0; col < dv; ++col) dsum += dO[size_t(i * dv + col)] * O[size_t(i * dv + col)];
+          for (int64_t j = 0; j < sk; ++j) {
+            if (!mask.visible(i, j) || lse == -INFINITY) continue;
+            float s = 0, dp = 0;
+            for (int64_t col = 0; col < d; ++col) s += Q[size_t(i * d + col)] * K[size_t(j * d + col)];
+            for (int64_t col = 0; col < dv; ++col) dp += dO[size_t(i * dv + col)] * V[size_t(j * dv + col)];
+            float prob, dscale = 1.f;
+            if (c.softcap > 0) {
+              const float t = std::tanh(s * scale / float(c.softcap));
+              prob = std::exp(float(c.softcap) * t - lse);
+              dscale = 1.f - t * t;
+            } else {
+              prob = std::exp(s * scale - lse);
+            }
+            P[size_t(i * sk + j)] = float(round_to(dt, prob));
+            dS[size_t(i * sk + j)] = float(round_to(dt, prob * dscale * (dp - dsum)));
+          }
+          for (int64_t j = 0; j < sk; ++j)
+            for (int64_t col = 0; col < d; ++col) dQ[size_t(i * d + col)] += dS[size_t(i * sk + j)] * K[size_t(j * d + col)];
+          for (int64_t col = 0; col < d; ++col) dQ[size_t(i * d + col)] *= scale;
+        }
+#pragma omp parallel for schedule(dynamic)
+        for (int64_t j = 0; j < sk; ++j) {
+          for (int64_t i = 0; i < sq; ++i) {
+            const float pij = P[size_t(i * sk + j)], dsij = dS[size_t(i * sk + j)];
+            for (int64_t col = 0; col < dv; ++col) dV[size_t(j * dv + col)] += pij * dO[size_t(i * dv + col)];
+            for (int64_t col = 0; col < d; ++col) dK[size_t(j * d + col)] += dsij * Q[size_t(i * d + col)];
+          }
+        }
+        scatter(c, p.dq, b, q0, sq, h, dQ);
+      }
+      for (float& x : dK) x *= scale;
+      scatter(c, p.dk, b, k0, sk, hk, dK);
+      scatter(c, p.dv, b, k0, sk, hk, dV);
+    }
+  }
+}
+
+// Storage offsets that are not logical elements (row padding) must keep their poison.
+bool padding_untouched(const HostTensor& t) {
+  std::vector<char> logical(size_t(t.storage_elems()), 0);
+  t.for_each([&](int64_t off) { logical[size_t(off)] = 1; });
+  for (int64_t off = 0; off < t.storage_elems(); ++off)
+    if (!logical[size_t(off)] && !std::isnan(t.get(off))) return false;
+  return true;
+}
+
+struct Err {
+  double l2, max_abs;   // of (x - ref)
+  double ref_l2, ref_max;
+  int64_t n;
+};
+Err error_of(const HostTensor& x, const HostTensor& ref) {
+  const std::vector<double> a = x.values(), r = ref.values();
+  Err e{0, 0, 0, 0, int64_t(a.size())};
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::isnan(a[i]) ? INFINITY : std::fabs(a[i] - r[i]);
+    e.l2 += d * d;
+    e.max_abs = std::max(e.max_abs, d);
+    e.ref_l2 += r[i] * r[i];
+    e.ref_max = std::max(e.ref_max, std::fabs(r[i]));
+  }
+  e.l2 = std::sqrt(e.l2), e.ref_l2 = std::sqrt(e.ref_l2);
+  return e;
+}
+
+// Runs one case on the GPU (twice if deterministic) and checks dq, dk, dv.
+void run_case(const BwdCase& c) {
+  SCOPED_TRACE(c.name());
+  std::mt19937_64 rng(c.seed);
+  Problem lo = make_problem(c, c.dtype);
+  lo.q.fill_normal(rng), lo.k.fill_normal(rng), lo.v.fill_normal(rng), lo.dout.fill_normal(rng);
+
+  // Forward on the CPU reference: O (rounded to the dtype) and LSE.
+  {
+    ForwardArgs fa = views(lo, c.varlen());
+    Status st = attention_forward(fa, options(c, Backend::cpu_reference));
+    ASSERT_TRUE(st.ok()) << st.message;
+  }
+
+  // Oracle: float64 backward on the same (rounded) inputs.
+  Problem ref = make_problem(c, DType::f64);
+  for (auto [from, to] : {std::pair{&lo.q, &ref.q}, {&lo.k, &ref.k}, {&lo.v, &ref.v}, {&lo.o, &ref.o},
+                          {&lo.dout, &ref.dout}, {&lo.lse, &ref.lse}})
+    copy_values(*from, *to);
+  if (c.varlen()) ref.cu_q = lo.cu_q, ref.cu_k = lo.cu_k;
+  {
+    Status st = attention_backward(views(ref, c.varlen()), options(c, Backend::cpu_reference));
+    ASSERT_TRUE(st.ok()) << st.message;
+  }
+
+  // Emulation of the kernel's rounding: the error scale the tolerance is built on.
+  Problem emu = make_problem(c, c.dtype);
+  for (auto [from, to] : {std::pair{&lo.q, &emu.q}, {&lo.k, &emu.k}, {&lo.v, &emu.v}, {&lo.o, &emu.o},
+                          {&lo.dout, &emu.dout}, {&lo.lse, &emu.lse}})
+    copy_values(*from, *to);
+  if (c.varlen()) emu.cu_q = lo.cu_q, emu.cu_k = lo.cu_k;
+  emulate_backward(c, emu);
+
+  // GPU.
+  lo.dq.poison(), lo.dk.poison(), lo.dv.poison();
+  HostTensor* hs[] = {&lo.q, &lo.k, &lo.v, &lo.o, &lo.lse, &lo.dout, &lo.dq, &lo.dk, &lo.dv, &lo.cu_q, &lo.cu_k};
+  DeviceTensor dev[11];
+  for (int i = 0; i < 11; ++i) dev[i] = DeviceTensor(*hs[i]);
+  const BackwardArgs ga = views(lo, c.varlen(), dev);
+  Status st = attention_backward(ga, options(c, Backend::cuda_sm80));
+  ASSERT_TRUE(st.ok()) << st.message;
+  FA_CUDA_CHECK(cudaDeviceSynchronize());
+  dev[6].download(lo.dq), dev[7].download(lo.dk), dev[8].download(lo.dv);
+
+  const double u = unit_roundoff(c.dtype);
+  const char* names[] = {"dq", "dk", "dv"};
+  HostTensor* ours[] = {&lo.dq, &lo.dk, &lo.dv};
+  HostTensor* oracle[] = {&ref.dq, &ref.dk, &ref.dv};
+  HostTensor* emul[] = {&emu.dq, &emu.dk, &emu.dv};
+  // atol: gradients that vanish exactly (one visible key: dS = 0) leave only fp32 rounding noise.
+  const double atol = 1e-5;
+  for (int t = 0; t < 3; ++t) {
+    const Err e = error_of(*ours[t], *oracle[t]);
+    const Err base = error_of(*emul[t], *oracle[t]);
+    EXPECT_LE(e.l2, 2 * base.l2 + u * e.ref_l2 + atol * std::sqrt(double(e.n)))
+        << names[t] << " L2 error (emulation " << base.l2 << ", |ref| " << e.ref_l2 << ")";
+    EXPECT_LE(e.max_abs, 2 * base.max_abs + u * e.ref_max + atol)
+        << names[t] << " max abs error (emulation " << base.max_abs << ", max |ref| " << e.ref_max << ")";
+    EXPECT_TRUE(padding_untouched(*ours[t])) << names[t] << ": row padding was written";
+  }
+
+  if (c.deterministic) {
+    // Bitwise identical on a second run (over fresh poison).
+    Problem again = make_problem(c, c.dtype);
+    again.dq.poison(), again.dk.poison(), again.dv.poison();
+    dev[6].upload(again.dq), dev[7].upload(again.dk), dev[8].upload(again.dv);
+    st = attention_backward(ga, options(c, Backend::cuda_sm80));
+    ASSERT_TRUE(st.ok()) << st.message;
+    FA_CUDA_CHECK(cudaDeviceSynchronize());
+    dev[6].download(again.dq), dev[7].download(again.dk), dev[8].download(again.dv);
+    EXPECT_EQ(std::memcmp(again.dq.data(), lo.dq.data(), lo.dq.bytes()), 0) << "dq differs between runs";
+    EXPECT_EQ(std::memcmp(again.dk.data(), lo.dk.data(), lo.dk.bytes()), 0) << "dk differs between runs";
+    EXPECT_EQ(std::memcmp(again.dv.data(), lo.dv.data(), lo.dv.bytes()), 0) << "dv differs between runs";
+  }
+}
+
+BwdCase base(DType dt, int64_t sq, int64_t sk, int64_t d) {
+  BwdCase c;
+  c.dtype = dt, c.sq = sq, c.sk = sk, c.d = d, c.dv = d;
+  c.seed = uint64_t(sq * 1000003 + sk * 131 + d);
+  return c;
+}
+
+class Sm80Backward : public ::testing::TestWithParam<DType> {};
+
+TEST_P(Sm80Backward, Lengths) {
+  FA_REQUIRE_GPU();
+  for (int64_t s : {1, 2, 17, 127, 1000}) {
+    BwdCase c = base(GetParam(), s, s, 64);
+    c.batch = 2;
+    run_case(c);
+    c.causal = true;
+    run_case(c);
+  }
+}
+
+TEST_P(Sm80Backward, LongSequences) {
+  FA_REQUIRE_GPU();
+  BwdCase c = base(GetParam(), 2048, 2048, 128);
+  c.hq = c.hkv = 1;
+  run_case(c);
+  c.causal = true;
+  run_case(c);
+  c = base(GetParam(), 1536, 1536, 256);
+  c.hq = c.hkv = 1;
+  run_case(c);
+}
+
+TEST_P(Sm80Backward, CausalUnequalLengths) {
+  FA_REQUIRE_GPU();
+  // sq > sk: the first sq - sk rows see no key (LSE = -inf, dQ = 0).
+  for (auto [sq, sk] : {std::pair<int64_t, int64_t>{300, 1000}, {1000, 300}, {129, 7}, {7, 129}}) {
+    BwdCase c = base(GetParam(), sq, sk, 128);
+    c.causal = true;
+    run_case(c);
+  }
+}
+
+TEST_P(Sm80Backward, GroupedQueryAttention) {
+  FA_REQUIRE_GPU();
+  for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{4, 2}, {8, 1}, {2, 2}}) {
+    BwdCase c = base(GetParam(), 200, 333, 64);
+    c.hq = hq, c.hkv = hkv;
+    run_case(c);
+    c.causal = true;
+    c.d = c.dv = 128;
+    run_case(c);
+  }
+}
+
+TEST_P(Sm80Backward, HeadDims) {
+  FA_REQUIRE_GPU();
+  for (auto [d, dv] : {std::pair<int64_t, int64_t>{1, 1}, {8, 8}, {33, 33}, {40, 72}, {96, 96}, {128, 128},
+                       {160, 96}, {100, 200}, {256, 256}, {256, 17}}) {
+    BwdCase c = base(GetParam(), 150, 170, d);
+    c.dv = dv;
+    run_case(c);
+  }
+}
+
+TEST_P(Sm80Backward, LayoutsAndMisalignedStrides) {
+  FA_REQUIRE_GPU();
+  for (int64_t pad : {0, 8, 3}) {
+    for (bool bhsd : {false, true}) {
+      BwdCase c = base(GetParam(), 130, 190, 64);
+      c.hq = 4, c.hkv = 2, c.pad = pad, c.bhsd = bhsd, c.causal = pad == 3;
+      run_case(c);
+    }
+  }
+  BwdCase c = base(GetParam(), 77, 77, 33);  // odd head dim with an odd row pitch
+  c.pad = 1;
+  run_case(c);
+}
+
+TEST_P(Sm80Backward, WindowsAndSoftcap) {
+  FA_REQUIRE_GPU();
+  BwdCase c = base(GetParam(), 500, 600, 64);
+  c.wl = 50, c.wr = 10;
+  run_case(c);
+  c.causal = true, c.wl = 100, c.wr = -1;
+  run_case(c);
+  c = base(GetParam(), 300, 300, 128);
+  c.wl = 0, c.wr = 0;  // each row sees exactly its diagonal key
+  run_case(c);
+  c = base(GetParam(), 400, 400, 128);
+  c.softcap = 2.0;
+  run_case(c);
+  c.causal = true, c.wl = 64;
+  run_case(c);
+}
+
+TEST_P(Sm80Backward, VarlenWithEmptySequences) {
+  FA_REQUIRE_GPU();
+  BwdCase c = base(GetParam(), 0, 0, 64);
+  c.lens_q = {0, 17, 300, 1, 0, 129, 5};
+  c.lens_k = {5, 0, 280, 64, 0, 200, 1};
+  c.hq = 4, c.hkv = 2;
+  run_case(c);
+  c.causal = true, c.d = 128, c.dv = 96;
+  run_case(c);
+  c.bhsd = true, c.pad = 3, c.wl = 20;
+  run_case(c);
+}
+
+TEST_P(Sm80Backward, Deterministic) {
+  FA_REQUIRE_GPU();
+  for (int64_t d : {64, 128, 256}) {
+    BwdCase c = base(GetParam(), 700, 900, d);
+    c.hq = 4, c.hkv = 1, c.deterministic = true;
+    run_case(c);
+    c.causal = true;
+    run_case(c);
+  }
+  BwdCase c = base(GetParam(), 0, 0, 80);
+  c.lens_q = {3, 0, 260, 100};
+  c.lens_k = {0, 9, 300, 70};
+  c.causal = true, c.deterministic = true, c.pad = 5;
+  run_case(c);
+}
+
+// Small shapes touching every kernel path (each bucket, tails, masks, GQA, varlen, misaligned rows,
+// deterministic): the case the compute-sanitizer runs use.
+TEST_P(Sm80Backward, TinyAllPaths) {
+  FA_REQUIRE_GPU();
+  for (int64_t d : {24, 128, 200}) {
+    BwdCase c = base(GetParam(), 70, 90, d);
+    c.hq = 2, c.hkv = 1, c.causal = d != 128, c.pad = d == 200 ? 3 : 0;
+    run_case(c);
+    c.deterministic = true;
+    run_case(c);
+  }
+  BwdCase c = base(GetParam(), 0, 0, 64);
+  c.lens_q = {0, 33, 5};
+  c.lens_k = {4, 70, 0};
+  c.wl = 8, c.wr = 8, c.softcap = 3;
+  run_case(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, Sm80Backward, ::testing::Values(DType::f16, DType::bf16),
+                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
+
+}  // namespace
+}  // namespace flashattn::test
