@@ -421,7 +421,7 @@ TEST_P(Sm80Backward, VarlenWithEmptySequences) {
 TEST_P(Sm80Backward, Deterministic) {
   FA_REQUIRE_GPU();
   for (int64_t d : {64, 128, 256}) {
-    BwdCase c = base(GetParam(), 700, 900, d);
+    BwdCase c = base(GetParam(), 300, 400, d);
     c.hq = 4, c.hkv = 1, c.deterministic = true;
     run_case(c);
     c.causal = true;
