@@ -7,18 +7,18 @@ q, k, v, out and lse, the backward calls ``attention_backward``. Both work in ea
 ``torch.compile(fullgraph=True)`` without graph breaks.
 
 CUDA: the kernels run on torch's current stream of the inputs' device, passed to the native module as an
-integer. Tensors are exported with ``__dlpack__(stream=-1)`` (no cross-stream synchronisation) and the padded
-path performs no host synchronisation, so CUDA graph capture works. The varlen path validates cu_seqlens on the
+integer. Tensors are exported with ``to_dlpack`` (no cross-stream synchronisation) and the padded path performs
+no host synchronisation, so CUDA graph capture works. The varlen path validates cu_seqlens on the
 host, which copies them from the device (not capturable).
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.utils.dlpack import to_dlpack as _to_dlpack
 
 from . import _C
 
@@ -29,26 +29,17 @@ __all__ = ["attention", "choose_backend", "BackendChoice"]
 
 
 def _dl(t: Optional[Tensor]):
-    """A DLPack view of `t` for the native module (None stays None)."""
-    if t is None:
-        return None
-    t = t.detach()  # DLPack refuses tensors that require grad; autograd is handled above this layer
-    if t.device.type == "cuda":
-        # stream=-1: no synchronisation on export. The kernel itself runs on the caller's current stream, which
-        # is passed explicitly; an export-time event record/wait would also break CUDA graph capture.
-        return t.__dlpack__(stream=-1)
-    return t
+    """A DLPack capsule of `t` for the native module (None stays None).
+
+    torch.utils.dlpack.to_dlpack exports without any stream synchronisation (the kernel runs on the caller's
+    current stream, passed explicitly; an export-time event record/wait would also break CUDA graph capture), and
+    at a fraction of Tensor.__dlpack__'s cost. It does not look at requires_grad: autograd lives above this layer.
+    """
+    return None if t is None else _to_dlpack(t)
 
 
 def _stream(t: Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream if t.device.type == "cuda" else 0
-
-
-def _device_of(t: Tensor):
-    """Makes `t`'s CUDA device current (torch exports CUDA tensors only from the current device)."""
-    if t.device.type == "cuda" and t.device.index is not None and t.device.index != torch.cuda.current_device():
-        return torch.cuda.device(t.device)
-    return contextlib.nullcontext()
 
 
 def _last_dim_contiguous(t: Tensor) -> Tensor:
@@ -114,11 +105,11 @@ def attention_forward(
     backward (the forward is always deterministic)."""
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     out, lse = _forward_outputs(q, v, cu_seqlens_q is not None)
-    with _device_of(q):
-        _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(cu_seqlens_q), _dl(cu_seqlens_k), max_seqlen_q,
-                   max_seqlen_k, softmax_scale=softmax_scale, causal=causal, window_left=window_left,
-                   window_right=window_right, softcap=softcap, backend=backend, num_threads=num_threads,
-                   stream=_stream(q))
+    # The native module makes q's device current for the launch itself.
+    _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(cu_seqlens_q), _dl(cu_seqlens_k), max_seqlen_q,
+               max_seqlen_k, softmax_scale=softmax_scale, causal=causal, window_left=window_left,
+               window_right=window_right, softcap=softcap, backend=backend, num_threads=num_threads,
+               stream=_stream(q))
     return out, lse
 
 
@@ -152,11 +143,10 @@ def attention_backward(
     """dq, dk, dv of attention_forward given dout and the forward's out and lse."""
     dout, q, k, v, out = (_last_dim_contiguous(t) for t in (dout, q, k, v, out))
     dq, dk, dv = _backward_outputs(q, k, v)
-    with _device_of(q):
-        _C.backward(_dl(dout), _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(dq), _dl(dk), _dl(dv),
-                    _dl(cu_seqlens_q), _dl(cu_seqlens_k), max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
-                    causal=causal, window_left=window_left, window_right=window_right, softcap=softcap,
-                    deterministic=deterministic, backend=backend, num_threads=num_threads, stream=_stream(q))
+    _C.backward(_dl(dout), _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(dq), _dl(dk), _dl(dv),
+                _dl(cu_seqlens_q), _dl(cu_seqlens_k), max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
+                causal=causal, window_left=window_left, window_right=window_right, softcap=softcap,
+                deterministic=deterministic, backend=backend, num_threads=num_threads, stream=_stream(q))
     return dq, dk, dv
 
 
@@ -284,10 +274,8 @@ def choose_backend(
     """Which backend `attention` would run for these arguments (backward=True: for the backward), and why."""
     _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-    with _device_of(q):
-        name, ok, reason = _C.choose_backend(
-            _dl(q), _dl(k), _dl(v), None, _dl(cu_seqlens_q), _dl(cu_seqlens_k), int(max_seqlen_q),
-            int(max_seqlen_k), softmax_scale=resolve_scale(softmax_scale, q.shape[-1]), causal=causal,
-            window_left=window_left, window_right=window_right, softcap=softcap, backward=backward, backend=backend,
-            stream=_stream(q))
+    name, ok, reason = _C.choose_backend(
+        _dl(q), _dl(k), _dl(v), None, _dl(cu_seqlens_q), _dl(cu_seqlens_k), int(max_seqlen_q), int(max_seqlen_k),
+        softmax_scale=resolve_scale(softmax_scale, q.shape[-1]), causal=causal, window_left=window_left,
+        window_right=window_right, softcap=softcap, backward=backward, backend=backend, stream=_stream(q))
     return BackendChoice(name, ok, reason)
