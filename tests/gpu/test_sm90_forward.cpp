@@ -211,6 +211,7 @@ INSTANTIATE_TEST_SUITE_P(Grid, Sm90Forward, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<FwdCase>& i) { return i.param.name; });
 
 TEST(Sm90ForwardSupport, ReportsWhyItDeclines) {
+  FA_REQUIRE_GPU();
   FwdParams p;
   p.dtype = DType::f32;
   Status st = detail::sm90_forward_supports(p);

@@ -233,7 +233,8 @@ TEST(Sm90Primitives, WarpSpecialisedTmaRingWithSetmaxnreg) {
 }
 
 TEST(Sm90Primitives, SwizzleOffsetFollowsThe128BytePattern) {
-  // The host-side layout function every other test relies on. (Runs without a GPU.)
+  // The host-side layout function every other test relies on.
+  FA_REQUIRE_SM90();
   EXPECT_EQ(cuda::sm90::swizzled_offset(0, 0, 64), 0u);
   EXPECT_EQ(cuda::sm90::swizzled_offset(1, 0, 64), 128u + 16u);     // row 1: chunk 0 stored at chunk 1
   EXPECT_EQ(cuda::sm90::swizzled_offset(7, 8, 64), 7u * 128u + 6u * 16u);  // chunk 1 ^ 7 = 6
