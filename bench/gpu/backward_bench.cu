@@ -63,7 +63,7 @@ double time_backward(const BwdParams& p, int reps) {
     }
   }
   CHECK(cudaDeviceSynchronize());
-  std::vector<cudaEvent_t> ev(2 * size_t(reps));
+  std::vector<cudaEvent_t> ev(static_cast<size_t>(2 * reps));
   for (auto& e : ev) CHECK(cudaEventCreate(&e));
   for (int i = 0; i < reps; ++i) {
     CHECK(cudaEventRecord(ev[2 * i]));
@@ -72,7 +72,7 @@ double time_backward(const BwdParams& p, int reps) {
   }
   CHECK(cudaDeviceSynchronize());
   CHECK(cudaGetLastError());
-  std::vector<float> ms(size_t(reps));
+  std::vector<float> ms(static_cast<size_t>(reps));
   for (int i = 0; i < reps; ++i) CHECK(cudaEventElapsedTime(&ms[size_t(i)], ev[2 * i], ev[2 * i + 1]));
   for (auto& e : ev) cudaEventDestroy(e);
   std::sort(ms.begin(), ms.end());
