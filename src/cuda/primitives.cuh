@@ -108,6 +108,13 @@ __device__ __forceinline__ void cp_async_16_partial(void* smem_dst, const void* 
                "r"(src_bytes));
 }
 
+// Copies one 4-byte word when `valid`, else writes zero (for small per-row vectors such as LSE; .ca because
+// 4-byte copies cannot bypass L1).
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(smem_dst)), "l"(gmem_src),
+               "r"(valid ? 4 : 0));
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 // Waits until at most `kPending` committed groups are still in flight.

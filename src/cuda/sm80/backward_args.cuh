@@ -43,9 +43,11 @@ struct BwdKernelArgs {
   bool causal;
   int64_t window_left, window_right;
 
-  // Workspace: D = rowsum(dO o O) [heads_q][rows_q] and the fp32 dQ accumulator [heads_q][rows_q][dq_accum_ld].
+  // Workspace: D = rowsum(dO o O) and lse_log2, [heads_q][rows_q] each, and the fp32 dQ accumulator
+  // [heads_q][rows_q][dq_accum_ld].
   // rows_q is batch * seqlen_q (padded) or total_q (varlen); a sequence's rows start at ws_row0 (below).
   float* dsum;
+  float* lse_log2;  // [heads_q][rows_q]: LSE * log2(e), +inf for rows that saw no key
   float* dq_accum;
   int64_t rows_q;
   int dq_accum_ld;

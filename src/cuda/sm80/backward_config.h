@@ -60,14 +60,15 @@ struct BwdConfig : BwdTiles<kHeadDim_> {
   static constexpr int kLdD = kD + kSmemPad;
   static constexpr int kLdN = kN + kSmemPad;
 
-  // Main kernel (one key block per thread block): K, V resident; Q, dO double-buffered; P, dS staging.
+  // Main kernel (one key block per thread block): K, V resident; Q, dO (and their rows' LSE, D) double-buffered;
+  // P, dS staging.
   static constexpr int kQStages = 2;
   static constexpr int kMainSmemElems = 2 * kN * kLdD + 2 * kQStages * kM * kLdD + 2 * kM * kLdN;
   // Deterministic dQ kernel (one query block per thread block): Q, dO resident; K, V double-buffered; dS.
   static constexpr int kKVStages = 2;
   static constexpr int kDqSmemElems = 2 * kM * kLdD + 2 * kKVStages * kN * kLdD + kM * kLdN;
 
-  static constexpr int kMainSmemBytes = kMainSmemElems * 2;
+  static constexpr int kMainSmemBytes = kMainSmemElems * 2 + 2 * kQStages * kM * 4;  // + LSE, D (fp32) stages
   static constexpr int kDqSmemBytes = kDqSmemElems * 2;
 
   static_assert(kSdPWarpM % 16 == 0 && kSdPWarpN % 16 == 0, "S/dP warp tile must be whole 16x16 mma pairs");

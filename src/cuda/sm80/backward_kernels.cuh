@@ -1,6 +1,6 @@
 // The sm80 backward kernels (mma.sync m16n8k16 + ldmatrix + cp.async), one set per dtype x head-dim bucket.
 //
-//   bwd_preprocess_kernel  D[h][row] = Σ_c dO·O (fp32), one warp per (row, head).
+//   bwd_preprocess_kernel  D[h][row] = Σ_c dO·O (fp32) and the LSE in log2 units, one warp per (row, head).
 //   bwd_dkdv_kernel        one thread block per (key block of N keys, KV head, batch entry). K and V stay in
 //                          shared memory; the block loops over the query heads of its KV group and, for each,
 //                          over the query blocks of M rows that see any of its keys (MaskSpec::
@@ -19,7 +19,7 @@
 //
 // Warp roles: all 8 warps do the same work on different sub-tiles; the sub-tile grids per product are in
 // backward_config.h. Shared memory (elements of T, rows padded by kSmemPad): main kernel
-//   K, V [N][D+8] each; Q, dO [2][M][D+8] each; P, dS [M][N+8] each   (hd128: 174,080 bytes)
+//   K, V [N][D+8] each; Q, dO [2][M][D+8] each; P, dS [M][N+8] each; LSE, D [2][M] fp32 (hd128: 175,104 bytes)
 // dQ kernel: Q, dO [M][D+8]; K, V [2][N][D+8]; dS [M][N+8]. Pipeline depth 2 (cp.async groups, waited at the
 // top of each iteration before the next tile is issued).
 // Preconditions (checked by the launcher): head_dim, head_dim_v <= D; fp16 or bf16; the LSE comes from a
@@ -45,13 +45,11 @@ __device__ __forceinline__ T to_elem(float x) {
   return T(x);
 }
 
-// LSE of a query row in log2 units. A row that saw no key has LSE = -inf; +inf here makes every
-// exp2(s - lse) exactly 0, so such a row contributes nothing (no NaN from -inf - -inf). Rows past the end of
-// the sequence get the same treatment, so tails need no per-element test.
-__device__ __forceinline__ float lse_log2_of(const BwdKernelArgs& a, const SeqExtent& seq, int b, int h, int row) {
-  if (row >= seq.len_q) return INFINITY;
-  const float lse = a.lse[b * a.lse_batch_stride + h * a.lse_head_stride + seq.start_q + row];
-  return lse == -INFINITY ? INFINITY : lse * kLog2e;
+// LSE of a query row in log2 units, as the preprocess stored it: a row that saw no key has LSE = -inf and is
+// stored as +inf, which makes every exp2(s - lse) exactly 0, so such a row contributes nothing (no NaN from
+// -inf - -inf). Rows past the end of the sequence get the same treatment, so tails need no per-element test.
+__device__ __forceinline__ float lse_log2_of(const BwdKernelArgs& a, const SeqExtent& seq, int h, int row) {
+  return row < seq.len_q ? a.lse_log2[h * a.rows_q + seq.ws_row0 + row] : INFINITY;
 }
 
 __device__ __forceinline__ float dsum_of(const BwdKernelArgs& a, const SeqExtent& seq, int h, int row) {
@@ -59,24 +57,26 @@ __device__ __forceinline__ float dsum_of(const BwdKernelArgs& a, const SeqExtent
 }
 
 // Turns one warp's S and dP accumulators (rows m0 + row0 + ..., keys n0 + col0 + ...) into P and dS and stores
-// them as T at sP / sdS (tile-local coordinates, pitch ldn). Masked keys get P = 0, so dS = 0 too.
-template <typename T, int MI, int NI, bool kStoreP>
-__device__ __forceinline__ void softmax_grad_tile(const float (&s)[MI][NI][4], const float (&dp)[MI][NI][4],
-                                                  const float (&lse_l2)[MI][2], const float (&dsum)[MI][2],
-                                                  const BwdKernelArgs& a, const MaskSpec& mask, bool need_mask,
-                                                  int m0, int n0, int row0, int col0, T* sP, T* sdS, int ldn,
-                                                  int lane) {
-  const bool softcap = a.softcap > 0.f;
+// them as T at sP / sdS (tile-local coordinates, pitch ldn). Masked keys get P = 0, so dS = 0 too. Softcap and
+// masking are template flags of this step only (the caller branches once per tile), so the hot variant is
+// straight-line code: one FFMA + EX2 per score, no per-element branch.
+template <typename T, int MI, int NI, bool kStoreP, bool kSoftcap, bool kMask>
+__device__ __forceinline__ void softmax_grad_tile_impl(const float (&s)[MI][NI][4], const float (&dp)[MI][NI][4],
+                                                       const float (&lse_l2)[MI][2], const float (&dsum)[MI][2],
+                                                       const BwdKernelArgs& a, const MaskSpec& mask, int m0, int n0,
+                                                       int row0, int col0, T* sP, T* sdS, int ldn, int lane) {
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = row0 + acc_row(mi, half, lane);
-      int64_t key_lo = 0, key_hi = 0;
-      if (need_mask) {
-        mask.key_range(m0 + row, &key_lo, &key_hi);
-        key_lo -= n0;
-        key_hi -= n0;
+      int key_lo = 0, key_hi = 0;  // visible keys of the row, relative to n0
+      if constexpr (kMask) {
+        int64_t lo, hi;
+        mask.key_range(m0 + row, &lo, &hi);
+        lo -= n0, hi -= n0;
+        key_lo = int(lo < 0 ? 0 : (lo > 1 << 30 ? 1 << 30 : lo));
+        key_hi = int(hi < 0 ? 0 : (hi > 1 << 30 ? 1 << 30 : hi));
       }
 #pragma unroll
       for (int ni = 0; ni < NI; ++ni) {
@@ -86,14 +86,16 @@ __device__ __forceinline__ void softmax_grad_tile(const float (&s)[MI][NI][4], c
         for (int e = 0; e < 2; ++e) {
           const float x = s[mi][ni][half * 2 + e];
           float pe, dscale = 1.f;
-          if (softcap) {
+          if constexpr (kSoftcap) {
             const float t = tanhf(x * a.tanh_scale);
             pe = fast_exp2(t * a.softcap_log2 - lse_l2[mi][half]);
             dscale = 1.f - t * t;
           } else {
             pe = fast_exp2(x * a.scale_log2 - lse_l2[mi][half]);
           }
-          if (need_mask && (col + e < key_lo || col + e >= key_hi)) pe = 0.f;
+          if constexpr (kMask) {
+            if (col + e < key_lo || col + e >= key_hi) pe = 0.f;
+          }
           p[e] = pe;
           ds[e] = pe * dscale * (dp[mi][ni][half * 2 + e] - dsum[mi][half]);
         }
@@ -102,6 +104,31 @@ __device__ __forceinline__ void softmax_grad_tile(const float (&s)[MI][NI][4], c
         }
         *reinterpret_cast<uint32_t*>(sdS + row * ldn + col) = pack_pair<T>(ds[0], ds[1]);
       }
+    }
+  }
+}
+
+template <typename T, int MI, int NI, bool kStoreP>
+__device__ __forceinline__ void softmax_grad_tile(const float (&s)[MI][NI][4], const float (&dp)[MI][NI][4],
+                                                  const float (&lse_l2)[MI][2], const float (&dsum)[MI][2],
+                                                  const BwdKernelArgs& a, const MaskSpec& mask, bool need_mask,
+                                                  int m0, int n0, int row0, int col0, T* sP, T* sdS, int ldn,
+                                                  int lane) {
+  if (a.softcap > 0.f) {
+    if (need_mask) {
+      softmax_grad_tile_impl<T, MI, NI, kStoreP, true, true>(s, dp, lse_l2, dsum, a, mask, m0, n0, row0, col0, sP,
+                                                             sdS, ldn, lane);
+    } else {
+      softmax_grad_tile_impl<T, MI, NI, kStoreP, true, false>(s, dp, lse_l2, dsum, a, mask, m0, n0, row0, col0, sP,
+                                                              sdS, ldn, lane);
+    }
+  } else {
+    if (need_mask) {
+      softmax_grad_tile_impl<T, MI, NI, kStoreP, false, true>(s, dp, lse_l2, dsum, a, mask, m0, n0, row0, col0, sP,
+                                                              sdS, ldn, lane);
+    } else {
+      softmax_grad_tile_impl<T, MI, NI, kStoreP, false, false>(s, dp, lse_l2, dsum, a, mask, m0, n0, row0, col0,
+                                                               sP, sdS, ldn, lane);
     }
   }
 }
@@ -151,7 +178,11 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdKernelArgs
   for (int c = lane; c < a.head_dim_v; c += 32) acc += float(o[c]) * float(d[c]);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (lane == 0) a.dsum[h * a.rows_q + r] = acc;
+  if (lane == 0) {
+    a.dsum[h * a.rows_q + r] = acc;
+    const float lse = a.lse[b * a.lse_batch_stride + h * a.lse_head_stride + i];
+    a.lse_log2[h * a.rows_q + r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+  }
 }
 
 template <typename T>
@@ -184,6 +215,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKerne
   T* sdO = sQ + C::kQStages * kM * kLdD;  // [kQStages][kM][kLdD]
   T* sP = sdO + C::kQStages * kM * kLdD;  // [kM][kLdN]
   T* sdS = sP + kM * kLdN;                // [kM][kLdN]
+  float* sLse = reinterpret_cast<float*>(sdS + kM * kLdN);  // [kQStages][kM], log2 units
+  float* sDsum = sLse + C::kQStages * kM;                   // [kQStages][kM]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
@@ -197,6 +230,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKerne
   const int m_first = int(q_lo / kM);
   const int n_m = q_hi > q_lo ? int((q_hi + kM - 1) / kM) - m_first : 0;
   const int iters = n_m * a.group;
+  // Key blocks start their sweep at different query blocks, so that the dQ reductions of the blocks running
+  // at once spread over the rows instead of all hitting one query block's lines in L2 together.
+  const int m_rot = n_m > 0 ? n_block % n_m : 0;
+  auto m0_of = [&](int it) {
+    const int j = it % n_m + m_rot;
+    return (m_first + (j >= n_m ? j - n_m : j)) * kM;
+  };
 
   // Warp sub-tiles of the three product shapes.
   const int s_row0 = (warp / C::kSdPWarpsN) * C::kSdPWarpM, s_col0 = (warp % C::kSdPWarpsN) * C::kSdPWarpN;
@@ -207,12 +247,20 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKerne
   const T* do_base = static_cast<const T*>(a.dout) + b * a.do_batch_stride + seq.start_q * a.do_row_stride;
   auto load_q_do = [&](int it, int stage) {
     const int h = hk * a.group + it / n_m;
-    const int m0 = (m_first + it % n_m) * kM;
+    const int m0 = m0_of(it);
     load_tile<T, kM, kD, kBwdThreads>(sQ + stage * kM * kLdD, kLdD, q_base + m0 * a.q_row_stride + h * a.q_head_stride,
                                       a.q_row_stride, seq.len_q - m0, a.head_dim, a.vec_q, tid);
     load_tile<T, kM, kD, kBwdThreads>(sdO + stage * kM * kLdD, kLdD,
                                       do_base + m0 * a.do_row_stride + h * a.do_head_stride, a.do_row_stride,
                                       seq.len_q - m0, a.head_dim_v, a.vec_do, tid);
+    // The rows' LSE and D ride in the same cp.async group, so their latency hides behind an iteration too.
+    static_assert(2 * kM <= kBwdThreads, "one thread per LSE and per D entry");
+    if (tid < 2 * kM) {
+      const int r = tid < kM ? tid : tid - kM;
+      const float* src = (tid < kM ? a.lse_log2 : a.dsum) + h * a.rows_q + seq.ws_row0 + m0;
+      const bool valid = m0 + r < seq.len_q;
+      cp_async_4((tid < kM ? sLse : sDsum) + stage * kM + r, valid ? src + r : src, valid);
+    }
   };
 
   if (iters > 0) {
@@ -236,7 +284,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKerne
   for (int it = 0; it < iters; ++it) {
     const int stage = it & 1;
     const int h = hk * a.group + it / n_m;
-    const int m0 = (m_first + it % n_m) * kM;
+    const int m0 = m0_of(it);
     const T* sQs = sQ + stage * kM * kLdD;
     const T* sdOs = sdO + stage * kM * kLdD;
 
@@ -247,14 +295,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKerne
     if (it + 1 < iters) load_q_do(it + 1, stage ^ 1);
     cp_async_commit();
 
+    // Rows past the end: +inf (P = 0), D = 0 (zero-filled).
     float lse_l2[kMiS][2], dsum[kMiS][2];
 #pragma unroll
     for (int mi = 0; mi < kMiS; ++mi)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int row = m0 + s_row0 + acc_row(mi, half, lane);
-        lse_l2[mi][half] = lse_log2_of(a, seq, b, h, row);
-        dsum[mi][half] = dsum_of(a, seq, h, row);
+        const int r = s_row0 + acc_row(mi, half, lane);
+        lse_l2[mi][half] = m0 + r < seq.len_q ? sLse[stage * kM + r] : INFINITY;
+        dsum[mi][half] = sDsum[stage * kM + r];
       }
 
     float acc_s[kMiS][kNiS][4], acc_dp[kMiS][kNiS][4];
@@ -364,7 +413,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dq_kernel(const BwdKernelA
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = m0 + s_row0 + acc_row(mi, half, lane);
-      lse_l2[mi][half] = lse_log2_of(a, seq, b, h, row);
+      lse_l2[mi][half] = lse_log2_of(a, seq, h, row);
       dsum[mi][half] = dsum_of(a, seq, h, row);
     }
 

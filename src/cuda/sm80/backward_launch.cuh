@@ -1,8 +1,8 @@
 // The per-bucket launch sequence of the sm80 backward (host code), shared by backward_hd64/128/256.cu, each
 // of which instantiates it for fp16 and bf16 so that the buckets compile in parallel. On params.stream:
-//   1. memset dq_accum (non-deterministic mode)     2. bwd_preprocess_kernel (D = rowsum(dO∘O))
+//   1. memset dq_accum (non-deterministic mode)     2. bwd_preprocess_kernel (D = rowsum(dO∘O), LSE·log2e)
 //   3. bwd_dkdv_kernel (dK, dV; dQ atomics)          4. bwd_dq_convert_kernel, or bwd_dq_kernel (deterministic)
-// The workspace (D, and dq_accum unless deterministic) is taken with cudaMallocAsync and released with
+// The workspace (D, LSE·log2e, and dq_accum unless deterministic) is taken with cudaMallocAsync and released with
 // cudaFreeAsync on the same stream, so the whole call is capturable in a CUDA graph.
 #pragma once
 
@@ -49,16 +49,17 @@ Status sm80_backward_launch(BwdKernelArgs a, const BwdParams& p, cudaStream_t st
     return Status::unsupported("cuda_sm80: backward grid too large (batch or heads above 65535)");
   }
 
-  // Workspace: D [heads_q][rows_q], then (non-deterministic) dq_accum [heads_q][rows_q][kD].
-  // dq_accum starts 256-byte aligned (the float2 reductions need 8).
-  const size_t dsum_elems = size_t(p.heads_q) * size_t(a.rows_q);
-  const size_t dsum_padded = (dsum_elems + 63) / 64 * 64;
-  const size_t accum_elems = p.deterministic ? 0 : dsum_elems * size_t(kD);
-  const size_t ws_bytes = (dsum_padded + accum_elems) * sizeof(float);
+  // Workspace: D and lse_log2 [heads_q][rows_q] each, then (non-deterministic) dq_accum [heads_q][rows_q][kD],
+  // each part 256-byte aligned (the float2 reductions need 8).
+  const size_t row_elems = size_t(p.heads_q) * size_t(a.rows_q);
+  const size_t row_padded = (row_elems + 63) / 64 * 64;
+  const size_t accum_elems = p.deterministic ? 0 : row_elems * size_t(kD);
+  const size_t ws_bytes = (2 * row_padded + accum_elems) * sizeof(float);
   void* ws = nullptr;
   if (ws_bytes > 0) FA_CUDA_TRY(cudaMallocAsync(&ws, ws_bytes, stream));
   a.dsum = static_cast<float*>(ws);
-  a.dq_accum = accum_elems ? a.dsum + dsum_padded : nullptr;
+  a.lse_log2 = a.dsum + row_padded;
+  a.dq_accum = accum_elems ? a.lse_log2 + row_padded : nullptr;
   a.dq_accum_ld = kD;
 
   Status st = [&]() -> Status {
