@@ -52,6 +52,18 @@ struct SoftmaxState {
 
   // Natural-log log-sum-exp of the row's scores; -inf for a row that saw no key.
   FA_HD T lse() const { return d > T(0) ? m + std::log(d) : -std::numeric_limits<T>::infinity(); }
+
+  // For kernels that keep m and d in their own (vectorised) arrays and bring their own exponential:
+  // the value to subtract from scores before exponentiating. It is the running maximum, or 0 while that is
+  // still -inf, so that exp(s - exp_offset(m)) == prob(s) and exp(old - exp_offset(new)) ==
+  // rescale_factor(old, new), -inf cases included, with no branch in the inner loop.
+  FA_HD static T exp_offset(T max) { return max == -std::numeric_limits<T>::infinity() ? T(0) : max; }
+
+  // lse() for a row whose scores (and so m) are kept in log2 units, i.e. pre-multiplied by log2(e) so that the
+  // exponential is a single exp2: ln(2) * (m + log2 d), or -inf for a row that saw no key.
+  FA_HD static T lse_from_log2(T m_log2, T d) {
+    return d > T(0) ? (m_log2 + std::log2(d)) * T(0.69314718055994530942) : -std::numeric_limits<T>::infinity();
+  }
 };
 
 }  // namespace flashattn

@@ -1,5 +1,180 @@
-// Placeholder until the tiled CPU path lands (in progress this session): reports unsupported, never computes.
+// CPU flash forward: O = softmax(mask(softcap(Q Kᵀ · scale))) V and the per-row LSE, by tiled online softmax,
+// never materialising more than one kBlockK x kBlockQ score tile per thread.
+//
+// Work split: one task per (batch, query head, block of kBlockQ query rows), spread over OpenMP threads
+// (dynamic schedule, costliest tasks first so that causal / windowed tails balance). A task streams the key
+// blocks its rows can see (MaskSpec::key_range_for_rows), so blocks outside the mask cost nothing.
+//
+// Per key block, in the task's fp32 (fp64 for fp64 inputs) buffers:
+//   Sᵀ = K · Qᵀ                     (micro_gemm: K broadcast, Qᵀ rows as vectors; Qᵀ transposed once per task
+//                                    and pre-multiplied by scale·log2(e), so that exp is one exp2)
+//   softcap, then mask              (per element only on tiles MaskSpec::tile_fully_visible says are partial)
+//   m' = max(m, column max of Sᵀ),  P = exp2(Sᵀ - m'),  l = l·exp2(m - m') + column sums of P
+//   O = diag(exp2(m - m')) O + Pᵀᵀ V  (micro_gemm reading P transposed through its strides)
+// The score tile is kept key-major (Sᵀ) so that the per-query-row max / sum run down columns as plain vector
+// operations and no operand ever needs a per-tile transpose: Q is transposed once per task, K and V are used
+// as rows (in place for fp32 / fp64 inputs, converted to fp32 per tile for fp16 / bf16).
+//
+// Extra memory: per thread, Qᵀ, K, V, Sᵀ and O tiles, O(kBlockQ·kBlockK + (kBlockQ + kBlockK)·(d + d_v))
+// elements, independent of the sequence lengths; plus the task list, O(batch · s_q / kBlockQ).
+// Preconditions: params validated (make_forward_params); CPU tensors.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
 #include "backend.h"
+#include "common/mask.h"
+#include "common/softmax_state.h"
+#include "cpu/sequence.h"
+
+// GCC's tuning for recent Xeons prefers 256-bit vectors; the micro-kernels need 512-bit ones to use both FMA
+// units of such cores (twice the rate). Everything below is the kernel proper.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__)
+#pragma GCC target("prefer-vector-width=512")
+#endif
+
+#include "cpu/attention_tile.h"
+#include "cpu/micro_gemm.h"
+#include "cpu/tile_config.h"
+#include "cpu/tile_io.h"
+#include "cpu/vec_math.h"
+
 namespace flashattn::detail {
-Status cpu_flash_forward(const FwdParams&) { return Status::unsupported("cpu_flash: not implemented yet"); }
+namespace {
+
+// Per-thread buffers of one forward task, sized once per call.
+template <typename Acc>
+struct ForwardScratch {
+  AlignedBuffer<Acc> qt, k, v, s, o;
+  AlignedBuffer<Acc> m, l, alpha, offset, tile_max;
+
+  ForwardScratch(int64_t d, int64_t dvp) {
+    using C = CpuTiles<Acc>;
+    qt.resize(d * C::kBlockQ);
+    k.resize(C::kBlockK * d);
+    v.resize(C::kBlockK * dvp);
+    s.resize(C::kBlockK * C::kBlockQ);
+    o.resize(C::kBlockQ * dvp);
+    for (auto* b : {&m, &l, &alpha, &offset, &tile_max}) b->resize(C::kBlockQ);
+  }
+};
+
+struct QueryBlockTask {
+  int64_t batch, head, row0;
+  int64_t cost;  // score-tile elements the task computes: the schedule takes costly tasks first
+};
+
+template <typename T, typename Acc>
+void forward_task(const FwdParams& p, const QueryBlockTask& t, ForwardScratch<Acc>& w) {
+  using C = CpuTiles<Acc>;
+  constexpr int64_t kBq = C::kBlockQ, kBk = C::kBlockK;
+  constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
+  const int64_t d = p.head_dim, dv = p.head_dim_v, dvp = round_up(dv, C::kVec);
+  const SequenceExtent ext = sequence_extent(p, t.batch);
+  const int64_t hk = t.head / (p.heads_q / p.heads_kv);
+  const auto q = query_view<const T>(p, p.q, ext, t.batch, t.head);
+  const auto k = key_view<const T>(p, p.k, ext, t.batch, hk, false);
+  const auto v = key_view<const T>(p, p.v, ext, t.batch, hk, true);
+  const auto o = output_view<T>(p, p.o, ext, t.batch, t.head);
+  const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right);
+  const ScoreTransform<Acc> score(p);
+
+  const int64_t i0 = t.row0, nq = std::min(kBq, ext.len_q - i0), nqp = round_up(nq, C::kVec);
+  load_transposed(q.row(i0), q.row_stride, nq, d, w.qt.data(), kBq, nqp, score.qk_scale);
+  Acc *m = w.m.data(), *l = w.l.data(), *alpha = w.alpha.data(), *off = w.offset.data(), *tmax = w.tile_max.data();
+  for (int64_t i = 0; i < nqp; ++i) m[i] = kNegInf, l[i] = Acc(0);
+  std::fill(w.o.data(), w.o.data() + nq * dvp, Acc(0));
+
+  int64_t key_lo, key_hi;
+  mask.key_range_for_rows(i0, i0 + nq, &key_lo, &key_hi);
+  Acc* s = w.s.data();
+  for (int64_t j0 = key_lo; j0 < key_hi; j0 += kBk) {
+    const int64_t nk = std::min(kBk, key_hi - j0);
+    const RowTile<Acc> kt = rows_as_acc<Acc>(k.row(j0), k.row_stride, nk, d, d, w.k.data());
+    const RowTile<Acc> vt = rows_as_acc<Acc>(v.row(j0), v.row_stride, nk, dv, dvp, w.v.data());
+
+    // Sᵀ (nk x nqp, key-major) in log2 units.
+    gemm<Acc>(nk, nqp, d, kt.data, kt.ld, 1, w.qt.data(), kBq, s, kBq, GemmMode::overwrite);
+    score.apply_softcap(s, kBq, nk, nqp);
+    if (!mask.tile_fully_visible(i0, i0 + nq, j0, j0 + nk)) mask_key_major(mask, s, kBq, j0, nk, i0, nqp);
+
+    // Online softmax, one query row per column.
+    for (int64_t i = 0; i < nqp; ++i) tmax[i] = kNegInf;
+    for (int64_t j = 0; j < nk; ++j) {
+      const Acc* sj = s + j * kBq;
+      for (int64_t i = 0; i < nqp; ++i) tmax[i] = sj[i] > tmax[i] ? sj[i] : tmax[i];
+    }
+    for (int64_t i = 0; i < nqp; ++i) {
+      const Acc m_new = tmax[i] > m[i] ? tmax[i] : m[i];
+      off[i] = SoftmaxState<Acc>::exp_offset(m_new);
+      alpha[i] = exp2_approx(m[i] - off[i]);
+      m[i] = m_new;
+      l[i] *= alpha[i];
+    }
+    for (int64_t j = 0; j < nk; ++j) {
+      Acc* sj = s + j * kBq;
+      for (int64_t i = 0; i < nqp; ++i) {
+        sj[i] = exp2_approx(sj[i] - off[i]);
+        l[i] += sj[i];
+      }
+    }
+    // O = diag(alpha) O + P V, with P(i, j) = Sᵀ[j][i].
+    gemm<Acc>(nq, dvp, nk, s, 1, kBq, vt.data, vt.ld, w.o.data(), dvp, GemmMode::scale_add, alpha);
+  }
+
+  // Finalise: O / l (0 for rows that saw no key), LSE = ln2 · (m + log2 l) (-inf for those rows).
+  for (int64_t i = 0; i < nq; ++i) alpha[i] = l[i] > Acc(0) ? Acc(1) / l[i] : Acc(0);
+  store_rows(w.o.data(), dvp, nq, dv, o.row(i0), o.row_stride, alpha);
+  if (p.lse) {
+    for (int64_t i = 0; i < nq; ++i) *lse_ptr(p, ext, t.batch, t.head, i0 + i) = float(SoftmaxState<Acc>::lse_from_log2(m[i], l[i]));
+  }
+}
+
+std::vector<QueryBlockTask> make_tasks(const FwdParams& p, int64_t block_q) {
+  std::vector<QueryBlockTask> tasks;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const SequenceExtent ext = sequence_extent(p, b);
+    const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right);
+    for (int64_t i0 = 0; i0 < ext.len_q; i0 += block_q) {
+      const int64_t nq = std::min(block_q, ext.len_q - i0);
+      int64_t lo, hi;
+      mask.key_range_for_rows(i0, i0 + nq, &lo, &hi);
+      for (int64_t h = 0; h < p.heads_q; ++h) tasks.push_back({b, h, i0, nq * (hi - lo) + nq});
+    }
+  }
+  std::stable_sort(tasks.begin(), tasks.end(),
+                   [](const QueryBlockTask& a, const QueryBlockTask& b) { return a.cost > b.cost; });
+  return tasks;
+}
+
+template <typename T, typename Acc>
+Status forward_typed(const FwdParams& p) {
+  const std::vector<QueryBlockTask> tasks = make_tasks(p, CpuTiles<Acc>::kBlockQ);
+  const int64_t n = int64_t(tasks.size());
+  const int threads = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
+#pragma omp parallel num_threads(threads) if (n > 1)
+  {
+    ForwardScratch<Acc> scratch(p.head_dim, round_up(p.head_dim_v, CpuTiles<Acc>::kVec));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < n; ++t) forward_task<T, Acc>(p, tasks[size_t(t)], scratch);
+  }
+  return Status::success();
+}
+
+}  // namespace
+
+Status cpu_flash_forward(const FwdParams& p) {
+  switch (p.dtype) {
+    case DType::f32: return forward_typed<float, float>(p);
+    case DType::f64: return forward_typed<double, double>(p);
+    case DType::f16: return forward_typed<half_t, float>(p);
+    case DType::bf16: return forward_typed<bfloat16_t, float>(p);
+    default: return Status::unsupported(std::string("cpu_flash: dtype ") + dtype_name(p.dtype) + " is not supported");
+  }
+}
+
 }  // namespace flashattn::detail

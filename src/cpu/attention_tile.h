@@ -1,0 +1,103 @@
+// Score-tile steps shared by the CPU flash forward and backward: the scale / softcap transform of raw Q·K
+// products, per-element masking of partially visible tiles, and K / V tiles as fp32 / fp64 rows.
+//
+// Scores are kept in log2 units (multiplied by log2 e) so that every exponential is a single exp2:
+//   no softcap: S2 = (Q · scale · log2e) · K            (the scale is folded into whichever operand is cheaper)
+//   softcap c:  S2 = c · log2e · tanh((Q · scale / c) · K)
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "common/mask.h"
+#include "cpu/tile_io.h"
+#include "cpu/vec_math.h"
+#include "flashattn/params.h"
+
+namespace flashattn::detail {
+
+template <typename Acc>
+struct ScoreTransform {
+  Acc qk_scale;    // multiplies Q (forward) or K (backward) before the product
+  Acc cap_log2;    // softcap · log2e, or 0 when softcap is off
+  Acc inv_cap_log2;
+
+  explicit ScoreTransform(const FwdParams& p) {
+    const double scale = double(p.softmax_scale), cap = double(p.softcap);
+    qk_scale = Acc(cap > 0 ? scale / cap : scale * kLog2e);
+    cap_log2 = Acc(cap > 0 ? cap * kLog2e : 0.0);
+    inv_cap_log2 = Acc(cap > 0 ? 1.0 / (cap * kLog2e) : 0.0);
+  }
+
+  bool softcap() const { return cap_log2 > Acc(0); }
+
+  // Raw products -> softcapped log2 scores, in place (rows x cols of a tile with row stride ld).
+  void apply_softcap(Acc* s, int64_t ld, int64_t rows, int64_t cols) const {
+    if (!softcap()) return;
+    const Acc c = cap_log2;
+    for (int64_t r = 0; r < rows; ++r) {
+      Acc* sr = s + r * ld;
+      for (int64_t j = 0; j < cols; ++j) sr[j] = c * tanh_approx(sr[j]);
+    }
+  }
+
+  // d(softcapped score)/d(raw score) = 1 - tanh², from the softcapped log2 score. A masked score (-inf) clamps
+  // to tanh = -1 and gives 0, never inf * 0.
+  Acc softcap_grad(Acc s2) const {
+    Acc t = s2 * inv_cap_log2;
+    t = t < Acc(-1) ? Acc(-1) : (t > Acc(1) ? Acc(1) : t);
+    return Acc(1) - t * t;
+  }
+};
+
+// Key-major tile Sᵀ[j][i] (keys j0.., queries i0..): -inf where key j0 + j is hidden from query i0 + i.
+template <typename Acc>
+void mask_key_major(const MaskSpec& mask, Acc* s, int64_t ld, int64_t j0, int64_t nk, int64_t i0, int64_t ncols) {
+  constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
+  for (int64_t j = 0; j < nk; ++j) {
+    int64_t lo, hi;
+    mask.query_range_for_keys(j0 + j, j0 + j + 1, &lo, &hi);
+    lo = std::min(std::max(lo - i0, int64_t(0)), ncols);
+    hi = std::min(std::max(hi - i0, lo), ncols);
+    Acc* sj = s + j * ld;
+    for (int64_t i = 0; i < lo; ++i) sj[i] = kNegInf;
+    for (int64_t i = hi; i < ncols; ++i) sj[i] = kNegInf;
+  }
+}
+
+// Query-major tile S[i][j] (queries i0.., keys j0..): -inf where key j0 + j is hidden from query i0 + i.
+template <typename Acc>
+void mask_query_major(const MaskSpec& mask, Acc* s, int64_t ld, int64_t i0, int64_t nq, int64_t j0, int64_t ncols) {
+  constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
+  for (int64_t i = 0; i < nq; ++i) {
+    int64_t lo, hi;
+    mask.key_range(i0 + i, &lo, &hi);
+    lo = std::min(std::max(lo - j0, int64_t(0)), ncols);
+    hi = std::min(std::max(hi - j0, lo), ncols);
+    Acc* si = s + i * ld;
+    for (int64_t j = 0; j < lo; ++j) si[j] = kNegInf;
+    for (int64_t j = hi; j < ncols; ++j) si[j] = kNegInf;
+  }
+}
+
+// Rows of a tile as the micro-kernels read them: fp32 / fp64 with `padded_cols` readable columns per row.
+template <typename Acc>
+struct RowTile {
+  const Acc* data;
+  int64_t ld;
+};
+
+// The caller's rows in place when they already have the accumulation type and need no column padding;
+// otherwise converted (and zero-padded) into `buf`.
+template <typename Acc, typename T>
+RowTile<Acc> rows_as_acc(const T* src, int64_t src_rs, int64_t rows, int64_t cols, int64_t padded_cols, Acc* buf) {
+  if constexpr (std::is_same_v<T, Acc>) {
+    if (cols == padded_cols) return {src, src_rs};
+  }
+  load_rows(src, src_rs, rows, cols, buf, padded_cols);
+  return {buf, padded_cols};
+}
+
+}  // namespace flashattn::detail

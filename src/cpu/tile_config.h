@@ -1,0 +1,51 @@
+// Every tile-size decision of the CPU flash path, in one place.
+//
+// Two levels of blocking:
+// - Register micro-tiles (micro_gemm.h): kMicroRows rows by kMicroVecs vectors of accumulators. The sizes
+//   follow the register file: AVX-512 has 32 vector registers, so 6 x 4 = 24 accumulators leave room for the
+//   4 B-vectors and a broadcast; AVX2 / SSE have 16, so 6 x 2 = 12.
+// - Attention tiles (flash_forward.cpp / flash_backward.cpp): kBlockQ query rows by kBlockK key rows. A block
+//   is a multiple of the micro-tile width so that the score tiles run at the micro-kernel's full width, and
+//   small enough that a tile's working set (Q, K, V, scores, O partial) stays in the 1-2 MiB L2 of one core.
+#pragma once
+
+#include <cstdint>
+
+namespace flashattn::detail {
+
+#if defined(__AVX512F__)
+constexpr int kVectorBytes = 64;
+constexpr int kRegisterCount = 32;
+#elif defined(__AVX__)
+constexpr int kVectorBytes = 32;
+constexpr int kRegisterCount = 16;
+#else
+constexpr int kVectorBytes = 16;
+constexpr int kRegisterCount = 16;
+#endif
+
+template <typename Acc>
+struct CpuTiles {
+  // Elements per vector register; padded row lengths of fp32/fp64 buffers are multiples of it, so a micro-kernel
+  // never needs a scalar column tail.
+  static constexpr int kVec = kVectorBytes / int(sizeof(Acc));
+  static constexpr int kMicroRows = 6;
+  static constexpr int kMicroVecs = kRegisterCount >= 32 ? 4 : 2;
+  static constexpr int kMicroCols = kMicroVecs * kVec;
+
+  // Attention tiles: 64 x 64 keeps Q^T, K, V, the score tile and O in L2 for head dims up to 256, and 64 is a
+  // multiple of every micro-tile width above (fp32 and fp64, AVX-512 to SSE).
+  static constexpr int kBlockQ = 64;
+  static constexpr int kBlockK = 64;
+
+  // Backward: below this many independent (batch, KV head) units, a unit is split (over its query heads, then
+  // over key chunks) so that the parallel loop has work for several threads. A constant, not the thread count,
+  // so that gradients are bitwise identical whatever the number of threads.
+  static constexpr int64_t kBackwardMinTasks = 16;
+
+  static_assert(kBlockQ % kMicroCols == 0 && kBlockK % kMicroCols == 0, "blocks must be whole micro-tiles");
+};
+
+constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+}  // namespace flashattn::detail

@@ -1,0 +1,81 @@
+// Moving tiles between the caller's strided tensors (any of the four storage types) and the flash path's
+// per-thread fp32 / fp64 buffers. Buffers have padded row lengths (multiples of the vector width); the padding
+// is zero-filled so that the micro-kernels can run whole vectors over it without reading garbage (0 * NaN would
+// poison a row).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <new>
+
+#include "cpu/vec_math.h"
+
+namespace flashattn::detail {
+
+// dst[r * ld + c] = widen(src[r * src_rs + c]) * scale for c < cols; zero for cols <= c < ld.
+template <typename Acc, typename T>
+void load_rows(const T* src, int64_t src_rs, int64_t rows, int64_t cols, Acc* dst, int64_t ld, Acc scale = Acc(1)) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* s = src + r * src_rs;
+    Acc* d = dst + r * ld;
+    for (int64_t c = 0; c < cols; ++c) d[c] = widen(s[c]) * scale;
+    for (int64_t c = cols; c < ld; ++c) d[c] = Acc(0);
+  }
+}
+
+// Transposed: dst[c * ld + r] = widen(src[r * src_rs + c]) * scale for r < rows, c < cols; columns
+// rows <= r < padded_rows of dst are zero-filled.
+template <typename Acc, typename T>
+void load_transposed(const T* src, int64_t src_rs, int64_t rows, int64_t cols, Acc* dst, int64_t ld,
+                     int64_t padded_rows, Acc scale = Acc(1)) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* s = src + r * src_rs;
+    for (int64_t c = 0; c < cols; ++c) dst[c * ld + r] = widen(s[c]) * scale;
+  }
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t r = rows; r < padded_rows; ++r) dst[c * ld + r] = Acc(0);
+}
+
+// dst[r * dst_rs + c] = narrow(src[r * ld + c] * row_scale[r]) for c < cols (row_scale may be null: 1).
+template <typename T, typename Acc>
+void store_rows(const Acc* src, int64_t ld, int64_t rows, int64_t cols, T* dst, int64_t dst_rs,
+                const Acc* row_scale = nullptr, Acc scale = Acc(1)) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const Acc s = (row_scale ? row_scale[r] : Acc(1)) * scale;
+    const Acc* in = src + r * ld;
+    T* out = dst + r * dst_rs;
+    for (int64_t c = 0; c < cols; ++c) out[c] = narrow<T>(in[c] * s);
+  }
+}
+
+// An uninitialised, cache-line aligned buffer (tiles start on a line, so that vector loads do not split lines).
+template <typename T>
+class AlignedBuffer {
+ public:
+  static constexpr std::align_val_t kAlign{64};
+  AlignedBuffer() = default;
+  explicit AlignedBuffer(int64_t n) { resize(n); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  ~AlignedBuffer() { release(); }
+
+  void resize(int64_t n) {
+    if (n <= size_) return;
+    release();
+    data_ = static_cast<T*>(::operator new(size_t(n) * sizeof(T), kAlign));
+    size_ = n;
+  }
+  T* data() { return data_; }
+  int64_t size() const { return size_; }
+
+ private:
+  void release() {
+    if (data_) ::operator delete(data_, kAlign);
+    data_ = nullptr;
+    size_ = 0;
+  }
+  T* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
+}  // namespace flashattn::detail
