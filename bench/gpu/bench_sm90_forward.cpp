@@ -2,7 +2,7 @@
 // bf16, head dims 64/128/256, S = 4k and 16k, causal and not. CUDA events around each launch; median of the
 // timed launches after warm-up. FLOPs: 4·B·H·S²·D, half of that under a causal mask.
 //
-// Both consumer orderings (Sm90ForwardVariant) are timed.
+// Every variant of the kernel (Sm90ForwardVariant: consumer ordering x tile set) is timed.
 //
 //   bench_sm90_forward [--iters N] [--csv]
 #include <cuda_runtime.h>
@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   std::printf(csv ? "variant,hd,seqlen,causal,ms,tflops\n" : "%10s %4s %6s %6s %9s %8s\n", "variant", "hd", "seqlen",
               "causal", "ms", "TFLOP/s");
   using flashattn::detail::Sm90ForwardVariant;
-  for (Sm90ForwardVariant variant : {Sm90ForwardVariant::serial, Sm90ForwardVariant::overlapped})
+  for (Sm90ForwardVariant variant : flashattn::detail::kSm90ForwardVariants)
   for (int64_t hd : {64, 128, 256})
     for (int64_t s : {4096, 16384})
       for (bool causal : {false, true}) {
@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
           std::printf("hd %lld S %lld: %s\n", (long long)hd, (long long)s, st.message.c_str());
           continue;
         }
-        const char* vname = variant == Sm90ForwardVariant::serial ? "serial" : "overlapped";
+        const char* vname = flashattn::detail::sm90_forward_variant_name(variant);
         for (int w = 0; w < 3; ++w) st = flashattn::detail::sm90_forward_run(p, variant);
         CHECK_CUDA(cudaDeviceSynchronize());
         std::vector<float> ms;

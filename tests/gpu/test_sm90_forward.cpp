@@ -154,8 +154,8 @@ TEST_P(Sm90Forward, MatchesReference) {
   ASSERT_TRUE(st.ok()) << st.message;
   st = detail::sm90_forward_supports(p);
   ASSERT_TRUE(st.ok()) << st.message;
-  for (detail::Sm90ForwardVariant variant : {detail::Sm90ForwardVariant::serial, detail::Sm90ForwardVariant::overlapped}) {
-    SCOPED_TRACE(variant == detail::Sm90ForwardVariant::serial ? "variant serial" : "variant overlapped");
+  for (detail::Sm90ForwardVariant variant : detail::kSm90ForwardVariants) {
+    SCOPED_TRACE(std::string("variant ") + detail::sm90_forward_variant_name(variant));
     o.poison();
     lse.poison();
     dout.upload(o);

@@ -1,13 +1,22 @@
 // Every tile-size decision of the Hopper forward, in one place.
 //
-// A CTA owns kBlockM = 128 query rows of one (batch, head): two consumer warpgroups of 64 rows each (the M of
-// one wgmma) plus one producer warpgroup that only issues TMA. Keys stream through a kStages-deep ring of
-// [kBlockN x head_dim] K and V tiles. Shared memory: Q + kStages * (K + V), each 16-bit:
-//   hd  64: kBlockN 128, 3 stages: 16 KB + 3 * 32 KB = 112 KB
-//   hd 128: kBlockN 128, 2 stages: 32 KB + 2 * 64 KB = 160 KB
-//   hd 256: kBlockN  64, 2 stages: 64 KB + 2 * 64 KB = 192 KB   (S 64x64 keeps O's 128 fp32 registers + S in budget)
-// Registers: 384 threads under __launch_bounds__(384, 1) start at 168 each; setmaxnreg moves them to
-// 24 (producer) and 240 (consumers): 128 * 24 + 256 * 240 = 64512 of 65536.
+// A CTA owns kBlockM = 64 * kConsumerWarpgroups query rows of one (batch, head): one consumer warpgroup per 64
+// rows (the M of one wgmma) plus one producer warpgroup that only issues TMA. Keys stream through a
+// kStages-deep ring of [kBlockN x head_dim] K and V tiles. Shared memory: Q + kStages * (K + V), each 16-bit.
+//
+// Two tile sets are being compared on the device (Sm90ForwardVariant):
+//   base:  hd  64: 128 x 128, 3 stages: 16 KB + 3 * 32 KB = 112 KB
+//          hd 128: 128 x 128, 2 stages: 32 KB + 2 * 64 KB = 160 KB
+//          hd 256: 128 x  64, 2 stages: 64 KB + 2 * 64 KB = 192 KB
+//   wide:  hd  64: 192 x 128 (three consumer warpgroups), 3 stages: 24 KB + 3 * 32 KB = 120 KB
+//          hd 128: 128 x 176, 2 stages: 32 KB + 2 * 88 KB = 208 KB
+//          hd 256: 128 x  80, 2 stages: 64 KB + 2 * 80 KB = 224 KB
+// Wider key tiles spread each tile's fixed costs (barrier waits, the O rescale, the warpgroup turn) over more
+// products; three consumer warpgroups at hd 64 give each warpgroup's softmax two other warpgroups' products
+// to hide under.
+// Registers: under __launch_bounds__(kThreads, 1) every thread starts at 65536 / kThreads; setmaxnreg moves
+// them to the producer's and consumers' budgets below (2 consumers: 128 * 24 + 256 * 240 = 64512; 3 consumers:
+// 128 * 32 + 384 * 160 = 65536, of 65536).
 #pragma once
 
 namespace flashattn::cuda::sm90 {
@@ -15,28 +24,40 @@ namespace flashattn::cuda::sm90 {
 constexpr int kWarpgroupThreads = 128;
 constexpr int kWgmmaRows = 64;  // M of one wgmma: the rows of one consumer warpgroup
 constexpr int kWgmmaK = 16;     // K of one wgmma for 16-bit inputs
-// Named barriers of the consumer ping-pong (one per consumer warpgroup); 0 is __syncthreads'.
-constexpr int kPingPongBarrier0 = 1;
+// Named barriers of the consumer warpgroups' turns (one per consumer warpgroup); 0 is __syncthreads'.
+constexpr int kTurnBarrier0 = 1;
 
-template <int kHeadDim>
+template <int kHeadDim_, int kBlockN_, int kConsumerWarpgroups_, int kStages_>
 struct ForwardConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
+  static constexpr int kStages = kStages_;
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "sm90 forward: head dim 64, 128 or 256");
-  static constexpr int kConsumerWarpgroups = 2;
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "sm90 forward: kBlockN a multiple of 16 (P V's k-steps)");
+  static_assert(kConsumerWarpgroups == 2 || kConsumerWarpgroups == 3, "sm90 forward: 2 or 3 consumer warpgroups");
   static constexpr int kBlockM = kConsumerWarpgroups * kWgmmaRows;
-  static constexpr int kBlockN = kHeadDim == 256 ? 64 : 128;
-  static constexpr int kStages = kHeadDim == 64 ? 3 : 2;
   static constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
   static constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpgroupThreads / 32;
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
+  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? 24 : 32;
+  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 240 : 160;
+  static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters) <= 65536,
+                "sm90 forward: register budgets over the 64K-register file");
 
   static constexpr int kElemBytes = 2;
   static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * kElemBytes;
+  static_assert(kKVTileBytes % 1024 == 0, "sm90 forward: every tile starts on a 1024-byte swizzle atom");
   static constexpr int kBarrierBytes = 8 * (1 + 4 * kStages);  // q_full, k_full[], v_full[], empty[], empty_v[]
   static constexpr int kAlignSlack = 1024;                     // the dynamic window rounded up to a swizzle atom
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVTileBytes + kBarrierBytes + kAlignSlack;
   static_assert(kSmemBytes <= 227 * 1024, "sm90 forward: over the 227 KB shared-memory limit");
 };
+
+template <int kHeadDim>
+using BaseTiles = ForwardConfig<kHeadDim, kHeadDim == 256 ? 64 : 128, 2, kHeadDim == 64 ? 3 : 2>;
+template <int kHeadDim>
+using WideTiles = ForwardConfig<kHeadDim, kHeadDim == 256 ? 80 : kHeadDim == 128 ? 176 : 128,
+                                kHeadDim == 64 ? 3 : 2, kHeadDim == 64 ? 3 : 2>;
 
 }  // namespace flashattn::cuda::sm90

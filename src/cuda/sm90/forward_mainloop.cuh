@@ -18,11 +18,10 @@ namespace flashattn::cuda::sm90 {
 // ---- producer: one thread streams Q once, then K/V tiles through the ring ----
 // kSplitRelease: K and V of a stage are freed separately (empty / empty_v), as the overlapped ordering frees
 // K as soon as S has landed but V only after P V; the serial ordering frees both at once through `empty`.
-template <int kHeadDim, bool kSplitRelease>
-__device__ void produce(const SharedStorage<kHeadDim>& sm, const BlockWork& w, int kv_head, const CUtensorMap* tm_q,
+template <typename Cfg, bool kSplitRelease>
+__device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv_head, const CUtensorMap* tm_q,
                         const CUtensorMap* tm_k, const CUtensorMap* tm_v) {
-  using Cfg = ForwardConfig<kHeadDim>;
-  constexpr int kPanels = kHeadDim / kPanelCols;
+  constexpr int kPanels = Cfg::kHeadDim / kPanelCols;
   mbarrier_arrive_expect_tx(sm.q_full, Cfg::kQBytes);
 #pragma unroll
   for (int p = 0; p < kPanels; ++p)
@@ -51,14 +50,15 @@ __device__ void produce(const SharedStorage<kHeadDim>& sm, const BlockWork& w, i
 
 // ---- consumer: one warpgroup, 64 query rows ----
 // The per-warpgroup state and the steps of one key tile; the two drivers below order them differently.
-template <typename T, int kHeadDim>
+template <typename T, typename Cfg_>
 struct Consumer {
-  using Cfg = ForwardConfig<kHeadDim>;
+  using Cfg = Cfg_;
+  static constexpr int kHeadDim = Cfg::kHeadDim;
   static constexpr int kN = Cfg::kBlockN;
   using Scores = float[kN / 2];                    // S (then P) of one tile: accumulator layout
   using PFragments = uint32_t[kN / kWgmmaK][4];    // P as the A operand of P V, 16 keys per fragment
 
-  const SharedStorage<kHeadDim>& sm;
+  const SharedStorage<Cfg>& sm;
   const BlockWork& w;
   const ForwardKernelArgs& a;
   int lane, quad;
@@ -70,7 +70,7 @@ struct Consumer {
   float row_max[2] = {-INFINITY, -INFINITY};  // in score units (after softcap), not yet scaled to log2
   float row_sum[2] = {0.f, 0.f};              // this thread's part; the quad's four parts add up at the end
 
-  __device__ Consumer(const SharedStorage<kHeadDim>& sm_, const BlockWork& w_, const ForwardKernelArgs& a_, int wg)
+  __device__ Consumer(const SharedStorage<Cfg>& sm_, const BlockWork& w_, const ForwardKernelArgs& a_, int wg)
       : sm(sm_), w(w_), a(a_) {
     const int t = threadIdx.x % kWarpgroupThreads;
     const int warp = t / 32;
@@ -210,11 +210,10 @@ struct Consumer {
   }
 };
 
-// v1 order: per tile, S = Q Kᵀ and wait, softmax, O += P V and wait. The two consumer warpgroups overlap
-// each other only as the warp schedulers happen to interleave them.
-template <typename T, int kHeadDim>
-__device__ void consume_serial(Consumer<T, kHeadDim>& c) {
-  using C = Consumer<T, kHeadDim>;
+// v1 order: per tile, S = Q Kᵀ and wait, softmax, O += P V and wait. The consumer warpgroups overlap each
+// other only as the warp schedulers happen to interleave them.
+template <typename C>
+__device__ void consume_serial(C& c) {
   const BlockWork& w = c.w;
   if (w.n_end <= w.n_begin) return;
   mbarrier_wait(c.sm.q_full, 0);
@@ -240,24 +239,30 @@ __device__ void consume_serial(Consumer<T, kHeadDim>& c) {
   }
 }
 
-// Ping-pong between the two consumer warpgroups: each issues its matrix products only in its turn (a named
-// barrier per warpgroup; the other arrives on it after issuing), so one warpgroup's softmax runs while the
-// other's products occupy the tensor cores.
-__device__ __forceinline__ void pingpong_wait_turn(int wg) { named_barrier_sync(kPingPongBarrier0 + wg, 2 * kWarpgroupThreads); }
-__device__ __forceinline__ void pingpong_pass_turn(int wg) {
-  named_barrier_arrive(kPingPongBarrier0 + (1 - wg), 2 * kWarpgroupThreads);
+// Turns of the consumer warpgroups (round robin): each issues its matrix products only in its turn, so one
+// warpgroup's softmax runs while the others' products occupy the tensor cores. One token circulates: a
+// warpgroup waits on its own named barrier and, after issuing, arrives on the next warpgroup's; each barrier
+// phase is 128 waiting + 128 arriving threads.
+template <int kWarpgroups>
+__device__ __forceinline__ void wait_turn(int wg) {
+  named_barrier_sync(kTurnBarrier0 + wg, 2 * kWarpgroupThreads);
+}
+template <int kWarpgroups>
+__device__ __forceinline__ void pass_turn(int wg) {
+  named_barrier_arrive(kTurnBarrier0 + (wg + 1) % kWarpgroups, 2 * kWarpgroupThreads);
 }
 
-// v2 order (intra-warpgroup overlap + ping-pong): the products of tile n, S_n = Q K_nᵀ and O += P_{n+1} V_{n+1}
-// (the previous tile, keys run downwards), are issued together; the softmax of S_n runs while P V is still on
-// the tensor cores, and O is rescaled once that product has landed. K_n is released as soon as S_n has landed
-// and V_{n+1} after its product, so the producer refills a K slot one iteration before it is needed.
-template <typename T, int kHeadDim>
-__device__ void consume_overlapped(Consumer<T, kHeadDim>& c, int wg) {
-  using C = Consumer<T, kHeadDim>;
+// v3 order (intra-warpgroup overlap + turns, FlashAttention-3's): the products of tile n, S_n = Q K_nᵀ and
+// O += P_{n+1} V_{n+1} (the previous tile; keys run downwards), are issued in one turn, with O's rescale by
+// the previous softmax in between (it runs under S_n instead of delaying the next issue). The softmax of S_n
+// then runs while P V is still on the tensor cores. K_n is released as soon as S_n has landed and V_{n+1}
+// after its product, so a 2-stage ring refills K one iteration before it is needed.
+template <typename C>
+__device__ void consume_overlapped(C& c, int wg) {
+  constexpr int kWgs = C::Cfg::kConsumerWarpgroups;
   const BlockWork& w = c.w;
   if (w.n_end <= w.n_begin) return;
-  if (wg == 1) pingpong_pass_turn(wg);  // warpgroup 0 goes first
+  if (wg == kWgs - 1) pass_turn<kWgs>(wg);  // the token starts at warpgroup 0
   mbarrier_wait(c.sm.q_full, 0);
   RingPosition<C::Cfg::kStages> pos;
   typename C::Scores s;
@@ -265,14 +270,14 @@ __device__ void consume_overlapped(Consumer<T, kHeadDim>& c, int wg) {
   float rescale[2];
   // First tile: S only.
   mbarrier_wait(&c.sm.k_full[pos.index], pos.phase);
-  pingpong_wait_turn(wg);
+  wait_turn<kWgs>(wg);
   c.issue_qk(s, pos.index);
-  pingpong_pass_turn(wg);
+  pass_turn<kWgs>(wg);
   wgmma_wait<0>();
   fence_registers(s);
   c.release(pos.index);
   c.transform_scores(s, w.n_end - 1);
-  c.softmax(s, rescale);  // O is still 0: nothing to rescale
+  c.softmax(s, rescale);  // O is still 0: its rescale (by 0) is harmless
   C::to_fragments(p, s);
   int prev = pos.index;
   uint32_t prev_phase = pos.phase;
@@ -280,10 +285,11 @@ __device__ void consume_overlapped(Consumer<T, kHeadDim>& c, int wg) {
   for (int n = w.n_end - 2; n >= w.n_begin; --n) {
     mbarrier_wait(&c.sm.k_full[pos.index], pos.phase);
     mbarrier_wait(&c.sm.v_full[prev], prev_phase);
-    pingpong_wait_turn(wg);
+    wait_turn<kWgs>(wg);
     c.issue_qk(s, pos.index);
+    c.rescale_o(rescale);
     c.issue_pv(p, prev);
-    pingpong_pass_turn(wg);
+    pass_turn<kWgs>(wg);
     wgmma_wait<1>();  // S_n has landed (groups complete in order); P V may still run
     fence_registers(s);
     c.release(pos.index);
@@ -291,7 +297,6 @@ __device__ void consume_overlapped(Consumer<T, kHeadDim>& c, int wg) {
     c.softmax(s, rescale);
     wgmma_wait<0>();
     fence_registers(c.o);
-    c.rescale_o(rescale);
     c.release_v(prev);
     C::to_fragments(p, s);
     prev = pos.index;
@@ -300,9 +305,10 @@ __device__ void consume_overlapped(Consumer<T, kHeadDim>& c, int wg) {
   }
   // Last tile's P V.
   mbarrier_wait(&c.sm.v_full[prev], prev_phase);
-  pingpong_wait_turn(wg);
+  wait_turn<kWgs>(wg);
+  c.rescale_o(rescale);
   c.issue_pv(p, prev);
-  pingpong_pass_turn(wg);
+  pass_turn<kWgs>(wg);
   wgmma_wait<0>();
   fence_registers(c.o);
   c.release_v(prev);

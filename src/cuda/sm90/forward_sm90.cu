@@ -41,15 +41,14 @@
 namespace flashattn::cuda::sm90 {
 namespace {
 
-template <typename T, int kHeadDim, bool kOverlap>
-__global__ void __launch_bounds__(ForwardConfig<kHeadDim>::kThreads, 1)
+template <typename T, typename Cfg, bool kOverlap>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
     forward_kernel(const __grid_constant__ ForwardKernelArgs args, const __grid_constant__ CUtensorMap tm_q,
                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
-  using Cfg = ForwardConfig<kHeadDim>;
   extern __shared__ uint8_t smem_raw[];
-  const BlockWork w = block_work<kHeadDim>(args);
+  const BlockWork w = block_work<Cfg>(args);
   if (w.m_block * Cfg::kBlockM >= w.seqlen_q) return;  // a varlen sequence shorter than the longest: no rows
-  SharedStorage<kHeadDim> sm(smem_raw);
+  SharedStorage<Cfg> sm(smem_raw);
   if (threadIdx.x == 0) {
     mbarrier_init(sm.q_full, 1);
     for (int s = 0; s < Cfg::kStages; ++s) {
@@ -69,11 +68,11 @@ __global__ void __launch_bounds__(ForwardConfig<kHeadDim>::kThreads, 1)
       tma_prefetch_map(&tm_q);
       tma_prefetch_map(&tm_k);
       tma_prefetch_map(&tm_v);
-      produce<kHeadDim, kOverlap>(sm, w, w.head / args.heads_per_kv, &tm_q, &tm_k, &tm_v);
+      produce<Cfg, kOverlap>(sm, w, w.head / args.heads_per_kv, &tm_q, &tm_k, &tm_v);
     }
   } else {
     setmaxnreg_increase<Cfg::kConsumerRegisters>();
-    Consumer<T, kHeadDim> c(sm, w, args, wg - 1);
+    Consumer<T, Cfg> c(sm, w, args, wg - 1);
     if constexpr (kOverlap)
       consume_overlapped(c, wg - 1);
     else
@@ -88,14 +87,13 @@ __global__ void __launch_bounds__(ForwardConfig<kHeadDim>::kThreads, 1)
 namespace flashattn::detail {
 namespace {
 
-using cuda::sm90::ForwardConfig;
 
 bool stride_ok(int64_t s) { return s % 8 == 0; }  // 16 bytes of 16-bit elements: TMA's stride unit
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-template <typename T, int kHeadDim>
-Status launch(const FwdParams& p, Sm90ForwardVariant variant) {
-  using Cfg = ForwardConfig<kHeadDim>;
+template <typename T, typename Cfg, bool kOverlap>
+Status launch(const FwdParams& p) {
+  constexpr int kHeadDim = Cfg::kHeadDim;
   const bool varlen = p.is_varlen();
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   const int64_t batch_dim = varlen ? 1 : p.batch;
@@ -146,19 +144,31 @@ Status launch(const FwdParams& p, Sm90ForwardVariant variant) {
   a.window_left = int(p.window_left);
   a.window_right = int(p.window_right);
 
-  auto kernel = variant == Sm90ForwardVariant::overlapped ? cuda::sm90::forward_kernel<T, kHeadDim, true>
-                                                         : cuda::sm90::forward_kernel<T, kHeadDim, false>;
+  auto kernel = cuda::sm90::forward_kernel<T, Cfg, kOverlap>;
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(a, tm_q, tm_k, tm_v);
   return cuda_status(cudaGetLastError(), "cuda_sm90 forward launch");
 }
 
+template <typename T, int kHeadDim>
+Status launch_variant(const FwdParams& p, Sm90ForwardVariant variant) {
+  using cuda::sm90::BaseTiles;
+  using cuda::sm90::WideTiles;
+  switch (variant) {
+    case Sm90ForwardVariant::serial: return launch<T, BaseTiles<kHeadDim>, false>(p);
+    case Sm90ForwardVariant::overlapped: return launch<T, BaseTiles<kHeadDim>, true>(p);
+    case Sm90ForwardVariant::serial_wide: return launch<T, WideTiles<kHeadDim>, false>(p);
+    case Sm90ForwardVariant::overlapped_wide: return launch<T, WideTiles<kHeadDim>, true>(p);
+  }
+  return Status::unsupported("cuda_sm90: unknown forward variant");
+}
+
 template <typename T>
 Status launch_head_dim(const FwdParams& p, Sm90ForwardVariant variant) {
   switch (p.head_dim) {
-    case 64: return launch<T, 64>(p, variant);
-    case 128: return launch<T, 128>(p, variant);
-    case 256: return launch<T, 256>(p, variant);
+    case 64: return launch_variant<T, 64>(p, variant);
+    case 128: return launch_variant<T, 128>(p, variant);
+    case 256: return launch_variant<T, 256>(p, variant);
     default: return Status::unsupported("cuda_sm90: head dim " + std::to_string(p.head_dim) + " (runs 64, 128, 256)");
   }
 }

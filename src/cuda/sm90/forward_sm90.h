@@ -13,7 +13,20 @@ Status sm90_forward_supports(const FwdParams& p);
 // How the consumer warpgroups order their work (forward_sm90.cu): `serial` waits for each product before the
 // next step; `overlapped` issues S_n = Q K_nᵀ together with O += P_{n+1} V_{n+1}, runs the softmax while P V
 // is in flight, and alternates the two warpgroups' products (ping-pong).
-enum class Sm90ForwardVariant { serial, overlapped };
+// The _wide variants run the wider tiles of forward_config.h (WideTiles) in the same two orderings.
+enum class Sm90ForwardVariant { serial, overlapped, serial_wide, overlapped_wide };
+constexpr Sm90ForwardVariant kSm90ForwardVariants[] = {Sm90ForwardVariant::serial, Sm90ForwardVariant::overlapped,
+                                                       Sm90ForwardVariant::serial_wide,
+                                                       Sm90ForwardVariant::overlapped_wide};
+inline const char* sm90_forward_variant_name(Sm90ForwardVariant v) {
+  switch (v) {
+    case Sm90ForwardVariant::serial: return "serial";
+    case Sm90ForwardVariant::overlapped: return "overlapped";
+    case Sm90ForwardVariant::serial_wide: return "serial_wide";
+    case Sm90ForwardVariant::overlapped_wide: return "overlapped_wide";
+  }
+  return "?";
+}
 
 // Runs validated params for which sm90_forward_supports is ok. Asynchronous on p.stream. Dispatch uses the
 // default variant; tests and the benchmark name one.

@@ -28,9 +28,8 @@ struct ForwardKernelArgs {
   int window_left, window_right;
 };
 
-template <int kHeadDim>
+template <typename Cfg>
 struct SharedStorage {
-  using Cfg = ForwardConfig<kHeadDim>;
   uint8_t* q;
   uint8_t* k;  // kStages tiles
   uint8_t* v;
@@ -64,9 +63,8 @@ struct BlockWork {
   MaskSpec mask;
 };
 
-template <int kHeadDim>
+template <typename Cfg>
 __device__ BlockWork block_work(const ForwardKernelArgs& a) {
-  using Cfg = ForwardConfig<kHeadDim>;
   BlockWork w;
   w.batch = blockIdx.z;
   w.head = blockIdx.y;

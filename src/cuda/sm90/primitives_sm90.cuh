@@ -78,6 +78,17 @@ __device__ __forceinline__ void fence_registers(uint32_t (&r)[kN]) {
 #define FA_SM90_ACC_REGS_32 "{" \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" "}"
+#define FA_SM90_ACC_REGS_40 "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39" "}"
+#define FA_SM90_ACC_REGS_88 "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87" "}"
 #define FA_SM90_ACC_REGS_64 "{" \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
@@ -98,6 +109,8 @@ __device__ __forceinline__ void fence_registers(uint32_t (&r)[kN]) {
       "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
 #define FA_SM90_D32(d, i) FA_SM90_D8(d, (i)), FA_SM90_D8(d, (i) + 8), FA_SM90_D8(d, (i) + 16), FA_SM90_D8(d, (i) + 24)
 #define FA_SM90_D64(d) FA_SM90_D32(d, 0), FA_SM90_D32(d, 32)
+#define FA_SM90_D40(d) FA_SM90_D32(d, 0), FA_SM90_D8(d, 32)
+#define FA_SM90_D88(d) FA_SM90_D32(d, 0), FA_SM90_D32(d, 32), FA_SM90_D8(d, 64), FA_SM90_D8(d, 72), FA_SM90_D8(d, 80)
 #define FA_SM90_D128(d) FA_SM90_D32(d, 0), FA_SM90_D32(d, 32), FA_SM90_D32(d, 64), FA_SM90_D32(d, 96)
 
 // Operand numbers follow the accumulators: SS takes (desc_a, desc_b, accumulate, trans_b), RS takes
@@ -114,9 +127,23 @@ __device__ __forceinline__ void fence_registers(uint32_t (&r)[kN]) {
 // D(64 x N) (+)= A(64 x 16, shared, K-major) * B(16 x N, shared; K-major if kTransB == 0, N-major if 1).
 template <typename T, int N, int kTransB>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  static_assert(N == 64 || N == 128 || N == 256, "wgmma_ss: N must be 64, 128 or 256");
+  static_assert(N == 64 || N == 80 || N == 128 || N == 176 || N == 256, "wgmma_ss: N must be 64, 80, 128, 176 or 256");
   const uint32_t acc = accumulate ? 1u : 0u;
-  if constexpr (N == 64) {
+  if constexpr (N == 80) {
+    if constexpr (ElementTraits<T>::is_bf16)
+      asm volatile(FA_SM90_WGMMA_SS("80", "bf16", FA_SM90_ACC_REGS_40, "%40", "%41", "%42", "%43")
+                   : FA_SM90_D40(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB));
+    else
+      asm volatile(FA_SM90_WGMMA_SS("80", "f16", FA_SM90_ACC_REGS_40, "%40", "%41", "%42", "%43")
+                   : FA_SM90_D40(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB));
+  } else if constexpr (N == 176) {
+    if constexpr (ElementTraits<T>::is_bf16)
+      asm volatile(FA_SM90_WGMMA_SS("176", "bf16", FA_SM90_ACC_REGS_88, "%88", "%89", "%90", "%91")
+                   : FA_SM90_D88(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB));
+    else
+      asm volatile(FA_SM90_WGMMA_SS("176", "f16", FA_SM90_ACC_REGS_88, "%88", "%89", "%90", "%91")
+                   : FA_SM90_D88(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB));
+  } else if constexpr (N == 64) {
     if constexpr (ElementTraits<T>::is_bf16)
       asm volatile(FA_SM90_WGMMA_SS("64", "bf16", FA_SM90_ACC_REGS_32, "%32", "%33", "%34", "%35")
                    : FA_SM90_D32(d, 0) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB));
