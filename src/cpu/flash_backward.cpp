@@ -1,5 +1,407 @@
-// Placeholder until the tiled CPU path lands (in progress this session): reports unsupported, never computes.
+// CPU flash backward: dQ, dK, dV by recomputation. For each (query block, key block) tile of a head:
+//   S = Q · (Kᵀ · scale · log2e)         (softcap: c·log2e·tanh(Q · Kᵀ · scale / c)); mask on partial tiles
+//   P = exp2(S - LSE · log2e)             (never stored beyond the tile)
+//   dP = dO · Vᵀ,   dS = P ∘ (dP - D) · scale  (∘ (1 - tanh²) with softcap),   D = rowsum(dO ∘ O)
+//   dV += Pᵀ dO,    dK += dSᵀ Q,    dQ += dS K
+// five register-blocked products per tile (micro_gemm.h), the transposed uses of P and dS read through strides.
+//
+// Work split, chosen so that the result is bitwise identical whatever the number of threads: a task owns one
+// (batch, KV head), or a fixed part of it when there are fewer than kBackwardMinTasks such units:
+//  - first its query heads are split into parts (each part sums dK/dV over its heads into a partial buffer),
+//  - then, once every part is a single head, its key blocks are split into chunks of equal work (each chunk
+//    adds its contribution to dQ into a partial buffer).
+// A task walks its key blocks in order, and for each one the query blocks that can see it
+// (MaskSpec::query_range_for_keys), accumulating dK/dV of the block in its own buffer and dQ of the head in a
+// per-head buffer. Partial buffers are then summed in part / chunk order (a second parallel pass). The split
+// depends only on the shapes, never on the thread count, and every sum has a fixed order.
+//
+// Extra memory: per thread, the query side of one head in fp32 (Q, dO, dQ: s_q · (2d + d_v)), dK/dV of one
+// key chunk (≤ s_k · (d + d_v)) and tile buffers; partial buffers only for small batch·heads, bounded by
+// kBackwardMinTasks · s · (d + d_v). All O(s) per (batch, head); nothing is O(s_q · s_k).
+//
+// fp64: the LSE input is fp32, which would cap fp64 gradients at fp32 accuracy, so the fp64 path recomputes
+// each row's LSE in fp64 from Q and K (one more Q·Kᵀ per tile) instead of reading it.
+// Preconditions: params validated (make_backward_params); CPU tensors.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
 #include "backend.h"
+#include "common/mask.h"
+#include "common/softmax_state.h"
+#include "cpu/sequence.h"
+
+// See flash_forward.cpp: 512-bit vectors for the micro-kernels on AVX-512 cores.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__)
+#pragma GCC target("prefer-vector-width=512")
+#endif
+
+#include "cpu/attention_tile.h"
+#include "cpu/micro_gemm.h"
+#include "cpu/tile_config.h"
+#include "cpu/tile_io.h"
+#include "cpu/vec_math.h"
+
 namespace flashattn::detail {
-Status cpu_flash_backward(const BwdParams&) { return Status::unsupported("cpu_flash: not implemented yet"); }
+namespace {
+
+struct BackwardTask {
+  int64_t batch, kv_head;
+  int64_t part, head_begin, head_end;  // query heads (within the group) whose dK/dV contributions it sums
+  int64_t chunk, key_begin, key_end;   // key rows it owns
+};
+
+// How the call is cut into tasks, and where partial sums live.
+struct BackwardPlan {
+  int64_t group = 1;       // query heads per KV head
+  int64_t head_parts = 1;  // > 1: dK/dV partials per part, summed afterwards
+  std::vector<int64_t> key_chunks;  // per batch; > 1: dQ partials per chunk, summed afterwards
+  std::vector<BackwardTask> tasks;
+  std::vector<int64_t> dq_partial_at, dkv_partial_at;  // per (batch, KV head): offset, or -1 when not split
+  int64_t dq_partial_size = 0, dkv_partial_size = 0;
+};
+
+template <typename Acc>
+BackwardPlan make_plan(const BwdParams& p) {
+  using C = CpuTiles<Acc>;
+  BackwardPlan plan;
+  plan.group = p.heads_q / p.heads_kv;
+  const int64_t dp = round_up(p.head_dim, C::kVec), dvp = round_up(p.head_dim_v, C::kVec);
+  const int64_t units = p.batch * p.heads_kv;
+  const int64_t want = units >= C::kBackwardMinTasks ? 1 : (C::kBackwardMinTasks + units - 1) / std::max<int64_t>(units, 1);
+  plan.head_parts = std::min(plan.group, want);
+  const int64_t chunks_wanted = plan.head_parts == plan.group ? (want + plan.group - 1) / plan.group : 1;
+
+  plan.key_chunks.assign(size_t(p.batch), 1);
+  plan.dq_partial_at.assign(size_t(units), -1);
+  plan.dkv_partial_at.assign(size_t(units), -1);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const SequenceExtent ext = sequence_extent(p, b);
+    const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right);
+    const int64_t blocks = (ext.len_k + C::kBlockK - 1) / C::kBlockK;
+    const int64_t chunks = std::max<int64_t>(1, std::min(chunks_wanted, blocks));
+    plan.key_chunks[size_t(b)] = chunks;
+
+    // Chunk boundaries (in key blocks) splitting the work evenly: a block costs the query rows that see it.
+    std::vector<int64_t> bounds(size_t(chunks + 1), blocks);
+    bounds[0] = 0;
+    if (chunks > 1) {
+      std::vector<int64_t> prefix(size_t(blocks + 1), 0);
+      for (int64_t kb = 0; kb < blocks; ++kb) {
+        int64_t lo, hi;
+        mask.query_range_for_keys(kb * C::kBlockK, std::min((kb + 1) * C::kBlockK, ext.len_k), &lo, &hi);
+        prefix[size_t(kb + 1)] = prefix[size_t(kb)] + (hi - lo) + 1;
+      }
+      int64_t kb = 0;
+      for (int64_t c = 1; c < chunks; ++c) {
+        const int64_t target = prefix[size_t(blocks)] * c / chunks;
+        while (kb < blocks && prefix[size_t(kb)] < target) ++kb;
+        bounds[size_t(c)] = kb;
+      }
+    }
+
+    for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
+      const size_t unit = size_t(b * p.heads_kv + hk);
+      if (chunks > 1) {
+        plan.dq_partial_at[unit] = plan.dq_partial_size;
+        plan.dq_partial_size += chunks * plan.group * ext.len_q * dp;
+      }
+      if (plan.head_parts > 1) {
+        plan.dkv_partial_at[unit] = plan.dkv_partial_size;
+        plan.dkv_partial_size += plan.head_parts * ext.len_k * (dp + dvp);
+      }
+      for (int64_t part = 0; part < plan.head_parts; ++part) {
+        for (int64_t c = 0; c < chunks; ++c) {
+          BackwardTask t;
+          t.batch = b;
+          t.kv_head = hk;
+          t.part = part;
+          t.head_begin = plan.group * part / plan.head_parts;
+          t.head_end = plan.group * (part + 1) / plan.head_parts;
+          t.chunk = c;
+          t.key_begin = std::min(bounds[size_t(c)] * C::kBlockK, ext.len_k);
+          t.key_end = std::min(bounds[size_t(c + 1)] * C::kBlockK, ext.len_k);
+          plan.tasks.push_back(t);
+        }
+      }
+    }
+  }
+  return plan;
+}
+
+// Per-thread buffers, sized once per call for the longest sequence.
+template <typename Acc>
+struct BackwardScratch {
+  AlignedBuffer<Acc> q, dout, dq, lse2, dsum;  // query side of one head
+  AlignedBuffer<Acc> dk, dv;                   // dK / dV of one key chunk
+  AlignedBuffer<Acc> kt, vt, krow, s, prob, ds, m, l;
+
+  BackwardScratch(const BwdParams& p) {
+    using C = CpuTiles<Acc>;
+    const int64_t dp = round_up(p.head_dim, C::kVec), dvp = round_up(p.head_dim_v, C::kVec);
+    const int64_t rows = std::max<int64_t>(p.seqlen_q, 1), keys = std::max<int64_t>(round_up(p.seqlen_k, C::kBlockK), 1);
+    q.resize(rows * dp);
+    dout.resize(rows * dvp);
+    dq.resize(rows * dp);
+    lse2.resize(rows);
+    dsum.resize(rows);
+    dk.resize(keys * dp);
+    dv.resize(keys * dvp);
+    kt.resize(p.head_dim * C::kBlockK);
+    vt.resize(p.head_dim_v * C::kBlockK);
+    krow.resize(C::kBlockK * dp);
+    for (auto* b : {&s, &prob, &ds}) b->resize(C::kBlockQ * C::kBlockK);
+    m.resize(C::kBlockQ);
+    l.resize(C::kBlockQ);
+  }
+};
+
+// S (nq x nkp, query-major, log2 units) for queries i0.. against the key tile in w.kt; masked entries -inf.
+template <typename Acc>
+void score_tile(const ScoreTransform<Acc>& score, const MaskSpec& mask, const Acc* q, int64_t ldq, int64_t d,
+                const Acc* kt, int64_t i0, int64_t nq, int64_t j0, int64_t nk, Acc* s) {
+  constexpr int64_t kBk = CpuTiles<Acc>::kBlockK;
+  const int64_t nkp = round_up(nk, CpuTiles<Acc>::kVec);
+  gemm<Acc>(nq, nkp, d, q, ldq, 1, kt, kBk, s, kBk, GemmMode::overwrite);
+  score.apply_softcap(s, kBk, nq, nkp);
+  if (!mask.tile_fully_visible(i0, i0 + nq, j0, j0 + nk)) mask_query_major(mask, s, kBk, i0, nq, j0, nkp);
+}
+
+// fp64 only: each row's LSE (log2 units) recomputed in fp64 by a forward-style sweep without the P·V product.
+template <typename T, typename Acc>
+void recompute_lse2(const BwdParams& p, const MaskSpec& mask, const ScoreTransform<Acc>& score,
+                    const SequenceView<const T>& k, int64_t qlo, int64_t qhi, BackwardScratch<Acc>& w) {
+  using C = CpuTiles<Acc>;
+  constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
+  const int64_t d = p.head_dim, dp = round_up(d, C::kVec);
+  Acc *m = w.m.data(), *l = w.l.data(), *s = w.s.data();
+  for (int64_t i0 = qlo; i0 < qhi; i0 += C::kBlockQ) {
+    const int64_t nq = std::min<int64_t>(C::kBlockQ, qhi - i0);
+    for (int64_t r = 0; r < nq; ++r) m[r] = kNegInf, l[r] = Acc(0);
+    int64_t lo, hi;
+    mask.key_range_for_rows(i0, i0 + nq, &lo, &hi);
+    for (int64_t j0 = lo; j0 < hi; j0 += C::kBlockK) {
+      const int64_t nk = std::min<int64_t>(C::kBlockK, hi - j0);
+      load_transposed(k.row(j0), k.row_stride, nk, d, w.kt.data(), C::kBlockK, round_up(nk, C::kVec), score.qk_scale);
+      score_tile(score, mask, w.q.data() + (i0 - qlo) * dp, dp, d, w.kt.data(), i0, nq, j0, nk, s);
+      for (int64_t r = 0; r < nq; ++r) {
+        const Acc* sr = s + r * C::kBlockK;
+        Acc mx = m[r];
+        for (int64_t j = 0; j < nk; ++j) mx = sr[j] > mx ? sr[j] : mx;
+        const Acc off = SoftmaxState<Acc>::exp_offset(mx);
+        Acc sum = l[r] * exp2_approx(m[r] - off);
+        for (int64_t j = 0; j < nk; ++j) sum += exp2_approx(sr[j] - off);
+        m[r] = mx;
+        l[r] = sum;
+      }
+    }
+    for (int64_t r = 0; r < nq; ++r) {
+      w.lse2.data()[i0 - qlo + r] = l[r] > Acc(0) ? m[r] + std::log2(l[r]) : std::numeric_limits<Acc>::infinity();
+    }
+  }
+}
+
+template <typename T, typename Acc>
+void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardTask& t, BackwardScratch<Acc>& w,
+                   Acc* dq_partial, Acc* dkv_partial) {
+  using C = CpuTiles<Acc>;
+  constexpr int64_t kBq = C::kBlockQ, kBk = C::kBlockK;
+  const int64_t d = p.head_dim, dv = p.head_dim_v;
+  const int64_t dp = round_up(d, C::kVec), dvp = round_up(dv, C::kVec);
+  const SequenceExtent ext = sequence_extent(p, t.batch);
+  const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right);
+  const ScoreTransform<Acc> score(p);
+  const Acc ds_scale = Acc(p.softmax_scale);
+  const auto k = key_view<const T>(p, p.k, ext, t.batch, t.kv_head, false);
+  const auto v = key_view<const T>(p, p.v, ext, t.batch, t.kv_head, true);
+  const size_t unit = size_t(t.batch * p.heads_kv + t.kv_head);
+
+  const int64_t kc0 = t.key_begin, kc1 = t.key_end, chunk_keys = kc1 - kc0;
+  Acc *dk_acc = w.dk.data(), *dv_acc = w.dv.data();
+  std::fill(dk_acc, dk_acc + chunk_keys * dp, Acc(0));
+  std::fill(dv_acc, dv_acc + chunk_keys * dvp, Acc(0));
+  // Query rows that see any key of the chunk; the others get dQ = 0 from this task.
+  int64_t qlo = 0, qhi = 0;
+  if (chunk_keys > 0) mask.query_range_for_keys(kc0, kc1, &qlo, &qhi);
+  const int64_t rows = qhi - qlo;
+  Acc *q = w.q.data(), *dout = w.dout.data(), *dq = w.dq.data(), *lse2 = w.lse2.data(), *dsum = w.dsum.data();
+  Acc *s = w.s.data(), *prob = w.prob.data(), *ds = w.ds.data();
+
+  for (int64_t g = t.head_begin; g < t.head_end; ++g) {
+    const int64_t h = t.kv_head * plan.group + g;
+    const auto qv = query_view<const T>(p, p.q, ext, t.batch, h);
+    const auto ov = output_view<const T>(p, p.o, ext, t.batch, h);
+    const auto dov = grad_out_view<const T>(p, ext, t.batch, h);
+    load_rows(qv.row(qlo), qv.row_stride, rows, d, q, dp);
+    load_rows(dov.row(qlo), dov.row_stride, rows, dv, dout, dvp);
+    for (int64_t i = 0; i < rows; ++i) {
+      const T* o_row = ov.row(qlo + i);
+      const Acc* do_row = dout + i * dvp;
+      Acc acc = Acc(0);
+      for (int64_t c = 0; c < dv; ++c) acc += do_row[c] * widen(o_row[c]);
+      dsum[i] = acc;
+    }
+    if constexpr (std::is_same_v<Acc, double>) {
+      recompute_lse2(p, mask, score, k, qlo, qhi, w);
+    } else {
+      // P = exp2(S - LSE·log2e); a row that saw no key has LSE = -inf, and +inf here makes its P exactly 0.
+      for (int64_t i = 0; i < rows; ++i) {
+        const Acc lse = Acc(*lse_ptr(p, ext, t.batch, h, qlo + i));
+        lse2[i] = lse == -std::numeric_limits<Acc>::infinity() ? std::numeric_limits<Acc>::infinity() : lse * Acc(kLog2e);
+      }
+    }
+    std::fill(dq, dq + rows * dp, Acc(0));
+
+    for (int64_t j0 = kc0; j0 < kc1; j0 += kBk) {
+      const int64_t nk = std::min(kBk, kc1 - j0), nkp = round_up(nk, C::kVec);
+      load_transposed(k.row(j0), k.row_stride, nk, d, w.kt.data(), kBk, nkp, score.qk_scale);
+      load_transposed(v.row(j0), v.row_stride, nk, dv, w.vt.data(), kBk, nkp);
+      const RowTile<Acc> krow = rows_as_acc<Acc>(k.row(j0), k.row_stride, nk, d, dp, w.krow.data());
+      Acc* dk_blk = dk_acc + (j0 - kc0) * dp;
+      Acc* dv_blk = dv_acc + (j0 - kc0) * dvp;
+      int64_t ilo, ihi;
+      mask.query_range_for_keys(j0, j0 + nk, &ilo, &ihi);
+      for (int64_t i0 = ilo; i0 < ihi; i0 += kBq) {
+        const int64_t nq = std::min(kBq, ihi - i0), r0 = i0 - qlo;
+        score_tile(score, mask, q + r0 * dp, dp, d, w.kt.data(), i0, nq, j0, nk, s);
+        for (int64_t r = 0; r < nq; ++r) {
+          const Acc* sr = s + r * kBk;
+          Acc* pr = prob + r * kBk;
+          const Acc lse_r = lse2[r0 + r];
+          for (int64_t j = 0; j < nkp; ++j) pr[j] = exp2_approx(sr[j] - lse_r);
+        }
+        gemm<Acc>(nq, nkp, dv, dout + r0 * dvp, dvp, 1, w.vt.data(), kBk, ds, kBk, GemmMode::overwrite);  // dP
+        for (int64_t r = 0; r < nq; ++r) {
+          const Acc* pr = prob + r * kBk;
+          Acc* dsr = ds + r * kBk;
+          const Acc dr = dsum[r0 + r];
+          if (score.softcap()) {
+            const Acc* sr = s + r * kBk;
+            for (int64_t j = 0; j < nkp; ++j) dsr[j] = pr[j] * (dsr[j] - dr) * ds_scale * score.softcap_grad(sr[j]);
+          } else {
+            for (int64_t j = 0; j < nkp; ++j) dsr[j] = pr[j] * (dsr[j] - dr) * ds_scale;
+          }
+        }
+        // dV += Pᵀ dO, dK += dSᵀ Q (P and dS read transposed through their strides), dQ += dS K.
+        gemm<Acc>(nk, dvp, nq, prob, 1, kBk, dout + r0 * dvp, dvp, dv_blk, dvp, GemmMode::add);
+        gemm<Acc>(nk, dp, nq, ds, 1, kBk, q + r0 * dp, dp, dk_blk, dp, GemmMode::add);
+        gemm<Acc>(nq, dp, nk, ds, kBk, 1, krow.data, krow.ld, dq + r0 * dp, dp, GemmMode::add);
+      }
+    }
+
+    // dQ of head h from this chunk: every row of the sequence (zero where no key of the chunk is visible).
+    if (plan.key_chunks[size_t(t.batch)] == 1) {
+      const auto dqv = grad_query_view<T>(p, ext, t.batch, h);
+      for (int64_t i = 0; i < qlo; ++i) std::fill(dqv.row(i), dqv.row(i) + d, narrow<T>(Acc(0)));
+      store_rows(dq, dp, rows, d, dqv.row(qlo), dqv.row_stride);
+      for (int64_t i = qhi; i < ext.len_q; ++i) std::fill(dqv.row(i), dqv.row(i) + d, narrow<T>(Acc(0)));
+    } else {
+      Acc* part = dq_partial + plan.dq_partial_at[unit] + (t.chunk * plan.group + g) * ext.len_q * dp;
+      std::fill(part, part + qlo * dp, Acc(0));
+      std::copy(dq, dq + rows * dp, part + qlo * dp);
+      std::fill(part + qhi * dp, part + ext.len_q * dp, Acc(0));
+    }
+  }
+
+  if (plan.head_parts == 1) {
+    const auto dkv = grad_key_view<T>(p, ext, t.batch, t.kv_head, false);
+    const auto dvv = grad_key_view<T>(p, ext, t.batch, t.kv_head, true);
+    store_rows(dk_acc, dp, chunk_keys, d, dkv.row(kc0), dkv.row_stride);
+    store_rows(dv_acc, dvp, chunk_keys, dv, dvv.row(kc0), dvv.row_stride);
+  } else {
+    Acc* base = dkv_partial + plan.dkv_partial_at[unit];
+    std::copy(dk_acc, dk_acc + chunk_keys * dp, base + (t.part * ext.len_k + kc0) * dp);
+    std::copy(dv_acc, dv_acc + chunk_keys * dvp, base + plan.head_parts * ext.len_k * dp + (t.part * ext.len_k + kc0) * dvp);
+  }
+}
+
+// dQ of query head h = the sum of its key chunks' partials, in chunk order.
+template <typename T, typename Acc>
+void reduce_dq(const BwdParams& p, const BackwardPlan& plan, int64_t b, int64_t h, const Acc* dq_partial, Acc* row) {
+  const int64_t d = p.head_dim, dp = round_up(d, CpuTiles<Acc>::kVec);
+  const SequenceExtent ext = sequence_extent(p, b);
+  const int64_t hk = h / plan.group, g = h % plan.group, chunks = plan.key_chunks[size_t(b)];
+  const Acc* base = dq_partial + plan.dq_partial_at[size_t(b * p.heads_kv + hk)];
+  const auto dqv = grad_query_view<T>(p, ext, b, h);
+  for (int64_t i = 0; i < ext.len_q; ++i) {
+    std::fill(row, row + d, Acc(0));
+    for (int64_t c = 0; c < chunks; ++c) {
+      const Acc* src = base + ((c * plan.group + g) * ext.len_q + i) * dp;
+      for (int64_t x = 0; x < d; ++x) row[x] += src[x];
+    }
+    store_rows(row, dp, 1, d, dqv.row(i), dqv.row_stride);
+  }
+}
+
+// dK / dV of a KV head = the sum of its head parts' partials, in part order.
+template <typename T, typename Acc>
+void reduce_dkv(const BwdParams& p, const BackwardPlan& plan, int64_t b, int64_t hk, const Acc* dkv_partial, Acc* row) {
+  const int64_t d = p.head_dim, dv = p.head_dim_v;
+  const int64_t dp = round_up(d, CpuTiles<Acc>::kVec), dvp = round_up(dv, CpuTiles<Acc>::kVec);
+  const SequenceExtent ext = sequence_extent(p, b);
+  const Acc* base = dkv_partial + plan.dkv_partial_at[size_t(b * p.heads_kv + hk)];
+  const Acc* dv_base = base + plan.head_parts * ext.len_k * dp;
+  const auto dkv = grad_key_view<T>(p, ext, b, hk, false);
+  const auto dvv = grad_key_view<T>(p, ext, b, hk, true);
+  for (int64_t j = 0; j < ext.len_k; ++j) {
+    std::fill(row, row + dp + dvp, Acc(0));
+    for (int64_t part = 0; part < plan.head_parts; ++part) {
+      const Acc* sk = base + (part * ext.len_k + j) * dp;
+      const Acc* sv = dv_base + (part * ext.len_k + j) * dvp;
+      for (int64_t x = 0; x < d; ++x) row[x] += sk[x];
+      for (int64_t x = 0; x < dv; ++x) row[dp + x] += sv[x];
+    }
+    store_rows(row, dp, 1, d, dkv.row(j), dkv.row_stride);
+    store_rows(row + dp, dvp, 1, dv, dvv.row(j), dvv.row_stride);
+  }
+}
+
+template <typename T, typename Acc>
+Status backward_typed(const BwdParams& p) {
+  const BackwardPlan plan = make_plan<Acc>(p);
+  AlignedBuffer<Acc> dq_partial(plan.dq_partial_size), dkv_partial(plan.dkv_partial_size);
+  const int64_t n = int64_t(plan.tasks.size());
+  const int64_t dq_items = p.batch * p.heads_q, dkv_items = p.batch * p.heads_kv;
+  const int threads = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
+#pragma omp parallel num_threads(threads) if (n > 1)
+  {
+    BackwardScratch<Acc> scratch(p);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < n; ++t) {
+      backward_task<T, Acc>(p, plan, plan.tasks[size_t(t)], scratch, dq_partial.data(), dkv_partial.data());
+    }
+    // The implicit barrier above: every partial is written before it is summed.
+    if (plan.dq_partial_size > 0) {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t x = 0; x < dq_items; ++x) {
+        const int64_t b = x / p.heads_q, h = x % p.heads_q;
+        if (plan.key_chunks[size_t(b)] > 1) reduce_dq<T, Acc>(p, plan, b, h, dq_partial.data(), scratch.krow.data());
+      }
+    }
+    if (plan.dkv_partial_size > 0) {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t x = 0; x < dkv_items; ++x) {
+        reduce_dkv<T, Acc>(p, plan, x / p.heads_kv, x % p.heads_kv, dkv_partial.data(), scratch.s.data());
+      }
+    }
+  }
+  return Status::success();
+}
+
+}  // namespace
+
+Status cpu_flash_backward(const BwdParams& p) {
+  switch (p.dtype) {
+    case DType::f32: return backward_typed<float, float>(p);
+    case DType::f64: return backward_typed<double, double>(p);
+    case DType::f16: return backward_typed<half_t, float>(p);
+    case DType::bf16: return backward_typed<bfloat16_t, float>(p);
+    default: return Status::unsupported(std::string("cpu_flash: dtype ") + dtype_name(p.dtype) + " is not supported");
+  }
+}
+
 }  // namespace flashattn::detail
