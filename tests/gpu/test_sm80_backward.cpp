@@ -16,6 +16,7 @@
 
 #include "common/host_tensor.h"
 #include "common/mask.h"
+#include "cuda/sm80/backward_launch.cuh"
 #include "flashattn/flashattn.h"
 #include "gpu/device_tensor.h"
 
@@ -32,6 +33,7 @@ struct BwdCase {
   int64_t pad = 0;     // extra elements at the end of every row (odd values break 16-byte alignment)
   std::vector<int> lens_q, lens_k;  // varlen when non-empty
   bool deterministic = false;
+  int stages = 0;  // pipeline depth forced on the kernels (0: what the device's shared memory allows)
   uint64_t seed = 1;
 
   bool varlen() const { return !lens_q.empty(); }
@@ -39,7 +41,7 @@ struct BwdCase {
     std::ostringstream os;
     os << dtype_name(dtype) << " b" << batch << " sq" << sq << " sk" << sk << " h" << hq << "/" << hkv << " d" << d
        << "/" << dv << (causal ? " causal" : "") << " win(" << wl << "," << wr << ")" << " cap" << softcap
-       << (bhsd ? " bhsd" : "") << " pad" << pad << (varlen() ? " varlen" : "") << (deterministic ? " det" : "");
+       << (bhsd ? " bhsd" : "") << " pad" << pad << (varlen() ? " varlen" : "") << (deterministic ? " det" : "") << " stages" << stages;
     return os.str();
   }
 };
@@ -234,6 +236,13 @@ Err error_of(const HostTensor& x, const HostTensor& ref) {
   return e;
 }
 
+Status run_gpu(const BwdCase& c, const BackwardArgs& ga) {
+  if (c.stages == 0) return attention_backward(ga, options(c, Backend::cuda_sm80));
+  BwdParams params;
+  Status st = make_backward_params(ga, options(c, Backend::cuda_sm80), &params);
+  return st.ok() ? detail::cuda_sm80_backward_staged(params, c.stages) : st;
+}
+
 // Runs one case on the GPU (twice if deterministic) and checks dq, dk, dv.
 void run_case(const BwdCase& c) {
   SCOPED_TRACE(c.name());
@@ -273,7 +282,7 @@ void run_case(const BwdCase& c) {
   DeviceTensor dev[11];
   for (int i = 0; i < 11; ++i) dev[i] = DeviceTensor(*hs[i]);
   const BackwardArgs ga = views(lo, c.varlen(), dev);
-  Status st = attention_backward(ga, options(c, Backend::cuda_sm80));
+  Status st = run_gpu(c, ga);
   ASSERT_TRUE(st.ok()) << st.message;
   FA_CUDA_CHECK(cudaDeviceSynchronize());
   dev[6].download(lo.dq), dev[7].download(lo.dk), dev[8].download(lo.dv);
@@ -300,7 +309,7 @@ void run_case(const BwdCase& c) {
     Problem again = make_problem(c, c.dtype);
     again.dq.poison(), again.dk.poison(), again.dv.poison();
     dev[6].upload(again.dq), dev[7].upload(again.dk), dev[8].upload(again.dv);
-    st = attention_backward(ga, options(c, Backend::cuda_sm80));
+    st = run_gpu(c, ga);
     ASSERT_TRUE(st.ok()) << st.message;
     FA_CUDA_CHECK(cudaDeviceSynchronize());
     dev[6].download(again.dq), dev[7].download(again.dk), dev[8].download(again.dv);
@@ -449,6 +458,26 @@ TEST_P(Sm80Backward, TinyAllPaths) {
   c.lens_q = {0, 33, 5};
   c.lens_k = {4, 70, 0};
   c.wl = 8, c.wr = 8, c.softcap = 3;
+  run_case(c);
+  c.stages = 1, c.deterministic = true;
+  run_case(c);
+}
+
+// The one-stage pipeline (what devices with less shared memory than Hopper, e.g. the A100, run), forced here
+// so that any GPU covers it: every bucket, tails, masks, GQA, varlen, deterministic.
+TEST_P(Sm80Backward, SingleStagePipeline) {
+  FA_REQUIRE_GPU();
+  for (int64_t d : {64, 128, 256}) {
+    BwdCase c = base(GetParam(), 300, 260, d);
+    c.hq = 4, c.hkv = 2, c.stages = 1, c.causal = d == 128;
+    run_case(c);
+    c.deterministic = true;
+    run_case(c);
+  }
+  BwdCase c = base(GetParam(), 0, 0, 96);
+  c.lens_q = {0, 70, 200};
+  c.lens_k = {9, 130, 0};
+  c.stages = 1, c.wl = 30, c.pad = 3;
   run_case(c);
 }
 

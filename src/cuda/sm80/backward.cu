@@ -64,7 +64,9 @@ BwdKernelArgs make_args(const BwdParams& p, int64_t rows_q) {
 
 }  // namespace
 
-Status cuda_sm80_backward(const BwdParams& p) {
+Status cuda_sm80_backward(const BwdParams& p) { return cuda_sm80_backward_staged(p, 0); }
+
+Status cuda_sm80_backward_staged(const BwdParams& p, int stages) {
   if (p.dtype != DType::f16 && p.dtype != DType::bf16) {
     return Status::unsupported(std::string("cuda_sm80: backward runs float16 and bfloat16; got ") + dtype_name(p.dtype));
   }
@@ -82,9 +84,9 @@ Status cuda_sm80_backward(const BwdParams& p) {
   auto stream = static_cast<cudaStream_t>(p.stream);
   // The smallest compiled bucket holding both head dims; columns past d (d_v) are zero-filled in the kernels.
   const int64_t d = p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v;
-  if (d <= 64) return sm80_backward_hd64(a, p, stream, max_smem);
-  if (d <= 128) return sm80_backward_hd128(a, p, stream, max_smem);
-  if (d <= 256) return sm80_backward_hd256(a, p, stream, max_smem);
+  if (d <= 64) return sm80_backward_hd64(a, p, stream, max_smem, stages);
+  if (d <= 128) return sm80_backward_hd128(a, p, stream, max_smem, stages);
+  if (d <= 256) return sm80_backward_hd256(a, p, stream, max_smem, stages);
   return Status::unsupported("cuda_sm80: backward head dims above 256 (got " + std::to_string(d) + ")");
 }
 

@@ -52,6 +52,7 @@ struct BwdKernelArgs {
   int64_t rows_q;
   int dq_accum_ld;
   bool accumulate_dq;  // false in deterministic mode: the dQ pass recomputes instead
+  int stages;          // pipeline depth of the streamed tiles (Q/dO or K/V): 1 or 2
 
   // 16-byte alignment of pointer and every stride (cp.async path) per input; 4-byte pairs for outputs.
   bool vec_q, vec_k, vec_v, vec_do;

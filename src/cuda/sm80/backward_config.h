@@ -60,16 +60,16 @@ struct BwdConfig : BwdTiles<kHeadDim_> {
   static constexpr int kLdD = kD + kSmemPad;
   static constexpr int kLdN = kN + kSmemPad;
 
-  // Main kernel (one key block per thread block): K, V resident; Q, dO (and their rows' LSE, D) double-buffered;
-  // P, dS staging.
-  static constexpr int kQStages = 2;
-  static constexpr int kMainSmemElems = 2 * kN * kLdD + 2 * kQStages * kM * kLdD + 2 * kM * kLdN;
-  // Deterministic dQ kernel (one query block per thread block): Q, dO resident; K, V double-buffered; dS.
-  static constexpr int kKVStages = 2;
-  static constexpr int kDqSmemElems = 2 * kM * kLdD + 2 * kKVStages * kN * kLdD + kM * kLdN;
-
-  static constexpr int kMainSmemBytes = kMainSmemElems * 2 + 2 * kQStages * kM * 4;  // + LSE, D (fp32) stages
-  static constexpr int kDqSmemBytes = kDqSmemElems * 2;
+  // Pipeline depth (runtime, 1 or 2): the launcher takes 2 stages where the device's shared memory allows
+  // (Hopper: every bucket) and 1 otherwise (A100's 163 KB), where each tile is loaded and waited for in turn.
+  static constexpr int kMaxStages = 2;
+  // Main kernel (one key block per thread block): K, V resident; Q, dO and their rows' LSE, D (fp32) staged
+  // `stages` deep; P, dS staging.
+  static constexpr int main_smem_bytes(int stages) {
+    return (2 * kN * kLdD + 2 * stages * kM * kLdD + 2 * kM * kLdN) * 2 + 2 * stages * kM * 4;
+  }
+  // Deterministic dQ kernel (one query block per thread block): Q, dO resident; K, V staged; dS.
+  static constexpr int dq_smem_bytes(int stages) { return (2 * kM * kLdD + 2 * stages * kN * kLdD + kM * kLdN) * 2; }
 
   static_assert(kSdPWarpM % 16 == 0 && kSdPWarpN % 16 == 0, "S/dP warp tile must be whole 16x16 mma pairs");
   static_assert(kdKVWarpN % 16 == 0 && kdKVWarpD % 16 == 0, "dK/dV warp tile must be whole 16x16 mma pairs");

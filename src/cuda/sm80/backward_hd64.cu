@@ -4,8 +4,9 @@
 
 namespace flashattn::detail {
 
-Status sm80_backward_hd64(const cuda::sm80::BwdKernelArgs& a, const BwdParams& p, cudaStream_t s, int max_smem) {
-  return sm80_backward_bucket<64>(a, p, s, max_smem);
+Status sm80_backward_hd64(const cuda::sm80::BwdKernelArgs& a, const BwdParams& p, cudaStream_t s, int max_smem,
+                          int stages) {
+  return sm80_backward_bucket<64>(a, p, s, max_smem, stages);
 }
 
 }  // namespace flashattn::detail

@@ -21,7 +21,8 @@
 // backward_config.h. Shared memory (elements of T, rows padded by kSmemPad): main kernel
 //   K, V [N][D+8] each; Q, dO [2][M][D+8] each; P, dS [M][N+8] each; LSE, D [2][M] fp32 (hd128: 175,104 bytes)
 // dQ kernel: Q, dO [M][D+8]; K, V [2][N][D+8]; dS [M][N+8]. Pipeline depth 2 (cp.async groups, waited at the
-// top of each iteration before the next tile is issued).
+// top of each iteration before the next tile is issued), or 1 where shared memory is smaller (A100: the
+// streamed tiles are then loaded and waited for at the top of each iteration).
 // Preconditions (checked by the launcher): head_dim, head_dim_v <= D; fp16 or bf16; the LSE comes from a
 // forward with the same scale, softcap and mask (a row whose LSE is -inf saw no key and gets dQ = 0).
 #pragma once
@@ -211,12 +212,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKerne
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);
   T* sV = sK + kN * kLdD;
-  T* sQ = sV + kN * kLdD;                 // [kQStages][kM][kLdD]
-  T* sdO = sQ + C::kQStages * kM * kLdD;  // [kQStages][kM][kLdD]
-  T* sP = sdO + C::kQStages * kM * kLdD;  // [kM][kLdN]
-  T* sdS = sP + kM * kLdN;                // [kM][kLdN]
-  float* sLse = reinterpret_cast<float*>(sdS + kM * kLdN);  // [kQStages][kM], log2 units
-  float* sDsum = sLse + C::kQStages * kM;                   // [kQStages][kM]
+  const int stages = a.stages;
+  T* sQ = sV + kN * kLdD;            // [stages][kM][kLdD]
+  T* sdO = sQ + stages * kM * kLdD;  // [stages][kM][kLdD]
+  T* sP = sdO + stages * kM * kLdD;  // [kM][kLdN]
+  T* sdS = sP + kM * kLdN;           // [kM][kLdN]
+  float* sLse = reinterpret_cast<float*>(sdS + kM * kLdN);  // [stages][kM], log2 units
+  float* sDsum = sLse + stages * kM;                        // [stages][kM]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
@@ -282,18 +284,29 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKerne
   zero_acc(acc_dv);
 
   for (int it = 0; it < iters; ++it) {
-    const int stage = it & 1;
+    const int stage = stages == 2 ? it & 1 : 0;
     const int h = hk * a.group + it / n_m;
     const int m0 = m0_of(it);
     const T* sQs = sQ + stage * kM * kLdD;
     const T* sdOs = sdO + stage * kM * kLdD;
 
-    // This iteration's tiles have landed, and every warp is done with the previous iteration's P, dS and the
-    // other stage, which the prefetch below overwrites.
-    cp_async_wait<0>();
-    __syncthreads();
-    if (it + 1 < iters) load_q_do(it + 1, stage ^ 1);
-    cp_async_commit();
+    if (stages == 2) {
+      // This iteration's tiles have landed, and every warp is done with the previous iteration's P, dS and the
+      // other stage, which the prefetch below overwrites.
+      cp_async_wait<0>();
+      __syncthreads();
+      if (it + 1 < iters) load_q_do(it + 1, stage ^ 1);
+      cp_async_commit();
+    } else {
+      // One stage: once every warp is done with the previous tiles, load this iteration's and wait for them.
+      if (it > 0) {
+        __syncthreads();
+        load_q_do(it, 0);
+        cp_async_commit();
+      }
+      cp_async_wait<0>();
+      __syncthreads();
+    }
 
     // Rows past the end: +inf (P = 0), D = 0 (zero-filled).
     float lse_l2[kMiS][2], dsum[kMiS][2];
@@ -363,9 +376,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dq_kernel(const BwdKernelA
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);  // [kM][kLdD]
   T* sdO = sQ + kM * kLdD;                 // [kM][kLdD]
-  T* sK = sdO + kM * kLdD;                 // [kKVStages][kN][kLdD]
-  T* sV = sK + C::kKVStages * kN * kLdD;   // [kKVStages][kN][kLdD]
-  T* sdS = sV + C::kKVStages * kN * kLdD;  // [kM][kLdN]
+  const int stages = a.stages;
+  T* sK = sdO + kM * kLdD;            // [stages][kN][kLdD]
+  T* sV = sK + stages * kN * kLdD;    // [stages][kN][kLdD]
+  T* sdS = sV + stages * kN * kLdD;   // [kM][kLdN]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int m_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -420,14 +434,24 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dq_kernel(const BwdKernelA
   float acc_dq[kMiQ][kNiQ][4];
   zero_acc(acc_dq);
   for (int it = 0; it < n_n; ++it) {
-    const int stage = it & 1;
+    const int stage = stages == 2 ? it & 1 : 0;
     const int n0 = (n_first + it) * kN;
     const T* sKs = sK + stage * kN * kLdD;
     const T* sVs = sV + stage * kN * kLdD;
-    cp_async_wait<0>();
-    __syncthreads();
-    if (it + 1 < n_n) load_kv(it + 1, stage ^ 1);
-    cp_async_commit();
+    if (stages == 2) {
+      cp_async_wait<0>();
+      __syncthreads();
+      if (it + 1 < n_n) load_kv(it + 1, stage ^ 1);
+      cp_async_commit();
+    } else {
+      if (it > 0) {
+        __syncthreads();
+        load_kv(it, 0);
+        cp_async_commit();
+      }
+      cp_async_wait<0>();
+      __syncthreads();
+    }
 
     float acc_s[kMiS][kNiS][4], acc_dp[kMiS][kNiS][4];
     zero_acc(acc_s);

@@ -16,10 +16,17 @@
 
 namespace flashattn::detail {
 
+// The sm80 backward with a chosen pipeline depth: 0 = the deepest that fits the device's shared memory (what
+// cuda_sm80_backward runs), 1 or 2 forced (tests use 1 to cover the small-shared-memory path on any GPU).
+Status cuda_sm80_backward_staged(const BwdParams& p, int stages);
+
 // One per head-dim bucket (both dtypes), defined in backward_hd<bucket>.cu.
-Status sm80_backward_hd64(const cuda::sm80::BwdKernelArgs& a, const BwdParams& p, cudaStream_t s, int max_smem);
-Status sm80_backward_hd128(const cuda::sm80::BwdKernelArgs& a, const BwdParams& p, cudaStream_t s, int max_smem);
-Status sm80_backward_hd256(const cuda::sm80::BwdKernelArgs& a, const BwdParams& p, cudaStream_t s, int max_smem);
+Status sm80_backward_hd64(const cuda::sm80::BwdKernelArgs& a, const BwdParams& p, cudaStream_t s, int max_smem,
+                          int stages);
+Status sm80_backward_hd128(const cuda::sm80::BwdKernelArgs& a, const BwdParams& p, cudaStream_t s, int max_smem,
+                           int stages);
+Status sm80_backward_hd256(const cuda::sm80::BwdKernelArgs& a, const BwdParams& p, cudaStream_t s, int max_smem,
+                           int stages);
 
 }  // namespace flashattn::detail
 
@@ -35,14 +42,21 @@ using cuda::sm80::kBwdThreads;
 inline unsigned blocks_for_warps(int64_t warps) { return unsigned((warps * 32 + 255) / 256); }
 
 template <typename T, int kD>
-Status sm80_backward_launch(BwdKernelArgs a, const BwdParams& p, cudaStream_t stream, int max_smem) {
+Status sm80_backward_launch(BwdKernelArgs a, const BwdParams& p, cudaStream_t stream, int max_smem, int stages) {
   using C = BwdConfig<kD>;
-  const int need = p.deterministic && C::kDqSmemBytes > C::kMainSmemBytes ? C::kDqSmemBytes : C::kMainSmemBytes;
-  if (need > max_smem) {
+  auto need = [&](int st) {
+    const int main_bytes = C::main_smem_bytes(st), dq_bytes = p.deterministic ? C::dq_smem_bytes(st) : 0;
+    return main_bytes > dq_bytes ? main_bytes : dq_bytes;
+  };
+  if (stages == 0) stages = need(C::kMaxStages) <= max_smem ? C::kMaxStages : 1;
+  if (stages < 1 || stages > C::kMaxStages) return Status::invalid("cuda_sm80: backward pipeline depth must be 1 or 2");
+  if (need(stages) > max_smem) {
     return Status::unsupported("cuda_sm80: the backward for head dim bucket " + std::to_string(kD) + " needs " +
-                               std::to_string(need) + " bytes of shared memory per block; device " +
+                               std::to_string(need(stages)) + " bytes of shared memory per block; device " +
                                std::to_string(p.device.index) + " allows " + std::to_string(max_smem));
   }
+  a.stages = stages;
+  const int main_bytes = C::main_smem_bytes(stages), dq_bytes = C::dq_smem_bytes(stages);
   const int64_t n_key_blocks = (p.seqlen_k + C::kN - 1) / C::kN;
   const int64_t n_query_blocks = (p.seqlen_q + C::kM - 1) / C::kM;
   if (p.batch > 65535 || p.heads_q > 65535 || n_key_blocks > 0x7fffffff || n_query_blocks > 0x7fffffff) {
@@ -71,17 +85,17 @@ Status sm80_backward_launch(BwdKernelArgs a, const BwdParams& p, cudaStream_t st
     }
     if (n_key_blocks > 0 && p.batch > 0) {
       auto kernel = cuda::sm80::bwd_dkdv_kernel<T, kD>;
-      FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kMainSmemBytes));
+      FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, main_bytes));
       const dim3 grid(unsigned(n_key_blocks), unsigned(p.heads_kv), unsigned(p.batch));
-      kernel<<<grid, kBwdThreads, C::kMainSmemBytes, stream>>>(a);
+      kernel<<<grid, kBwdThreads, main_bytes, stream>>>(a);
       FA_CUDA_TRY(cudaGetLastError());
     }
     if (p.deterministic) {
       if (n_query_blocks > 0 && p.batch > 0) {
         auto kernel = cuda::sm80::bwd_dq_kernel<T, kD>;
-        FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kDqSmemBytes));
+        FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_bytes));
         const dim3 grid(unsigned(n_query_blocks), unsigned(p.heads_q), unsigned(p.batch));
-        kernel<<<grid, kBwdThreads, C::kDqSmemBytes, stream>>>(a);
+        kernel<<<grid, kBwdThreads, dq_bytes, stream>>>(a);
         FA_CUDA_TRY(cudaGetLastError());
       }
     } else if (row_warps > 0) {
@@ -99,9 +113,10 @@ Status sm80_backward_launch(BwdKernelArgs a, const BwdParams& p, cudaStream_t st
 
 
 template <int kD>
-Status sm80_backward_bucket(const BwdKernelArgs& a, const BwdParams& p, cudaStream_t stream, int max_smem) {
-  return p.dtype == DType::f16 ? sm80_backward_launch<__half, kD>(a, p, stream, max_smem)
-                               : sm80_backward_launch<__nv_bfloat16, kD>(a, p, stream, max_smem);
+Status sm80_backward_bucket(const BwdKernelArgs& a, const BwdParams& p, cudaStream_t stream, int max_smem,
+                            int stages) {
+  return p.dtype == DType::f16 ? sm80_backward_launch<__half, kD>(a, p, stream, max_smem, stages)
+                               : sm80_backward_launch<__nv_bfloat16, kD>(a, p, stream, max_smem, stages);
 }
 
 }  // namespace flashattn::detail
