@@ -154,13 +154,15 @@ TEST_P(Sm90Forward, MatchesReference) {
   ASSERT_TRUE(st.ok()) << st.message;
   st = detail::sm90_forward_supports(p);
   ASSERT_TRUE(st.ok()) << st.message;
-  for (detail::Sm90ForwardVariant variant : detail::kSm90ForwardVariants) {
-    SCOPED_TRACE(std::string("variant ") + detail::sm90_forward_variant_name(variant));
+  for (detail::Sm90ForwardVariant variant : detail::kSm90ForwardVariants)
+  for (detail::Sm90TileOrder order : {detail::Sm90TileOrder::head_major, detail::Sm90TileOrder::lpt_sections}) {
+    SCOPED_TRACE(std::string("variant ") + detail::sm90_forward_variant_name(variant) +
+                 (order == detail::Sm90TileOrder::lpt_sections ? " +lpt" : ""));
     o.poison();
     lse.poison();
     dout.upload(o);
     dlse.upload(lse);
-    st = detail::sm90_forward_run(p, variant);
+    st = detail::sm90_forward_run(p, variant, order);
     ASSERT_TRUE(st.ok()) << st.message;
     FA_CUDA_CHECK(cudaDeviceSynchronize());
     dout.download(o);

@@ -91,8 +91,22 @@ namespace {
 bool stride_ok(int64_t s) { return s % 8 == 0; }  // 16 bytes of 16-bit elements: TMA's stride unit
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// Heads per section of the longest-first tile order: as many as keep the section's K and V within about half
+// of L2 (the rest holds Q, O and the other sections' stragglers).
+int heads_per_section(const FwdParams& p, int64_t head_dim) {
+  static const int64_t l2_bytes = [] {
+    int dev = 0, bytes = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, dev) != cudaSuccess)
+      bytes = 0;
+    return int64_t(bytes);
+  }();
+  const int64_t kv_bytes_per_head = std::max<int64_t>(1, p.seqlen_k * head_dim * 2 * 2 / std::max<int64_t>(1, p.heads_q / p.heads_kv));
+  const int64_t k = std::max<int64_t>(1, (l2_bytes / 2) / kv_bytes_per_head);
+  return int(std::min<int64_t>(k, p.heads_q * p.batch));
+}
+
 template <typename T, typename Cfg, bool kOverlap>
-Status launch(const FwdParams& p) {
+Status launch(const FwdParams& p, Sm90TileOrder order) {
   constexpr int kHeadDim = Cfg::kHeadDim;
   const bool varlen = p.is_varlen();
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
@@ -143,6 +157,8 @@ Status launch(const FwdParams& p) {
   a.causal = p.causal;
   a.window_left = int(p.window_left);
   a.window_right = int(p.window_right);
+  const bool costs_vary = p.causal || p.window_left >= 0 || p.window_right >= 0;
+  a.heads_per_section = order == Sm90TileOrder::lpt_sections && costs_vary ? heads_per_section(p, kHeadDim) : 0;
 
   auto kernel = cuda::sm90::forward_kernel<T, Cfg, kOverlap>;
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
@@ -151,24 +167,24 @@ Status launch(const FwdParams& p) {
 }
 
 template <typename T, int kHeadDim>
-Status launch_variant(const FwdParams& p, Sm90ForwardVariant variant) {
+Status launch_variant(const FwdParams& p, Sm90ForwardVariant variant, Sm90TileOrder order) {
   using cuda::sm90::BaseTiles;
   using cuda::sm90::WideTiles;
   switch (variant) {
-    case Sm90ForwardVariant::serial: return launch<T, BaseTiles<kHeadDim>, false>(p);
-    case Sm90ForwardVariant::overlapped: return launch<T, BaseTiles<kHeadDim>, true>(p);
-    case Sm90ForwardVariant::serial_wide: return launch<T, WideTiles<kHeadDim>, false>(p);
-    case Sm90ForwardVariant::overlapped_wide: return launch<T, WideTiles<kHeadDim>, true>(p);
+    case Sm90ForwardVariant::serial: return launch<T, BaseTiles<kHeadDim>, false>(p, order);
+    case Sm90ForwardVariant::overlapped: return launch<T, BaseTiles<kHeadDim>, true>(p, order);
+    case Sm90ForwardVariant::serial_wide: return launch<T, WideTiles<kHeadDim>, false>(p, order);
+    case Sm90ForwardVariant::overlapped_wide: return launch<T, WideTiles<kHeadDim>, true>(p, order);
   }
   return Status::unsupported("cuda_sm90: unknown forward variant");
 }
 
 template <typename T>
-Status launch_head_dim(const FwdParams& p, Sm90ForwardVariant variant) {
+Status launch_head_dim(const FwdParams& p, Sm90ForwardVariant variant, Sm90TileOrder order) {
   switch (p.head_dim) {
-    case 64: return launch_variant<T, 64>(p, variant);
-    case 128: return launch_variant<T, 128>(p, variant);
-    case 256: return launch_variant<T, 256>(p, variant);
+    case 64: return launch_variant<T, 64>(p, variant, order);
+    case 128: return launch_variant<T, 128>(p, variant, order);
+    case 256: return launch_variant<T, 256>(p, variant, order);
     default: return Status::unsupported("cuda_sm90: head dim " + std::to_string(p.head_dim) + " (runs 64, 128, 256)");
   }
 }
@@ -204,12 +220,13 @@ Status sm90_forward_supports(const FwdParams& p) {
   return Status::success();
 }
 
-Status sm90_forward_run(const FwdParams& p, Sm90ForwardVariant variant) {
+Status sm90_forward_run(const FwdParams& p, Sm90ForwardVariant variant, Sm90TileOrder order) {
   Status st = sm90_forward_supports(p);
   if (!st.ok()) return st;
   DeviceGuard guard(p.device.index);
   FA_CUDA_TRY(guard.status());
-  return p.dtype == DType::bf16 ? launch_head_dim<__nv_bfloat16>(p, variant) : launch_head_dim<__half>(p, variant);
+  return p.dtype == DType::bf16 ? launch_head_dim<__nv_bfloat16>(p, variant, order)
+                                 : launch_head_dim<__half>(p, variant, order);
 }
 
 }  // namespace flashattn::detail

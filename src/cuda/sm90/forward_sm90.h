@@ -28,8 +28,14 @@ inline const char* sm90_forward_variant_name(Sm90ForwardVariant v) {
   return "?";
 }
 
+// Order of the CTAs' tiles (ForwardKernelArgs::heads_per_section): head-major, or longest-first across
+// sections of heads whose K/V fit in L2 (applied only where the mask makes query blocks differ in cost:
+// causal or a window; otherwise head-major).
+enum class Sm90TileOrder { head_major, lpt_sections };
+
 // Runs validated params for which sm90_forward_supports is ok. Asynchronous on p.stream. Dispatch uses the
-// default variant; tests and the benchmark name one.
-Status sm90_forward_run(const FwdParams& p, Sm90ForwardVariant variant = Sm90ForwardVariant::serial);
+// defaults; tests and the benchmark name a variant and order.
+Status sm90_forward_run(const FwdParams& p, Sm90ForwardVariant variant = Sm90ForwardVariant::serial,
+                        Sm90TileOrder order = Sm90TileOrder::head_major);
 
 }  // namespace flashattn::detail

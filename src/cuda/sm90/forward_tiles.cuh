@@ -26,6 +26,12 @@ struct ForwardKernelArgs {
   float softcap_in_scale;  // softmax_scale / softcap
   bool causal;
   int window_left, window_right;
+  // Order of the CTAs' (batch, head, query block) tiles. 0: head-major (every query block of one head, heaviest
+  // first, then the next head): neighbouring CTAs share K/V in L2. k > 0: heads in sections of k, and inside a
+  // section the heaviest query blocks of all k heads first (longest-processing-time order, for masks whose
+  // blocks differ in cost), so the last wave holds the cheapest blocks; k is sized so that a section's K/V fit
+  // in L2 (forward_sm90.cu).
+  int heads_per_section;
 };
 
 template <typename Cfg>
@@ -66,9 +72,22 @@ struct BlockWork {
 template <typename Cfg>
 __device__ BlockWork block_work(const ForwardKernelArgs& a) {
   BlockWork w;
-  w.batch = blockIdx.z;
-  w.head = blockIdx.y;
-  w.m_block = gridDim.x - 1 - blockIdx.x;  // heaviest (causal) blocks first
+  // CTAs start roughly in linear block order (x fastest), so that order is the tile order.
+  const int m_blocks = int(gridDim.x), heads = int(gridDim.y);
+  const int64_t t = blockIdx.x + int64_t(m_blocks) * (blockIdx.y + int64_t(heads) * blockIdx.z);
+  int64_t bh;
+  if (a.heads_per_section == 0) {
+    w.m_block = m_blocks - 1 - int(t % m_blocks);  // heaviest (causal) blocks of a head first
+    bh = t / m_blocks;
+  } else {
+    const int64_t section_tiles = int64_t(m_blocks) * a.heads_per_section;
+    const int64_t section = t / section_tiles, within = t % section_tiles;
+    const int64_t in_section = min(int64_t(a.heads_per_section), int64_t(heads) * gridDim.z - section * a.heads_per_section);
+    w.m_block = m_blocks - 1 - int(within / in_section);
+    bh = section * a.heads_per_section + within % in_section;
+  }
+  w.head = int(bh % heads);
+  w.batch = int(bh / heads);
   if (a.cu_seqlens_q) {
     w.q_row0 = a.cu_seqlens_q[w.batch];
     w.k_row0 = a.cu_seqlens_k[w.batch];
