@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# One device call that checks the whole project on a GPU: builds everything (library, CLI, C++ suites, Python
+# module) with 16 cores, runs every GPU test, memcheck on small cases, the Python suite on CUDA, the
+# side-by-side benchmark against PyTorch SDPA and the long-sequence memory check through the CLI.
+# Logs and results go to $OUT; a short summary is printed last.
+#
+#   bash bench/gpu/device_full_check.sh          (carry .gtest-src when the device has no googletest)
+#   FULL_QUICK=1   benchmark only S in {2k, 16k}
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/full-out}
+mkdir -p "$OUT"
+jobs=$(nproc)
+summary=$OUT/summary.txt
+say() { printf '\n==== %s\n' "$*" | tee -a "$summary"; }
+t_start=$(date +%s)
+elapsed() { echo "$(( $(date +%s) - t_start )) s"; }
+
+say "device"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$summary"
+git rev-parse --short HEAD 2>/dev/null | tee -a "$summary"
+
+prefix=()
+if [ ! -f /usr/include/gtest/gtest.h ] && [ -d .gtest-src ]; then
+  { cmake -S .gtest-src -B /tmp/gtest-build -G Ninja -DCMAKE_INSTALL_PREFIX=/tmp/gtest -DBUILD_GMOCK=OFF &&
+    ninja -C /tmp/gtest-build install; } > "$OUT/gtest.log" 2>&1
+  prefix=(-DCMAKE_PREFIX_PATH=/tmp/gtest)
+fi
+
+say "build ($(elapsed))"
+{ cmake -S . -B /tmp/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DFLASHATTN_BUILD_PYTHON=ON -DFLASHATTN_BUILD_BENCH=OFF "${prefix[@]}" &&
+  ninja -C /tmp/build -j"$jobs"; } > "$OUT/build.log" 2>&1
+rc=$?
+echo "build rc=$rc ($(elapsed))" | tee -a "$summary"
+[ $rc -eq 0 ] || { grep -E "error|Error" "$OUT/build.log" | head -30; tail -30 "$OUT/build.log"; exit 1; }
+export PYTHONPATH=/tmp/build/python
+
+say "C++ GPU suite ($(elapsed))"
+timeout 240 /tmp/build/tests/flashattn_gpu_tests > "$OUT/gpu_tests.log" 2>&1
+echo "gpu tests rc=$?" | tee -a "$summary"
+grep -E "^\[==========\]|^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \]" "$OUT/gpu_tests.log" | head -40 | tee -a "$summary"
+
+say "memcheck on small cases ($(elapsed))"
+timeout 120 compute-sanitizer --tool memcheck /tmp/build/tests/flashattn_gpu_tests \
+  --gtest_filter='*TinyAllPaths*:Sm90ForwardSupport.*' > "$OUT/memcheck.log" 2>&1
+grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$OUT/memcheck.log" | tee -a "$summary"
+
+say "Python suite on CUDA ($(elapsed))"
+(cd /tmp && timeout 200 python3 -m pytest -q -x -p no:cacheprovider "$OLDPWD/tests/python" -m cuda) > "$OUT/pytest_cuda.log" 2>&1
+tail -5 "$OUT/pytest_cuda.log" | tee -a "$summary"
+
+say "CLI: 128k-token single sequence, head dim 128 ($(elapsed))"
+timeout 90 /tmp/build/flashattn run --batch 1 --seqlen 131072 --heads 16 --head-dim 128 --causal --backward \
+  --warmup 1 --iters 3 > "$OUT/cli_128k.txt" 2>&1
+cat "$OUT/cli_128k.txt" | tee -a "$summary"
+
+say "benchmark vs PyTorch SDPA ($(elapsed))"
+quick=()
+[ "${FULL_QUICK:-0}" = 1 ] && quick=(--quick)
+timeout 240 python3 bench/gpu/bench_vs_torch.py --out "$OUT/bench" "${quick[@]}" > "$OUT/bench.log" 2>&1
+echo "bench rc=$?" | tee -a "$summary"
+grep -E "^\| |^## " "$OUT/bench.md" 2>/dev/null | tee -a "$summary" >/dev/null
+echo "done ($(elapsed))" | tee -a "$summary"
+
+echo; echo "================ SUMMARY"; cat "$summary"
