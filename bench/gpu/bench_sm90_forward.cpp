@@ -2,8 +2,8 @@
 // bf16, head dims 64/128/256, S = 4k and 16k, causal and not. CUDA events around each launch; median of the
 // timed launches after warm-up. FLOPs: 4·B·H·S²·D, half of that under a causal mask.
 //
-// Every variant of the kernel (Sm90ForwardVariant: consumer ordering x tile set) is timed, the causal shapes
-// also in the longest-first tile order (Sm90TileOrder::lpt_sections, reported as <variant>+lpt).
+// Every variant of the kernel (Sm90ForwardVariant: consumer ordering x tile set) is timed in each schedule
+// (Sm90Schedule: +pers = persistent grid; +lpt = longest-first tile order, causal shapes only).
 //
 //   bench_sm90_forward [--iters N] [--csv]
 #include <cuda_runtime.h>
@@ -74,14 +74,14 @@ int main(int argc, char** argv) {
   std::printf(csv ? "variant,hd,seqlen,causal,ms,tflops\n" : "%20s %4s %6s %6s %9s %8s\n", "variant", "hd", "seqlen",
               "causal", "ms", "TFLOP/s");
   using flashattn::detail::Sm90ForwardVariant;
-  using flashattn::detail::Sm90TileOrder;
-  for (Sm90TileOrder order : {Sm90TileOrder::head_major, Sm90TileOrder::lpt_sections})
+  using flashattn::detail::Sm90Schedule;
+  for (Sm90Schedule schedule : flashattn::detail::kSm90Schedules)
   for (Sm90ForwardVariant variant : flashattn::detail::kSm90ForwardVariants)
   for (int64_t hd : {64, 128, 256})
     for (int64_t s : {4096, 16384})
       for (bool causal : {false, true}) {
         // The tile order matters only where query blocks differ in cost.
-        if (order == Sm90TileOrder::lpt_sections && !causal) continue;
+        if (schedule.lpt_sections && !causal) continue;
         const int64_t b = kTokens / s, h = kModelDim / hd;
         const int64_t shape[4] = {b, s, h, hd}, lse_shape[3] = {b, h, s};
         flashattn::Device dev{flashattn::DeviceType::cuda, 0};
@@ -101,13 +101,13 @@ int main(int argc, char** argv) {
           continue;
         }
         const std::string vname = std::string(flashattn::detail::sm90_forward_variant_name(variant)) +
-                                  (order == Sm90TileOrder::lpt_sections ? "+lpt" : "");
-        for (int w = 0; w < 3; ++w) st = flashattn::detail::sm90_forward_run(p, variant, order);
+                                  flashattn::detail::sm90_schedule_suffix(schedule);
+        for (int w = 0; w < 3; ++w) st = flashattn::detail::sm90_forward_run(p, variant, schedule);
         CHECK_CUDA(cudaDeviceSynchronize());
         std::vector<float> ms;
         for (int it = 0; it < iters && st.ok(); ++it) {
           CHECK_CUDA(cudaEventRecord(start));
-          st = flashattn::detail::sm90_forward_run(p, variant, order);
+          st = flashattn::detail::sm90_forward_run(p, variant, schedule);
           CHECK_CUDA(cudaEventRecord(stop));
           CHECK_CUDA(cudaEventSynchronize(stop));
           float t = 0;

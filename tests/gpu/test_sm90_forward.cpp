@@ -155,14 +155,14 @@ TEST_P(Sm90Forward, MatchesReference) {
   st = detail::sm90_forward_supports(p);
   ASSERT_TRUE(st.ok()) << st.message;
   for (detail::Sm90ForwardVariant variant : detail::kSm90ForwardVariants)
-  for (detail::Sm90TileOrder order : {detail::Sm90TileOrder::head_major, detail::Sm90TileOrder::lpt_sections}) {
+  for (detail::Sm90Schedule schedule : detail::kSm90Schedules) {
     SCOPED_TRACE(std::string("variant ") + detail::sm90_forward_variant_name(variant) +
-                 (order == detail::Sm90TileOrder::lpt_sections ? " +lpt" : ""));
+                 detail::sm90_schedule_suffix(schedule));
     o.poison();
     lse.poison();
     dout.upload(o);
     dlse.upload(lse);
-    st = detail::sm90_forward_run(p, variant, order);
+    st = detail::sm90_forward_run(p, variant, schedule);
     ASSERT_TRUE(st.ok()) << st.message;
     FA_CUDA_CHECK(cudaDeviceSynchronize());
     dout.download(o);
@@ -204,6 +204,14 @@ std::vector<FwdCase> cases() {
   c = {}; c.name = "bf16_d64_ring_wraps"; c.head_dim = 64; c.seqlen_q = 200; c.seqlen_k = 1000; add(c);
   c = {}; c.name = "bf16_d128_varlen_gqa_softcap_causal"; c.heads_q = 4; c.heads_kv = 1; c.causal = true;
   c.softcap = 20; c.lens_q = {300, 77}; c.lens_k = {513, 77}; add(c);
+  // More tiles than an H200 has SMs (132), so that persistent CTAs run several tiles each (ring, Q buffer and
+  // turn token carried across tiles); the varlen case also has tiles with no rows or no keys in between.
+  c = {}; c.name = "bf16_d64_causal_many_tiles"; c.head_dim = 64; c.batch = 2; c.heads_q = c.heads_kv = 40;
+  c.seqlen_q = c.seqlen_k = 260; c.causal = true; add(c);
+  c = {}; c.name = "bf16_d128_varlen_causal_many_tiles"; c.heads_q = 24; c.heads_kv = 8; c.causal = true;
+  c.lens_q = {300, 5, 0, 700}; c.lens_k = {300, 40, 10, 700}; add(c);
+  c = {}; c.name = "f16_d256_many_tiles"; c.dtype = DType::f16; c.head_dim = 256; c.heads_q = c.heads_kv = 140;
+  c.seqlen_q = 128; c.seqlen_k = 300; add(c);
   c = {}; c.name = "f16_d256_window_left_only"; c.dtype = DType::f16; c.head_dim = 256; c.seqlen_q = 150;
   c.seqlen_k = 400; c.window_left = 100; add(c);
   return v;

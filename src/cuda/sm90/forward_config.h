@@ -48,7 +48,7 @@ struct ForwardConfig {
   static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * kElemBytes;
   static_assert(kKVTileBytes % 1024 == 0, "sm90 forward: every tile starts on a 1024-byte swizzle atom");
-  static constexpr int kBarrierBytes = 8 * (1 + 4 * kStages);  // q_full, k_full[], v_full[], empty[], empty_v[]
+  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);  // q_full, q_empty, k_full[], v_full[], empty[], empty_v[]
   static constexpr int kAlignSlack = 1024;                     // the dynamic window rounded up to a swizzle atom
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVTileBytes + kBarrierBytes + kAlignSlack;
   static_assert(kSmemBytes <= 227 * 1024, "sm90 forward: over the 227 KB shared-memory limit");

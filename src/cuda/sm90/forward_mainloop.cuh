@@ -15,19 +15,26 @@
 
 namespace flashattn::cuda::sm90 {
 
-// ---- producer: one thread streams Q once, then K/V tiles through the ring ----
+// Where a CTA's producer or consumer warpgroup is in its pipelines: the K/V ring position and the parity of
+// the Q buffer's current use. Carried from one tile to the next in a persistent CTA; producer and consumers
+// visit the same tiles with the same key ranges, so their copies stay in step.
+template <int kStages>
+struct PipelineState {
+  RingPosition<kStages> kv;
+  uint32_t q_phase = 0;
+};
+
+// ---- producer: one thread streams each tile's Q, then its K/V tiles through the ring ----
 // kSplitRelease: K and V of a stage are freed separately (empty / empty_v), as the overlapped ordering frees
 // K as soon as S has landed but V only after P V; the serial ordering frees both at once through `empty`.
+// The first K tile is loaded before waiting for the Q buffer: in a persistent CTA it then arrives while the
+// consumers still finish the previous tile.
 template <typename Cfg, bool kSplitRelease>
 __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv_head, const CUtensorMap* tm_q,
-                        const CUtensorMap* tm_k, const CUtensorMap* tm_v) {
+                        const CUtensorMap* tm_k, const CUtensorMap* tm_v, PipelineState<Cfg::kStages>& st) {
   constexpr int kPanels = Cfg::kHeadDim / kPanelCols;
-  mbarrier_arrive_expect_tx(sm.q_full, Cfg::kQBytes);
-#pragma unroll
-  for (int p = 0; p < kPanels; ++p)
-    tma_load_4d(sm.q + p * Cfg::kBlockM * kSwizzleBytes, tm_q, p * kPanelCols, w.q_row0 + w.m_block * Cfg::kBlockM,
-                w.head, w.batch_coord, sm.q_full);
-  RingPosition<Cfg::kStages> pos;
+  if (w.n_end <= w.n_begin) return;  // no visible keys: the consumers neither read Q nor wait for it
+  RingPosition<Cfg::kStages>& pos = st.kv;
   for (int n = w.n_end - 1; n >= w.n_begin; --n) {
     mbarrier_wait(&sm.empty[pos.index], pos.phase ^ 1u);
     const int row = w.k_row0 + n * Cfg::kBlockN;
@@ -38,6 +45,16 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
     for (int p = 0; p < kPanels; ++p)
       tma_load_4d(k_tile + p * Cfg::kBlockN * kSwizzleBytes, tm_k, p * kPanelCols, row, kv_head, w.batch_coord,
                   &sm.k_full[pos.index]);
+    if (n == w.n_end - 1) {
+      // Q's previous use has ended (a fresh barrier passes parity 1 at once).
+      mbarrier_wait(sm.q_empty, st.q_phase ^ 1u);
+      mbarrier_arrive_expect_tx(sm.q_full, Cfg::kQBytes);
+#pragma unroll
+      for (int p = 0; p < kPanels; ++p)
+        tma_load_4d(sm.q + p * Cfg::kBlockM * kSwizzleBytes, tm_q, p * kPanelCols,
+                    w.q_row0 + w.m_block * Cfg::kBlockM, w.head, w.batch_coord, sm.q_full);
+      st.q_phase ^= 1u;
+    }
     if constexpr (kSplitRelease) mbarrier_wait(&sm.empty_v[pos.index], pos.phase ^ 1u);
     mbarrier_arrive_expect_tx(&sm.v_full[pos.index], Cfg::kKVTileBytes);
 #pragma unroll
@@ -63,8 +80,8 @@ struct Consumer {
   const ForwardKernelArgs& a;
   int lane, quad;
   int row[2];  // this thread's two rows (accumulator layout), relative to the sequence start
-  int64_t key_lo[2], key_hi[2];
-  int block_row_begin, block_row_end;
+  int key_lo[2], key_hi[2];  // their visible keys (lengths fit in int: sm90_forward_supports)
+  int full_lo, full_hi;      // key tiles [full_lo, full_hi) are visible to every row of the tile: no mask
   uint32_t q_addr;
   float o[kHeadDim / 2];
   float row_max[2] = {-INFINITY, -INFINITY};  // in score units (after softcap), not yet scaled to log2
@@ -78,9 +95,21 @@ struct Consumer {
     quad = lane % 4;
     row[0] = w.m_block * Cfg::kBlockM + wg * kWgmmaRows + 16 * warp + lane / 4;
     row[1] = row[0] + 8;
-    for (int r = 0; r < 2; ++r) w.mask.key_range(row[r], &key_lo[r], &key_hi[r]);
-    block_row_begin = w.m_block * Cfg::kBlockM;
-    block_row_end = min(block_row_begin + Cfg::kBlockM, w.seqlen_q);
+    for (int r = 0; r < 2; ++r) {
+      int64_t lo, hi;
+      w.mask.key_range(row[r], &lo, &hi);
+      key_lo[r] = int(lo);
+      key_hi[r] = int(hi);
+    }
+    // Both edges of the visible band move right with the row, so the keys every row of the tile sees are
+    // [first key of the last row, end of the first row's keys); a key tile inside that needs no mask. The
+    // end is at most seqlen_k, so the tile holding the end of the keys is masked too.
+    const int row_begin = w.m_block * Cfg::kBlockM, row_end = min(row_begin + Cfg::kBlockM, w.seqlen_q);
+    int64_t lo_first, hi_first, lo_last, hi_last;
+    w.mask.key_range(row_begin, &lo_first, &hi_first);
+    w.mask.key_range(row_end - 1, &lo_last, &hi_last);
+    full_lo = int((lo_last + kN - 1) / kN);
+    full_hi = int(hi_first / kN);
     q_addr = smem_address(sm.q) + wg * kWgmmaRows * kSwizzleBytes;
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
@@ -119,9 +148,7 @@ struct Consumer {
       for (int i = 0; i < kN / 2; ++i) s[i] = a.softcap * tanhf(s[i] * a.softcap_in_scale);
     }
     const int key0 = n * kN;
-    const bool needs_mask =
-        key0 + kN > w.seqlen_k || !w.mask.tile_fully_visible(block_row_begin, block_row_end, key0, key0 + kN);
-    if (needs_mask) {
+    if (n < full_lo || n >= full_hi) {
 #pragma unroll
       for (int j = 0; j < kN / 8; ++j)
 #pragma unroll
@@ -182,6 +209,11 @@ struct Consumer {
     __syncwarp();
     if (lane == 0) mbarrier_arrive(&sm.empty_v[stage]);
   }
+  // The tile's last S has landed: Q is no longer read.
+  __device__ void release_q() {
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(sm.q_empty);
+  }
 
   // Normalise, write O (16-bit pairs) and the LSE of the rows inside the sequence.
   __device__ void epilogue() {
@@ -213,17 +245,19 @@ struct Consumer {
 // v1 order: per tile, S = Q Kᵀ and wait, softmax, O += P V and wait. The consumer warpgroups overlap each
 // other only as the warp schedulers happen to interleave them.
 template <typename C>
-__device__ void consume_serial(C& c) {
+__device__ void consume_serial(C& c, PipelineState<C::Cfg::kStages>& st) {
   const BlockWork& w = c.w;
   if (w.n_end <= w.n_begin) return;
-  mbarrier_wait(c.sm.q_full, 0);
-  RingPosition<C::Cfg::kStages> pos;
+  mbarrier_wait(c.sm.q_full, st.q_phase);
+  st.q_phase ^= 1u;
+  RingPosition<C::Cfg::kStages>& pos = st.kv;
   for (int n = w.n_end - 1; n >= w.n_begin; --n) {
     typename C::Scores s;
     mbarrier_wait(&c.sm.k_full[pos.index], pos.phase);
     c.issue_qk(s, pos.index);
     wgmma_wait<0>();
     fence_registers(s);
+    if (n == w.n_begin) c.release_q();
     c.transform_scores(s, n);
     float rescale[2];
     c.softmax(s, rescale);
@@ -257,14 +291,16 @@ __device__ __forceinline__ void pass_turn(int wg) {
 // the previous softmax in between (it runs under S_n instead of delaying the next issue). The softmax of S_n
 // then runs while P V is still on the tensor cores. K_n is released as soon as S_n has landed and V_{n+1}
 // after its product, so a 2-stage ring refills K one iteration before it is needed.
+// The turn token starts at warpgroup 0 (the kernel passes it once, before the first tile); every warpgroup
+// takes key tiles + 1 turns per tile, so each tile starts with the token at warpgroup 0 again.
 template <typename C>
-__device__ void consume_overlapped(C& c, int wg) {
+__device__ void consume_overlapped(C& c, int wg, PipelineState<C::Cfg::kStages>& st) {
   constexpr int kWgs = C::Cfg::kConsumerWarpgroups;
   const BlockWork& w = c.w;
   if (w.n_end <= w.n_begin) return;
-  if (wg == kWgs - 1) pass_turn<kWgs>(wg);  // the token starts at warpgroup 0
-  mbarrier_wait(c.sm.q_full, 0);
-  RingPosition<C::Cfg::kStages> pos;
+  mbarrier_wait(c.sm.q_full, st.q_phase);
+  st.q_phase ^= 1u;
+  RingPosition<C::Cfg::kStages>& pos = st.kv;
   typename C::Scores s;
   typename C::PFragments p;
   float rescale[2];
@@ -276,6 +312,7 @@ __device__ void consume_overlapped(C& c, int wg) {
   wgmma_wait<0>();
   fence_registers(s);
   c.release(pos.index);
+  if (w.n_end - 1 == w.n_begin) c.release_q();
   c.transform_scores(s, w.n_end - 1);
   c.softmax(s, rescale);  // O is still 0: its rescale (by 0) is harmless
   C::to_fragments(p, s);
@@ -293,6 +330,7 @@ __device__ void consume_overlapped(C& c, int wg) {
     wgmma_wait<1>();  // S_n has landed (groups complete in order); P V may still run
     fence_registers(s);
     c.release(pos.index);
+    if (n == w.n_begin) c.release_q();
     c.transform_scores(s, n);
     c.softmax(s, rescale);
     wgmma_wait<0>();

@@ -1,22 +1,26 @@
 // Hopper forward: O = softmax(Q Kᵀ · scale) V and LSE, fp16/bf16 in, fp32 accumulation, for head dims 64, 128,
 // 256 (d_v == d), with causal / sliding-window masks, softcap, GQA, varlen and arbitrary tails.
 //
-// Warp roles (one CTA = one block of kBlockM = 128 query rows of one (batch, head), 384 threads):
-//   warpgroup 0  producer: gives registers away (setmaxnreg 24); one thread issues TMA loads of the Q block
-//                (once) and of K and V tiles into a kStages-deep shared-memory ring (full/empty mbarriers).
-//   warpgroups 1, 2  consumers (setmaxnreg 240), 64 query rows each: per key tile S = Q Kᵀ (wgmma, both from
+// Work: tiles of kBlockM = 64 · (consumer warpgroups) query rows of one (batch, head); CTA c runs tiles c,
+// c + gridDim.x, ... (one per CTA, or a persistent grid of one CTA per SM: Sm90Schedule), in head-major or
+// longest-first order (forward_tiles.cuh).
+// Warp roles (128 · (1 + consumer warpgroups) threads):
+//   warpgroup 0  producer: gives registers away (setmaxnreg); one thread issues TMA loads of each tile's Q block
+//                and of its K and V tiles into a kStages-deep shared-memory ring (full/empty mbarriers; Q has
+//                its own full/empty pair so a persistent CTA loads the next Q once the last S has landed).
+//   warpgroups 1..  consumers (setmaxnreg), 64 query rows each: per key tile S = Q Kᵀ (wgmma, both from
 //                shared memory), mask + softcap, online softmax in registers (exp2 with scale·log2e folded into
 //                one FFMA), then O += P V (wgmma with P from registers, V from shared memory, N-major). After
-//                the last tile: O / rowsum written to global memory, LSE = (m·scale·log2e + log2 l)·ln2.
+//                the last key tile: O / rowsum written to global memory, LSE = (m·scale·log2e + log2 l)·ln2.
 // The consumers' steps come in two orderings (Sm90ForwardVariant, forward_mainloop.cuh): serial (the default:
-// wait for each product) and overlapped (S of tile n issued with P V of tile n+1, softmax under P V, the two
-// warpgroups alternating their products on named barriers).
-// Key tiles run from the last one down, so the masked diagonal tiles of a causal block come first.
-// The CTAs of the heaviest query blocks (largest index, most keys under a causal mask) are launched first.
+// wait for each product) and overlapped (S of tile n issued with P V of tile n+1, softmax under P V, the
+// consumer warpgroups taking turns to issue on named barriers).
+// Key tiles run from the last one down, so the masked diagonal tiles of a causal block come first; a head's
+// heaviest query blocks (largest index, most keys under a causal mask) start first.
 //
-// Shared memory and tile sizes: forward_config.h (112 / 160 / 192 KB for hd 64 / 128 / 256). Files: this one
-// (kernel, host launcher, support check), forward_tiles.cuh (arguments, shared-memory carve-up, a CTA's work),
-// forward_mainloop.cuh (producer, consumer steps and orderings, epilogue), primitives_sm90.cuh.
+// Shared memory and tile sizes: forward_config.h (112 to 224 KB). Files: this one (kernel, host launcher,
+// support check), forward_tiles.cuh (arguments, shared-memory carve-up, a tile's work), forward_mainloop.cuh
+// (producer, consumer steps and orderings, epilogue), primitives_sm90.cuh.
 // Preconditions (sm90_forward_supports): compute capability 9.0, fp16/bf16, d == d_v in {64, 128, 256}, every
 // row/head/batch stride of Q, K, V, O a multiple of 8 elements and 16-byte aligned bases (TMA's rules).
 // Rows past a sequence's end are loaded (zeros past the tensor, the next sequence's rows in varlen) but masked
@@ -46,11 +50,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     forward_kernel(const __grid_constant__ ForwardKernelArgs args, const __grid_constant__ CUtensorMap tm_q,
                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
   extern __shared__ uint8_t smem_raw[];
-  const BlockWork w = block_work<Cfg>(args);
-  if (w.m_block * Cfg::kBlockM >= w.seqlen_q) return;  // a varlen sequence shorter than the longest: no rows
   SharedStorage<Cfg> sm(smem_raw);
   if (threadIdx.x == 0) {
     mbarrier_init(sm.q_full, 1);
+    mbarrier_init(sm.q_empty, Cfg::kConsumerWarps);
     for (int s = 0; s < Cfg::kStages; ++s) {
       mbarrier_init(&sm.k_full[s], 1);
       mbarrier_init(&sm.v_full[s], 1);
@@ -61,23 +64,36 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   __syncthreads();
 
+  // A tile with no rows (a varlen sequence shorter than the longest) is skipped by every thread alike.
   const int wg = threadIdx.x / kWarpgroupThreads;
+  PipelineState<Cfg::kStages> st;
   if (wg == 0) {
     setmaxnreg_decrease<Cfg::kProducerRegisters>();
-    if (threadIdx.x == 0 && w.n_end > w.n_begin) {
+    if (threadIdx.x == 0) {
       tma_prefetch_map(&tm_q);
       tma_prefetch_map(&tm_k);
       tma_prefetch_map(&tm_v);
-      produce<Cfg, kOverlap>(sm, w, w.head / args.heads_per_kv, &tm_q, &tm_k, &tm_v);
+      for (int64_t t = blockIdx.x; t < args.num_tiles; t += gridDim.x) {
+        const BlockWork w = block_work<Cfg>(args, t);
+        if (w.m_block * Cfg::kBlockM >= w.seqlen_q) continue;
+        produce<Cfg, kOverlap>(sm, w, w.head / args.heads_per_kv, &tm_q, &tm_k, &tm_v, st);
+      }
     }
   } else {
     setmaxnreg_increase<Cfg::kConsumerRegisters>();
-    Consumer<T, Cfg> c(sm, w, args, wg - 1);
-    if constexpr (kOverlap)
-      consume_overlapped(c, wg - 1);
-    else
-      consume_serial(c);
-    c.epilogue();
+    if constexpr (kOverlap) {
+      if (wg - 1 == Cfg::kConsumerWarpgroups - 1) pass_turn<Cfg::kConsumerWarpgroups>(wg - 1);
+    }
+    for (int64_t t = blockIdx.x; t < args.num_tiles; t += gridDim.x) {
+      const BlockWork w = block_work<Cfg>(args, t);
+      if (w.m_block * Cfg::kBlockM >= w.seqlen_q) continue;
+      Consumer<T, Cfg> c(sm, w, args, wg - 1);
+      if constexpr (kOverlap)
+        consume_overlapped(c, wg - 1, st);
+      else
+        consume_serial(c, st);
+      c.epilogue();
+    }
   }
 }
 
@@ -91,28 +107,36 @@ namespace {
 bool stride_ok(int64_t s) { return s % 8 == 0; }  // 16 bytes of 16-bit elements: TMA's stride unit
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// An attribute of the current device (the launcher runs under DeviceGuard), or `fallback` if it cannot be read.
+int device_attribute(cudaDeviceAttr attr, int fallback) {
+  int dev = 0, value = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&value, attr, dev) != cudaSuccess || value <= 0)
+    return fallback;
+  return value;
+}
+
 // Heads per section of the longest-first tile order: as many as keep the section's K and V within about half
-// of L2 (the rest holds Q, O and the other sections' stragglers).
+// of L2 (the rest holds Q, O and the other sections' stragglers). GQA heads of one group share their K/V.
 int heads_per_section(const FwdParams& p, int64_t head_dim) {
-  static const int64_t l2_bytes = [] {
-    int dev = 0, bytes = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, dev) != cudaSuccess)
-      bytes = 0;
-    return int64_t(bytes);
-  }();
-  const int64_t kv_bytes_per_head = std::max<int64_t>(1, p.seqlen_k * head_dim * 2 * 2 / std::max<int64_t>(1, p.heads_q / p.heads_kv));
+  const int64_t l2_bytes = device_attribute(cudaDevAttrL2CacheSize, 0);
+  const int64_t group = std::max<int64_t>(1, p.heads_q / p.heads_kv);
+  const int64_t kv_bytes_per_head = std::max<int64_t>(1, p.seqlen_k * head_dim * 2 * 2 / group);
   const int64_t k = std::max<int64_t>(1, (l2_bytes / 2) / kv_bytes_per_head);
   return int(std::min<int64_t>(k, p.heads_q * p.batch));
 }
 
 template <typename T, typename Cfg, bool kOverlap>
-Status launch(const FwdParams& p, Sm90TileOrder order) {
+Status launch(const FwdParams& p, Sm90Schedule schedule) {
   constexpr int kHeadDim = Cfg::kHeadDim;
   const bool varlen = p.is_varlen();
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   const int64_t batch_dim = varlen ? 1 : p.batch;
-  const dim3 grid(unsigned((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM), unsigned(p.heads_q), unsigned(p.batch));
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return Status::success();
+  const int64_t m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const int64_t num_tiles = m_blocks * p.heads_q * p.batch;
+  if (num_tiles == 0) return Status::success();
+  const int64_t kMaxGrid = 2147483647;
+  const int64_t ctas = schedule.persistent ? std::min<int64_t>(num_tiles, device_attribute(cudaDevAttrMultiProcessorCount, 1))
+                                           : std::min<int64_t>(num_tiles, kMaxGrid);
   // In varlen the batch dimension has extent 1 and is never stepped; any valid stride will do.
   auto batch_stride = [&](int64_t s, int64_t row_stride, int64_t rows) {
     return varlen ? row_stride * std::max<int64_t>(rows, 1) : s;
@@ -158,33 +182,36 @@ Status launch(const FwdParams& p, Sm90TileOrder order) {
   a.window_left = int(p.window_left);
   a.window_right = int(p.window_right);
   const bool costs_vary = p.causal || p.window_left >= 0 || p.window_right >= 0;
-  a.heads_per_section = order == Sm90TileOrder::lpt_sections && costs_vary ? heads_per_section(p, kHeadDim) : 0;
+  a.heads_per_section = schedule.lpt_sections && costs_vary ? heads_per_section(p, kHeadDim) : 0;
+  a.num_m_blocks = int(m_blocks);
+  a.num_heads = int(p.heads_q);
+  a.num_tiles = num_tiles;
 
   auto kernel = cuda::sm90::forward_kernel<T, Cfg, kOverlap>;
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(a, tm_q, tm_k, tm_v);
+  kernel<<<unsigned(ctas), Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(a, tm_q, tm_k, tm_v);
   return cuda_status(cudaGetLastError(), "cuda_sm90 forward launch");
 }
 
 template <typename T, int kHeadDim>
-Status launch_variant(const FwdParams& p, Sm90ForwardVariant variant, Sm90TileOrder order) {
+Status launch_variant(const FwdParams& p, Sm90ForwardVariant variant, Sm90Schedule schedule) {
   using cuda::sm90::BaseTiles;
   using cuda::sm90::WideTiles;
   switch (variant) {
-    case Sm90ForwardVariant::serial: return launch<T, BaseTiles<kHeadDim>, false>(p, order);
-    case Sm90ForwardVariant::overlapped: return launch<T, BaseTiles<kHeadDim>, true>(p, order);
-    case Sm90ForwardVariant::serial_wide: return launch<T, WideTiles<kHeadDim>, false>(p, order);
-    case Sm90ForwardVariant::overlapped_wide: return launch<T, WideTiles<kHeadDim>, true>(p, order);
+    case Sm90ForwardVariant::serial: return launch<T, BaseTiles<kHeadDim>, false>(p, schedule);
+    case Sm90ForwardVariant::overlapped: return launch<T, BaseTiles<kHeadDim>, true>(p, schedule);
+    case Sm90ForwardVariant::serial_wide: return launch<T, WideTiles<kHeadDim>, false>(p, schedule);
+    case Sm90ForwardVariant::overlapped_wide: return launch<T, WideTiles<kHeadDim>, true>(p, schedule);
   }
   return Status::unsupported("cuda_sm90: unknown forward variant");
 }
 
 template <typename T>
-Status launch_head_dim(const FwdParams& p, Sm90ForwardVariant variant, Sm90TileOrder order) {
+Status launch_head_dim(const FwdParams& p, Sm90ForwardVariant variant, Sm90Schedule schedule) {
   switch (p.head_dim) {
-    case 64: return launch_variant<T, 64>(p, variant, order);
-    case 128: return launch_variant<T, 128>(p, variant, order);
-    case 256: return launch_variant<T, 256>(p, variant, order);
+    case 64: return launch_variant<T, 64>(p, variant, schedule);
+    case 128: return launch_variant<T, 128>(p, variant, schedule);
+    case 256: return launch_variant<T, 256>(p, variant, schedule);
     default: return Status::unsupported("cuda_sm90: head dim " + std::to_string(p.head_dim) + " (runs 64, 128, 256)");
   }
 }
@@ -220,13 +247,13 @@ Status sm90_forward_supports(const FwdParams& p) {
   return Status::success();
 }
 
-Status sm90_forward_run(const FwdParams& p, Sm90ForwardVariant variant, Sm90TileOrder order) {
+Status sm90_forward_run(const FwdParams& p, Sm90ForwardVariant variant, Sm90Schedule schedule) {
   Status st = sm90_forward_supports(p);
   if (!st.ok()) return st;
   DeviceGuard guard(p.device.index);
   FA_CUDA_TRY(guard.status());
-  return p.dtype == DType::bf16 ? launch_head_dim<__nv_bfloat16>(p, variant, order)
-                                 : launch_head_dim<__half>(p, variant, order);
+  return p.dtype == DType::bf16 ? launch_head_dim<__nv_bfloat16>(p, variant, schedule)
+                                 : launch_head_dim<__half>(p, variant, schedule);
 }
 
 }  // namespace flashattn::detail

@@ -2,6 +2,8 @@
 // cuda_sm90_forward once the kernel has passed its tests on the device; the GPU tests call them directly.
 #pragma once
 
+#include <string>
+
 #include "flashattn/params.h"
 #include "flashattn/types.h"
 
@@ -28,14 +30,23 @@ inline const char* sm90_forward_variant_name(Sm90ForwardVariant v) {
   return "?";
 }
 
-// Order of the CTAs' tiles (ForwardKernelArgs::heads_per_section): head-major, or longest-first across
-// sections of heads whose K/V fit in L2 (applied only where the mask makes query blocks differ in cost:
-// causal or a window; otherwise head-major).
-enum class Sm90TileOrder { head_major, lpt_sections };
+// How (batch, head, query block) tiles reach CTAs (ForwardKernelArgs in forward_tiles.cuh).
+//   lpt_sections: tiles in longest-first order across sections of heads whose K/V fit in L2, applied only
+//                 where the mask makes query blocks differ in cost (causal or a window); otherwise head-major.
+//   persistent:   one CTA per multiprocessor walking tiles c, c + grid, ...; the producer loads the next
+//                 tile's K and Q while the consumers finish the current one. Otherwise one CTA per tile.
+struct Sm90Schedule {
+  bool lpt_sections = false;
+  bool persistent = false;
+};
+constexpr Sm90Schedule kSm90Schedules[] = {{false, false}, {true, false}, {false, true}, {true, true}};
+inline std::string sm90_schedule_suffix(Sm90Schedule s) {
+  return std::string(s.lpt_sections ? "+lpt" : "") + (s.persistent ? "+pers" : "");
+}
 
 // Runs validated params for which sm90_forward_supports is ok. Asynchronous on p.stream. Dispatch uses the
-// defaults; tests and the benchmark name a variant and order.
+// defaults; tests and the benchmark name a variant and schedule.
 Status sm90_forward_run(const FwdParams& p, Sm90ForwardVariant variant = Sm90ForwardVariant::serial,
-                        Sm90TileOrder order = Sm90TileOrder::head_major);
+                        Sm90Schedule schedule = Sm90Schedule{});
 
 }  // namespace flashattn::detail

@@ -32,6 +32,10 @@ struct ForwardKernelArgs {
   // blocks differ in cost), so the last wave holds the cheapest blocks; k is sized so that a section's K/V fit
   // in L2 (forward_sm90.cu).
   int heads_per_section;
+  // Tiles: num_m_blocks query blocks x num_heads x batch, numbered in the order above. CTA c takes tiles c,
+  // c + gridDim.x, ...: one tile per CTA when the grid has a CTA per tile, several in a persistent grid.
+  int num_m_blocks, num_heads;
+  int64_t num_tiles;
 };
 
 template <typename Cfg>
@@ -40,6 +44,7 @@ struct SharedStorage {
   uint8_t* k;  // kStages tiles
   uint8_t* v;
   uint64_t* q_full;
+  uint64_t* q_empty;  // the consumers have finished reading Q: the next tile's Q may be loaded
   uint64_t* k_full;
   uint64_t* v_full;
   uint64_t* empty;    // the stage's K (and, in the serial ordering, its V) may be overwritten
@@ -52,14 +57,15 @@ struct SharedStorage {
     k = q + Cfg::kQBytes;
     v = k + Cfg::kStages * Cfg::kKVTileBytes;
     q_full = reinterpret_cast<uint64_t*>(v + Cfg::kStages * Cfg::kKVTileBytes);
-    k_full = q_full + 1;
+    q_empty = q_full + 1;
+    k_full = q_empty + 1;
     v_full = k_full + Cfg::kStages;
     empty = v_full + Cfg::kStages;
     empty_v = empty + Cfg::kStages;
   }
 };
 
-// The (batch, head, query block) a CTA owns and the key tiles it visits.
+// The (batch, head, query block) of one tile and the key tiles it visits.
 struct BlockWork {
   int batch, head, m_block;
   int q_row0, k_row0;  // first row of this sequence in the Q / K tensors' row dimension
@@ -70,11 +76,12 @@ struct BlockWork {
 };
 
 template <typename Cfg>
-__device__ BlockWork block_work(const ForwardKernelArgs& a) {
+__device__ BlockWork block_work(const ForwardKernelArgs& a, int64_t t) {
   BlockWork w;
-  // CTAs start roughly in linear block order (x fastest), so that order is the tile order.
-  const int m_blocks = int(gridDim.x), heads = int(gridDim.y);
-  const int64_t t = blockIdx.x + int64_t(m_blocks) * (blockIdx.y + int64_t(heads) * blockIdx.z);
+  // CTAs start roughly in block order, and a persistent CTA walks its tiles upwards, so t's order is the
+  // order in which tiles start.
+  const int m_blocks = a.num_m_blocks, heads = a.num_heads;
+  const int64_t num_bh = a.num_tiles / m_blocks;
   int64_t bh;
   if (a.heads_per_section == 0) {
     w.m_block = m_blocks - 1 - int(t % m_blocks);  // heaviest (causal) blocks of a head first
@@ -82,7 +89,7 @@ __device__ BlockWork block_work(const ForwardKernelArgs& a) {
   } else {
     const int64_t section_tiles = int64_t(m_blocks) * a.heads_per_section;
     const int64_t section = t / section_tiles, within = t % section_tiles;
-    const int64_t in_section = min(int64_t(a.heads_per_section), int64_t(heads) * gridDim.z - section * a.heads_per_section);
+    const int64_t in_section = min(int64_t(a.heads_per_section), num_bh - section * a.heads_per_section);
     w.m_block = m_blocks - 1 - int(within / in_section);
     bh = section * a.heads_per_section + within % in_section;
   }
