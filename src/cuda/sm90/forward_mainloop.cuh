@@ -166,24 +166,32 @@ struct Consumer {
   __device__ void softmax(Scores& s, float (&rescale)[2]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float mx = row_max[r];
+      // Four partial maxima and sums: one chain of kN/4 dependent FMNMX or FADD would put their latency on
+      // the softmax's critical path.
+      float mx4[4] = {row_max[r], -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
-      for (int j = 0; j < kN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      mx = quad_max(mx);
+      for (int j = 0; j < kN / 8; ++j) mx4[j % 4] = fmaxf(mx4[j % 4], fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      float mx = quad_max(fmaxf(fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3])));
       const float base = mx == -INFINITY ? 0.f : mx * a.scale_log2;
       rescale[r] = exp2_approx(row_max[r] * a.scale_log2 - base);
       row_max[r] = mx;
-      float sum = 0.f;
+      float sum4[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < kN / 8; ++j) {
-        // One FFMA and one MUFU.EX2 per score: exp(scale·s - scale·m) = 2^(s·scale·log2e - m·scale·log2e).
-        const float p0 = exp2_approx(fmaf(s[4 * j + 2 * r], a.scale_log2, -base));
-        const float p1 = exp2_approx(fmaf(s[4 * j + 2 * r + 1], a.scale_log2, -base));
+        // One FFMA and one exp2 per score: exp(scale·s - scale·m) = 2^(s·scale·log2e - m·scale·log2e). The exp2
+        // is MUFU.EX2, except for the column blocks Cfg::kFmaExpPer16 / 2 of every 8, which take the FMA
+        // pipe's polynomial: the special-function unit (16 results per clock per SM) would otherwise bound
+        // the softmax at small head dims.
+        const float x0 = fmaf(s[4 * j + 2 * r], a.scale_log2, -base);
+        const float x1 = fmaf(s[4 * j + 2 * r + 1], a.scale_log2, -base);
+        const bool on_fma = (j % 8) < Cfg::kFmaExpPer16 / 2;
+        const float p0 = on_fma ? exp2_poly(x0) : exp2_approx(x0);
+        const float p1 = on_fma ? exp2_poly(x1) : exp2_approx(x1);
         s[4 * j + 2 * r] = p0;
         s[4 * j + 2 * r + 1] = p1;
-        sum += p0 + p1;
+        sum4[j % 4] += p0 + p1;
       }
-      row_sum[r] = row_sum[r] * rescale[r] + sum;
+      row_sum[r] = row_sum[r] * rescale[r] + ((sum4[0] + sum4[1]) + (sum4[2] + sum4[3]));
     }
   }
 
@@ -220,8 +228,10 @@ struct Consumer {
     constexpr float kLn2 = 0.69314718055994530942f;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
+      // A row that saw no key has maximum -inf (its sum is 0, or a few 2^-126 from exp2_poly's floor).
+      const bool empty = row_max[r] == -INFINITY;
       const float total = quad_sum(row_sum[r]);
-      const float inv = total > 0.f ? 1.f / total : 0.f;
+      const float inv = empty ? 0.f : 1.f / total;
       if (row[r] >= w.seqlen_q) continue;
       const int64_t grow = int64_t(w.q_row0) + row[r];
       T* out = static_cast<T*>(a.o) + grow * a.o_row_stride + int64_t(w.head) * a.o_head_stride +
@@ -232,7 +242,7 @@ struct Consumer {
         *reinterpret_cast<uint32_t*>(out + 8 * j + 2 * quad) = bits;
       }
       if (a.lse && quad == 0) {
-        const float lse = total > 0.f ? (row_max[r] * a.scale_log2 + log2f(total)) * kLn2 : -INFINITY;
+        const float lse = empty ? -INFINITY : (row_max[r] * a.scale_log2 + log2f(total)) * kLn2;
         float* dst = a.cu_seqlens_q ? a.lse + int64_t(w.head) * a.lse_head_stride + grow
                                     : a.lse + int64_t(w.batch) * a.lse_batch_stride +
                                           int64_t(w.head) * a.lse_head_stride + row[r];

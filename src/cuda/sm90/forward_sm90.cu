@@ -202,6 +202,10 @@ Status launch_variant(const FwdParams& p, Sm90ForwardVariant variant, Sm90Schedu
     case Sm90ForwardVariant::overlapped: return launch<T, BaseTiles<kHeadDim>, true>(p, schedule);
     case Sm90ForwardVariant::serial_wide: return launch<T, WideTiles<kHeadDim>, false>(p, schedule);
     case Sm90ForwardVariant::overlapped_wide: return launch<T, WideTiles<kHeadDim>, true>(p, schedule);
+    case Sm90ForwardVariant::overlapped_fmaexp:
+      return launch<T, BaseTiles<kHeadDim, cuda::sm90::kFmaExpShare<kHeadDim>>, true>(p, schedule);
+    case Sm90ForwardVariant::overlapped_wide_fmaexp:
+      return launch<T, WideTiles<kHeadDim, cuda::sm90::kFmaExpShare<kHeadDim>>, true>(p, schedule);
   }
   return Status::unsupported("cuda_sm90: unknown forward variant");
 }

@@ -15,17 +15,22 @@ Status sm90_forward_supports(const FwdParams& p);
 // How the consumer warpgroups order their work (forward_sm90.cu): `serial` waits for each product before the
 // next step; `overlapped` issues S_n = Q K_nᵀ together with O += P_{n+1} V_{n+1}, runs the softmax while P V
 // is in flight, and alternates the two warpgroups' products (ping-pong).
-// The _wide variants run the wider tiles of forward_config.h (WideTiles) in the same two orderings.
-enum class Sm90ForwardVariant { serial, overlapped, serial_wide, overlapped_wide };
-constexpr Sm90ForwardVariant kSm90ForwardVariants[] = {Sm90ForwardVariant::serial, Sm90ForwardVariant::overlapped,
-                                                       Sm90ForwardVariant::serial_wide,
-                                                       Sm90ForwardVariant::overlapped_wide};
+// The _wide variants run the wider tiles of forward_config.h (WideTiles) in the same two orderings; the
+// _fmaexp ones move a share of the softmax's exponentials from MUFU to an FMA polynomial (kFmaExpShare).
+enum class Sm90ForwardVariant { serial, overlapped, serial_wide, overlapped_wide, overlapped_fmaexp,
+                                overlapped_wide_fmaexp };
+constexpr Sm90ForwardVariant kSm90ForwardVariants[] = {
+    Sm90ForwardVariant::serial,          Sm90ForwardVariant::overlapped,
+    Sm90ForwardVariant::serial_wide,     Sm90ForwardVariant::overlapped_wide,
+    Sm90ForwardVariant::overlapped_fmaexp, Sm90ForwardVariant::overlapped_wide_fmaexp};
 inline const char* sm90_forward_variant_name(Sm90ForwardVariant v) {
   switch (v) {
     case Sm90ForwardVariant::serial: return "serial";
     case Sm90ForwardVariant::overlapped: return "overlapped";
     case Sm90ForwardVariant::serial_wide: return "serial_wide";
     case Sm90ForwardVariant::overlapped_wide: return "overlapped_wide";
+    case Sm90ForwardVariant::overlapped_fmaexp: return "overlapped_fmaexp";
+    case Sm90ForwardVariant::overlapped_wide_fmaexp: return "overlapped_wide_fmaexp";
   }
   return "?";
 }
