@@ -130,6 +130,12 @@ Status make_forward_params(const ForwardArgs& a, const AttentionOptions& o, FwdP
     return Status::invalid(a.cu_seqlens_q.defined() ? "cu_seqlens_k: required when cu_seqlens_q is given"
                                                     : "cu_seqlens_q: required when cu_seqlens_k is given");
   }
+  // The batch size of a varlen call is read off cu_seqlens_q, so it must have at least one entry before anything
+  // is sized from it (an empty one would make batch = -1).
+  if (varlen && (a.cu_seqlens_q.rank != 1 || a.cu_seqlens_q.shape[0] < 1)) {
+    return Status::invalid("cu_seqlens_q: expected a rank-1 tensor of batch + 1 >= 1 entries, got rank " +
+                           std::to_string(a.cu_seqlens_q.rank) + " " + shape_str(a.cu_seqlens_q));
+  }
   const int rank = varlen ? 3 : 4;
   const int o_ = varlen ? 0 : 1;  // offset of the row dimension: [b, s, h, d] vs [total, h, d]
 

@@ -17,6 +17,7 @@
 #include "flashattn/params.h"
 
 namespace flashattn::detail {
+inline namespace FLASHATTN_CPU_ISA {
 
 template <typename Acc>
 struct ScoreTransform {
@@ -100,4 +101,5 @@ RowTile<Acc> rows_as_acc(const T* src, int64_t src_rs, int64_t rows, int64_t col
   return {buf, padded_cols};
 }
 
+}  // namespace FLASHATTN_CPU_ISA
 }  // namespace flashattn::detail

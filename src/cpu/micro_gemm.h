@@ -28,6 +28,7 @@
 #endif
 
 namespace flashattn::detail {
+inline namespace FLASHATTN_CPU_ISA {
 
 enum class GemmMode : int {
   overwrite,  // C = A B
@@ -160,4 +161,5 @@ void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t a_rs, int64_t a_k
   }
 }
 
+}  // namespace FLASHATTN_CPU_ISA
 }  // namespace flashattn::detail

@@ -11,7 +11,21 @@
 
 #include <cstdint>
 
+// These headers are compiled with different instruction sets in different translation units (the kernels with
+// -march=native, the tests without), so every template and inline function in them lives in a namespace named
+// after the instruction set: the linker can never substitute one ISA's instantiation for another's.
+#if defined(__AVX512F__)
+#define FLASHATTN_CPU_ISA isa_avx512
+#elif defined(__AVX2__) && defined(__FMA__)
+#define FLASHATTN_CPU_ISA isa_avx2_fma
+#elif defined(__AVX__)
+#define FLASHATTN_CPU_ISA isa_avx
+#else
+#define FLASHATTN_CPU_ISA isa_baseline
+#endif
+
 namespace flashattn::detail {
+inline namespace FLASHATTN_CPU_ISA {
 
 #if defined(__AVX512F__)
 constexpr int kVectorBytes = 64;
@@ -48,4 +62,5 @@ struct CpuTiles {
 
 constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+}  // namespace FLASHATTN_CPU_ISA
 }  // namespace flashattn::detail

@@ -11,6 +11,7 @@
 #include "cpu/vec_math.h"
 
 namespace flashattn::detail {
+inline namespace FLASHATTN_CPU_ISA {
 
 // dst[r * ld + c] = widen(src[r * src_rs + c]) * scale for c < cols; zero for cols <= c < ld.
 template <typename Acc, typename T>
@@ -78,4 +79,5 @@ class AlignedBuffer {
   int64_t size_ = 0;
 };
 
+}  // namespace FLASHATTN_CPU_ISA
 }  // namespace flashattn::detail

@@ -10,8 +10,10 @@
 #include <type_traits>
 
 #include "common/half.h"
+#include "cpu/tile_config.h"
 
 namespace flashattn::detail {
+inline namespace FLASHATTN_CPU_ISA {
 
 constexpr double kLog2e = 1.4426950408889634074;  // log2(e): exp(x) = exp2(x * log2e)
 constexpr double kLn2 = 0.6931471805599453094;
@@ -86,4 +88,5 @@ inline T narrow(Acc x) {
   }
 }
 
+}  // namespace FLASHATTN_CPU_ISA
 }  // namespace flashattn::detail

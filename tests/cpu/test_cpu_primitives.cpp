@@ -1,0 +1,160 @@
+// One test per building block of the CPU flash path: the vectorisable exp2 / tanh / fp16 widening, the
+// register-blocked product with every tail and mode, tile masking, and the online-softmax helpers it uses.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "common/half.h"
+#include "common/mask.h"
+#include "common/softmax_state.h"
+#include "cpu/attention_tile.h"
+#include "cpu/micro_gemm.h"
+#include "cpu/vec_math.h"
+
+namespace flashattn::detail {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+TEST(CpuPrimitives, Exp2IsAccurateAndExactAtTheEdges) {
+  double worst = 0;
+  for (int i = -1260000; i <= 1260000; ++i) {
+    const float x = float(i) * 1e-4f;  // [-126, 126]
+    const double want = std::exp2(double(x));
+    worst = std::max(worst, std::fabs(double(exp2_approx(x)) - want) / want);
+  }
+  EXPECT_LE(worst, 3 * 0x1p-24) << "relative error in units of fp32 unit roundoff: " << worst / 0x1p-24;
+  EXPECT_EQ(exp2_approx(0.f), 1.f);
+  EXPECT_EQ(exp2_approx(-kInf), 0.f);  // a masked score contributes exactly nothing
+  EXPECT_EQ(exp2_approx(-200.f), 0.f);
+  EXPECT_TRUE(std::isnan(exp2_approx(std::nanf(""))));
+  EXPECT_EQ(exp2_approx(-1.0), 0.5);  // fp64 goes through <cmath>
+}
+
+TEST(CpuPrimitives, TanhIsAccurateAndSaturates) {
+  double worst_abs = 0, worst_rel_small = 0;
+  for (int i = -200000; i <= 200000; ++i) {
+    const float x = float(i) * 1e-4f;  // [-20, 20]
+    const double want = std::tanh(double(x));
+    const double got = tanh_approx(x);
+    worst_abs = std::max(worst_abs, std::fabs(got - want));
+    if (x != 0) worst_rel_small = std::max(worst_rel_small, std::fabs(got - want) / std::fabs(want));
+  }
+  EXPECT_LE(worst_abs, 4 * 0x1p-24);
+  EXPECT_LE(worst_rel_small, 8 * 0x1p-24);  // no cancellation near 0
+  EXPECT_EQ(tanh_approx(0.f), 0.f);
+  EXPECT_EQ(tanh_approx(60.f), 1.f);
+  EXPECT_EQ(tanh_approx(-kInf), -1.f);
+  EXPECT_TRUE(std::isnan(tanh_approx(std::nanf(""))));
+}
+
+TEST(CpuPrimitives, WidenMatchesScalarConversionsForEveryBitPattern) {
+  for (uint32_t bits = 0; bits < 0x10000u; ++bits) {
+    const half_t h{uint16_t(bits)};
+    const bfloat16_t b{uint16_t(bits)};
+    const float want_h = to_float(h), got_h = widen(h);
+    if (std::isnan(want_h)) {
+      EXPECT_TRUE(std::isnan(got_h)) << bits;
+    } else {
+      EXPECT_EQ(float_to_bits(got_h), float_to_bits(want_h)) << "half bits " << bits;
+    }
+    EXPECT_EQ(float_to_bits(widen(b)), float_to_bits(to_float(b))) << "bf16 bits " << bits;
+  }
+}
+
+template <typename T>
+void check_gemm_all_shapes() {
+  constexpr int kVec = CpuTiles<T>::kVec;
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> nd;
+  // Every row tail (M mod kMicroRows) and column tail (N / kVec mod kMicroVecs), short and long K, strided A
+  // both ways, all three modes.
+  for (int64_t M : {1, 5, 6, 7, 13, 64}) {
+    for (int64_t N : {int64_t(kVec), int64_t(3 * kVec), int64_t(5 * kVec), int64_t(64)}) {
+      for (int64_t K : {1, 3, 64, 130}) {
+        for (bool a_transposed : {false, true}) {
+          const int64_t lda = a_transposed ? M + 3 : K + 2, ldb = N + kVec, ldc = N + 2 * kVec;
+          std::vector<T> a(size_t(a_transposed ? K * lda : M * lda)), b(size_t(K * ldb)), c0(size_t(M * ldc));
+          std::vector<T> scale(static_cast<size_t>(M));
+          for (auto* v : {&a, &b, &c0, &scale})
+            for (T& x : *v) x = T(nd(rng));
+          const int64_t a_rs = a_transposed ? 1 : lda, a_ks = a_transposed ? lda : 1;
+          for (GemmMode mode : {GemmMode::overwrite, GemmMode::add, GemmMode::scale_add}) {
+            std::vector<T> c = c0;
+            gemm<T>(M, N, K, a.data(), a_rs, a_ks, b.data(), ldb, c.data(), ldc, mode, scale.data());
+            for (int64_t r = 0; r < M; ++r) {
+              for (int64_t n = 0; n < ldc; ++n) {
+                const size_t at = size_t(r * ldc + n);
+                if (n >= N) {
+                  ASSERT_EQ(c[at], c0[at]) << "wrote outside the N columns";
+                  continue;
+                }
+                double want = mode == GemmMode::overwrite ? 0.0 : double(c0[at]) * (mode == GemmMode::scale_add ? double(scale[size_t(r)]) : 1.0);
+                double mag = std::fabs(want);
+                for (int64_t k = 0; k < K; ++k) {
+                  const double p = double(a[size_t(r * a_rs + k * a_ks)]) * double(b[size_t(k * ldb + n)]);
+                  want += p;
+                  mag += std::fabs(p);
+                }
+                const double u = std::numeric_limits<T>::epsilon() / 2;
+                ASSERT_NEAR(double(c[at]), want, 2 * (K + 2) * u * mag) << "M=" << M << " N=" << N << " K=" << K;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuPrimitives, GemmFp32EveryTailAndMode) { check_gemm_all_shapes<float>(); }
+TEST(CpuPrimitives, GemmFp64EveryTailAndMode) { check_gemm_all_shapes<double>(); }
+
+TEST(CpuPrimitives, TileMasksAgreeWithMaskSpec) {
+  const int64_t shapes[][2] = {{40, 70}, {70, 40}, {64, 64}};
+  const int64_t windows[][3] = {{1, -1, -1}, {0, 5, 3}, {1, 9, -1}, {0, 0, 0}, {0, -1, 2}, {0, 4, -1}};
+  for (const auto& sh : shapes) {
+    for (const auto& w : windows) {
+      const MaskSpec mask = MaskSpec::make(sh[0], sh[1], w[0] != 0, w[1], w[2]);
+      const int64_t i0 = 13, j0 = 9, nq = 20, nk = 24, ld = 32;
+      std::vector<float> key_major(size_t(nk * ld), 1.f), query_major(size_t(nq * ld), 1.f);
+      mask_key_major(mask, key_major.data(), ld, j0, nk, i0, nq);
+      mask_query_major(mask, query_major.data(), ld, i0, nq, j0, nk);
+      for (int64_t i = 0; i < nq; ++i) {
+        for (int64_t j = 0; j < nk; ++j) {
+          const float want = mask.visible(i0 + i, j0 + j) ? 1.f : -kInf;
+          ASSERT_EQ(key_major[size_t(j * ld + i)], want) << i << "," << j;
+          ASSERT_EQ(query_major[size_t(i * ld + j)], want) << i << "," << j;
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuPrimitives, SoftmaxStateHelpersMatchTheScalarState) {
+  using S = SoftmaxState<double>;
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(S::exp_offset(-inf), 0.0);
+  EXPECT_EQ(S::exp_offset(3.5), 3.5);
+  // exp(old - exp_offset(new)) reproduces rescale_factor, the all-masked case included.
+  for (double old_m : {-inf, -2.0, 1.0})
+    for (double new_m : {-inf, -1.0, 4.0}) {
+      if (new_m < old_m) continue;
+      EXPECT_EQ(std::exp(old_m - S::exp_offset(new_m)), S::rescale_factor(old_m, new_m)) << old_m << " " << new_m;
+    }
+  // lse_from_log2 is lse() with m and d kept in log2 units.
+  S st;
+  for (double s : {0.3, -1.2, 2.5}) {
+    const double f = st.update_max(s);
+    (void)f;
+    st.d += st.prob(s);
+  }
+  EXPECT_NEAR(S::lse_from_log2(st.m * kLog2e, st.d), st.lse(), 1e-14);
+  EXPECT_EQ(S::lse_from_log2(-inf, 0.0), -inf);
+}
+
+}  // namespace
+}  // namespace flashattn::detail

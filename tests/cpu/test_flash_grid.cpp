@@ -1,0 +1,147 @@
+// The CPU flash path against the fp64 reference, forward and backward, over a grid shaped like real use and its
+// edges: lengths 1, 2, 17, 127 (and a few at 1000), s_q > s_k and s_q < s_k with causal, GQA ratios 1, 2, 8,
+// head dims 8..256 with d_v != d, both layouts and padded rows, windows with and without causal, softcap,
+// varlen with empty sequences, fully masked rows, all four dtypes.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <random>
+
+#include "cpu/attention_problem.h"
+
+namespace flashattn::test {
+namespace {
+
+AttnCase base(DType dt, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d, int64_t dv) {
+  AttnCase c;
+  c.dtype = dt;
+  c.s_q = sq, c.s_k = sk, c.h_q = hq, c.h_kv = hkv, c.d = d, c.dv = dv;
+  return c;
+}
+
+const DType kDtypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
+
+std::vector<AttnCase> grid_cases() {
+  std::vector<AttnCase> cases;
+  // Lengths, square and not, with and without causal (s_q > s_k causal leaves the first rows fully masked).
+  const int64_t lens[][2] = {{1, 1}, {2, 2}, {17, 17}, {127, 127}, {1, 127}, {127, 1}, {17, 2}, {2, 17}, {127, 17}, {17, 127}};
+  for (DType dt : kDtypes)
+    for (const auto& l : lens)
+      for (bool causal : {false, true}) {
+        AttnCase c = base(dt, l[0], l[1], 2, 1, 40, 40);
+        c.causal = causal;
+        cases.push_back(c);
+      }
+  // Head dims, including non-powers of two and d_v != d.
+  const int64_t dims[][2] = {{8, 8}, {24, 24}, {64, 64}, {80, 80}, {96, 96}, {128, 128}, {160, 160}, {256, 256},
+                             {64, 32}, {40, 72}, {256, 8}, {8, 256}, {33, 17}};
+  for (DType dt : {DType::f32, DType::bf16})
+    for (const auto& dd : dims) {
+      AttnCase c = base(dt, 33, 70, 2, 2, dd[0], dd[1]);
+      c.causal = dd[0] % 16 == 0;
+      cases.push_back(c);
+    }
+  // GQA ratios 1, 2, 8 in both layouts, with padded rows.
+  const int64_t heads[][2] = {{3, 3}, {4, 2}, {8, 1}, {16, 2}};
+  for (const auto& hh : heads)
+    for (Layout layout : {Layout::bshd, Layout::bhsd}) {
+      AttnCase c = base(DType::f32, 50, 90, hh[0], hh[1], 32, 48);
+      c.batch = 2;
+      c.layout = layout;
+      c.pad = layout == Layout::bhsd ? 5 : 0;
+      c.causal = true;
+      cases.push_back(c);
+    }
+  // Windows with and without causal, and softcap, for s_q < s_k, s_q > s_k and square.
+  struct Win {
+    bool causal;
+    int64_t left, right;
+  };
+  const Win wins[] = {{false, 16, 4}, {true, 8, -1}, {false, 0, -1}, {false, -1, 3}, {true, 0, -1}, {false, 0, 0}};
+  const int64_t wlens[][2] = {{60, 100}, {100, 60}, {80, 80}};
+  for (const Win& w : wins)
+    for (const auto& l : wlens)
+      for (double cap : {0.0, 15.0}) {
+        AttnCase c = base(DType::f32, l[0], l[1], 2, 1, 64, 64);
+        c.causal = w.causal, c.window_left = w.left, c.window_right = w.right, c.softcap = cap;
+        cases.push_back(c);
+      }
+  for (DType dt : kDtypes) {
+    AttnCase c = base(dt, 70, 90, 4, 2, 48, 48);
+    c.causal = true, c.window_left = 20, c.softcap = 5;
+    c.layout = Layout::bhsd, c.pad = 2;
+    cases.push_back(c);
+  }
+  // Varlen, empty sequences included (on either side), with masks.
+  const std::vector<std::vector<int32_t>> vq = {{5, 0, 17, 1}, {0, 0}, {127, 3, 64}, {1, 2, 0, 40}};
+  const std::vector<std::vector<int32_t>> vk = {{7, 3, 0, 20}, {4, 0}, {60, 90, 64}, {1, 5, 9, 0}};
+  for (size_t i = 0; i < vq.size(); ++i)
+    for (DType dt : kDtypes) {
+      AttnCase c = base(dt, 0, 0, 4, 2, 32, 24);
+      c.lens_q = vq[i], c.lens_k = vk[i];
+      c.causal = i % 2 == 0;
+      c.window_left = i == 2 ? 30 : -1;
+      c.softcap = i == 3 ? 10 : 0;
+      c.layout = dt == DType::f16 ? Layout::bhsd : Layout::bshd;
+      c.pad = dt == DType::bf16 ? 1 : 0;
+      cases.push_back(c);
+    }
+  // Random combinations of every axis (kept small: this grid also runs under the sanitizers).
+  std::mt19937_64 rng(20261129);
+  auto pick = [&](int64_t n) { return int64_t(rng() % uint64_t(n)); };
+  const int64_t rl[] = {1, 2, 5, 17, 31, 64, 65, 100, 127};
+  const int64_t rd[] = {8, 16, 24, 40, 64, 72, 96, 128, 200, 256};
+  const int64_t rh[][2] = {{1, 1}, {2, 1}, {2, 2}, {4, 2}, {8, 1}, {8, 4}};
+  for (int n = 0; n < 60; ++n) {
+    const auto& hh = rh[pick(6)];
+    AttnCase c = base(kDtypes[pick(4)], rl[pick(9)], rl[pick(9)], hh[0], hh[1], rd[pick(10)], rd[pick(10)]);
+    c.batch = 1 + pick(2);
+    c.causal = pick(2) == 1;
+    c.window_left = pick(3) == 0 ? pick(40) : -1;
+    c.window_right = pick(4) == 0 ? pick(10) : -1;
+    c.softcap = pick(4) == 0 ? 20 : 0;
+    c.layout = pick(2) ? Layout::bhsd : Layout::bshd;
+    c.pad = pick(3) == 0 ? 7 : 0;
+    cases.push_back(c);
+  }
+  // Saturated softmax: scores in the thousands, most probabilities underflow to exactly 0.
+  for (DType dt : {DType::f32, DType::bf16}) {
+    AttnCase c = base(dt, 40, 90, 2, 1, 64, 64);
+    c.input_scale = 20;
+    c.causal = dt == DType::f32;
+    cases.push_back(c);
+  }
+  // A few at length 1000.
+  {
+    AttnCase c = base(DType::f32, 1000, 1000, 2, 1, 64, 64);
+    c.causal = true;
+    cases.push_back(c);
+    c = base(DType::bf16, 1000, 1000, 1, 1, 128, 128);
+    cases.push_back(c);
+    c = base(DType::f16, 1000, 300, 2, 2, 64, 32);
+    c.causal = true, c.window_left = 100, c.softcap = 30;
+    cases.push_back(c);
+    c = base(DType::f64, 200, 1000, 1, 1, 32, 32);
+    c.causal = true;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+class FlashGrid : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(FlashGrid, MatchesReference) {
+  const AttnCase& c = GetParam();
+  const AttnProblem pb(c, std::hash<std::string>{}(c.name()));
+  const AttnResult ref = run_attention(pb, Backend::cpu_reference, true, 0, /*as_f64=*/true);
+  const AttnResult got = run_attention(pb, Backend::cpu_flash, true);
+  expect_matches_reference(c, got, ref, naive_for(pb, true), true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, FlashGrid, ::testing::ValuesIn(grid_cases()),
+                         [](const ::testing::TestParamInfo<AttnCase>& info) {
+                           return std::to_string(info.index) + "_" + info.param.name();
+                         });
+
+}  // namespace
+}  // namespace flashattn::test

@@ -1,0 +1,115 @@
+// Properties of the CPU flash path beyond matching the reference: determinism (bitwise, run to run and across
+// thread counts), the optional LSE, exact zeros for rows and keys that see nothing.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include "cpu/attention_problem.h"
+
+namespace flashattn::test {
+namespace {
+
+bool bitwise_equal(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+// Shapes that take each path of the backward's work split: a single (batch, KV head) split into key chunks,
+// grouped heads split into head parts, enough units for no split, and varlen.
+std::vector<AttnCase> determinism_cases() {
+  std::vector<AttnCase> cases;
+  AttnCase c;
+  c.dtype = DType::f32, c.batch = 1, c.s_q = 300, c.s_k = 400, c.h_q = 1, c.h_kv = 1, c.d = 64, c.dv = 64;
+  c.causal = true;
+  cases.push_back(c);  // key chunks
+  c.h_q = 8, c.h_kv = 2, c.window_left = 50, c.causal = false, c.dtype = DType::bf16;
+  cases.push_back(c);  // head parts
+  c.batch = 4, c.h_q = 8, c.h_kv = 4, c.s_q = 100, c.s_k = 100, c.dtype = DType::f16, c.softcap = 10;
+  cases.push_back(c);  // no split
+  AttnCase v;
+  v.dtype = DType::f32, v.h_q = 2, v.h_kv = 1, v.d = 32, v.dv = 32, v.causal = true;
+  v.lens_q = {130, 0, 70}, v.lens_k = {200, 5, 64};
+  cases.push_back(v);  // varlen with per-batch chunking
+  return cases;
+}
+
+TEST(FlashProperties, BackwardIsBitwiseDeterministicAcrossRunsAndThreadCounts) {
+  for (const AttnCase& c : determinism_cases()) {
+    const AttnProblem pb(c, 11);
+    const AttnResult first = run_attention(pb, Backend::cpu_flash, true, 0);
+    for (int threads : {0, 1, 2, 3, 5}) {
+      const AttnResult again = run_attention(pb, Backend::cpu_flash, true, threads);
+      EXPECT_TRUE(bitwise_equal(first.o, again.o)) << c.name() << " O, threads " << threads;
+      EXPECT_TRUE(bitwise_equal(first.lse, again.lse)) << c.name() << " LSE, threads " << threads;
+      EXPECT_TRUE(bitwise_equal(first.dq, again.dq)) << c.name() << " dQ, threads " << threads;
+      EXPECT_TRUE(bitwise_equal(first.dk, again.dk)) << c.name() << " dK, threads " << threads;
+      EXPECT_TRUE(bitwise_equal(first.dv, again.dv)) << c.name() << " dV, threads " << threads;
+    }
+  }
+}
+
+TEST(FlashProperties, ForwardWithoutLse) {
+  AttnCase c;
+  c.s_q = 70, c.s_k = 90, c.h_q = 2, c.h_kv = 1, c.d = 48, c.dv = 48, c.causal = true;
+  const AttnProblem pb(c, 5);
+  HostTensor with = pb.alloc_out(c.dtype), without = pb.alloc_out(c.dtype), lse = pb.alloc_lse();
+  with.poison(), without.poison();
+  ASSERT_TRUE(attention_forward(pb.forward_args(pb.q(), pb.k(), pb.v(), with, &lse), c.options(Backend::cpu_flash)).ok());
+  ASSERT_TRUE(attention_forward(pb.forward_args(pb.q(), pb.k(), pb.v(), without, nullptr), c.options(Backend::cpu_flash)).ok());
+  EXPECT_TRUE(bitwise_equal(with.values(), without.values()));
+}
+
+// Causal with a zero-width left window: query i sees only key i + s_k - s_q. With s_q > s_k the first
+// s_q - s_k rows see nothing (O = 0, LSE = -inf, dQ = 0); with s_q < s_k the first s_k - s_q keys are seen by
+// nobody (dK = dV = 0).
+TEST(FlashProperties, RowsAndKeysThatSeeNothingGiveExactZeros) {
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    for (bool more_queries : {true, false}) {
+      AttnCase c;
+      c.dtype = dt, c.batch = 2, c.h_q = 4, c.h_kv = 2, c.d = 32, c.dv = 16;
+      c.s_q = more_queries ? 90 : 20, c.s_k = more_queries ? 40 : 70;
+      c.causal = true, c.window_left = 0;
+      const AttnProblem pb(c, 9);
+      const AttnResult r = run_attention(pb, Backend::cpu_flash, true);
+      const RowIndex rq = pb.rows(true, c.h_q, c.d), ro = pb.rows(true, c.h_q, c.dv);
+      const RowIndex rk = pb.rows(false, c.h_kv, c.d), rv = pb.rows(false, c.h_kv, c.dv);
+      for (int64_t b = 0; b < c.batch; ++b) {
+        for (int64_t h = 0; h < c.h_q; ++h)
+          for (int64_t i = 0; i < c.s_q; ++i) {
+            const double lse = r.lse[size_t(pb.lse_index(rq, b, h, i))];
+            if (i + c.s_k - c.s_q >= 0) {
+              EXPECT_TRUE(std::isfinite(lse));
+              continue;
+            }
+            EXPECT_EQ(lse, -INFINITY) << dtype_name(dt);
+            for (int64_t x = 0; x < c.dv; ++x) EXPECT_EQ(r.o[size_t(ro.at(b, i, h, x))], 0.0);
+            for (int64_t x = 0; x < c.d; ++x) EXPECT_EQ(r.dq[size_t(rq.at(b, i, h, x))], 0.0);
+          }
+        for (int64_t h = 0; h < c.h_kv; ++h)
+          for (int64_t j = 0; j < c.s_k - c.s_q; ++j) {
+            for (int64_t x = 0; x < c.d; ++x) EXPECT_EQ(r.dk[size_t(rk.at(b, j, h, x))], 0.0);
+            for (int64_t x = 0; x < c.dv; ++x) EXPECT_EQ(r.dv[size_t(rv.at(b, j, h, x))], 0.0);
+          }
+      }
+    }
+  }
+}
+
+TEST(FlashProperties, EmptyProblems) {
+  for (int64_t sq : {0, 3})
+    for (int64_t sk : {0, 3}) {
+      if (sq > 0 && sk > 0) continue;
+      AttnCase c;
+      c.batch = 2, c.s_q = sq, c.s_k = sk, c.h_q = 2, c.h_kv = 1, c.d = 8, c.dv = 8;
+      const AttnProblem pb(c, 1);
+      const AttnResult r = run_attention(pb, Backend::cpu_flash, true);
+      for (double x : r.o) EXPECT_EQ(x, 0.0);  // s_k = 0: every row sees nothing
+      for (double x : r.dq) EXPECT_EQ(x, 0.0);
+      for (double x : r.dk) EXPECT_EQ(x, 0.0);  // s_q = 0: no query sees any key
+      for (double x : r.dv) EXPECT_EQ(x, 0.0);
+    }
+}
+
+}  // namespace
+}  // namespace flashattn::test
