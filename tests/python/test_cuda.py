@@ -136,3 +136,28 @@ def test_reference_runs_on_gpu_inputs_too():
     q = torch.randn(1, 3, 1, 8, device="cuda", dtype=torch.float64)
     out, lse = attention_ref(q, q, q, causal=True)
     assert out.device.type == "cuda" and torch.isfinite(lse).all()
+
+
+def test_opcheck_backward(dtype):
+    q, k, v = (torch.randn(2, 37, 4, 64, dtype=dtype, device="cuda") for _ in range(3))
+    out, lse = torch.ops.flashattn.attention_forward(q, k, v, None, None, 0, 0, 0.125, True, -1, -1, 0.0, False,
+                                                     "auto", 0)
+    args = (torch.randn_like(out), q, k, v, out, lse, None, None, 0, 0, 0.125, True, -1, -1, 0.0, False, "auto", 0)
+    torch.library.opcheck(torch.ops.flashattn.attention_backward.default, args)
+
+
+def test_cupy_arrays_on_an_explicit_stream(dtype):
+    """The native module with CuPy arrays (no torch tensor involved) and a CuPy stream passed as an integer."""
+    cp = pytest.importorskip("cupy")
+    if dtype != torch.float16:
+        pytest.skip("CuPy has no bfloat16")
+    rng = cp.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 64, 4, 64), dtype=cp.float32).astype(cp.float16) for _ in range(3))
+    out, lse = cp.empty_like(q), cp.empty((2, 4, 64), cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        ran = flashattn._C.forward(q, k, v, out, lse, causal=True, stream=stream.ptr)
+    stream.synchronize()
+    assert ran.startswith("cuda_")
+    expected = flashattn.flash_attn_func(*(torch.from_dlpack(t) for t in (q, k, v)), causal=True)
+    torch.testing.assert_close(torch.from_dlpack(out), expected, rtol=0, atol=0)

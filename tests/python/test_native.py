@@ -3,6 +3,7 @@ caller-allocated outputs, error mapping, build queries, and the GIL released dur
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -81,6 +82,19 @@ def test_numpy_varlen():
         _C.forward(q[None, cu_q[b]:cu_q[b + 1]], k[None, cu_k[b]:cu_k[b + 1]], v[None, cu_k[b]:cu_k[b + 1]], ref,
                    causal=True, backend="cpu_reference")
         np.testing.assert_allclose(out[cu_q[b]:cu_q[b + 1]], ref[0], rtol=1e-6, atol=1e-6)
+
+
+def test_jax_inputs():
+    """Read-only JAX arrays (CPU) as inputs through DLPack, a numpy output."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # keep JAX off the GPU the torch tests use
+    jax = pytest.importorskip("jax")
+    q, k, v = np_inputs()
+    cpu = jax.devices("cpu")[0]
+    jq, jk, jv = (jax.device_put(t, cpu) for t in (q, k, v))
+    out, ref = (np.empty(q.shape[:-1] + (v.shape[-1],), np.float32) for _ in range(2))
+    _C.forward(jq, jk, jv, out, causal=True, backend="cpu_reference")
+    _C.forward(q, k, v, ref, causal=True, backend="cpu_reference")
+    np.testing.assert_array_equal(out, ref)
 
 
 def test_choose_backend_reports_reason():
