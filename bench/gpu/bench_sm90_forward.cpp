@@ -125,6 +125,7 @@ int main(int argc, char** argv) {
         std::printf(csv ? "%s,%lld,%lld,%d,%.4f,%.1f\n" : "%20s %4lld %6lld %6d %9.4f %8.1f\n", vname.c_str(), (long long)hd,
                     (long long)s,
                     int(causal), med, flops / (med * 1e-3) / 1e12);
+        std::fflush(stdout);  // a later variant that hangs (killed by a timeout) keeps the lines before it
       }
   return 0;
 }

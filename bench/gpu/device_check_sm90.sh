@@ -60,13 +60,16 @@ done
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran|error|Failure" "$OUT/tests.log" | head -40 | tee -a "$OUT/summary.txt"
 
 if [ "$tests_rc" = 124 ]; then
-  say "the tests timed out (a kernel hangs?): skipping memcheck and timing"
+  # A hang in one variant should not cost the whole call: time what runs (the bench prints as it goes, under
+  # its own timeout), skip the sanitizers.
+  say "the tests timed out (a kernel hangs?): timing anyway, no sanitizers"
   tail -20 "$OUT/tests.log"
-  exit 1
+  SM90_SKIP_SANITIZER=1
+  SM90_ONE_PASS=1
 fi
 
 say "sm90 forward timing (bf16, B*S = 16k, H*D = 2048)"
-timeout 90 "$BENCH" --csv >"$OUT/bench_sm90.csv" 2>&1
+timeout "$([ "${SM90_ONE_PASS:-0}" = 1 ] && echo 40 || echo 90)" "$BENCH" --csv >"$OUT/bench_sm90.csv" 2>&1
 echo "bench exit code $?" >>"$OUT/summary.txt"
 cat "$OUT/bench_sm90.csv" >>"$OUT/summary.txt"
 
@@ -76,9 +79,11 @@ if [ "${SM90_SKIP_CUDNN:-0}" != 1 ]; then
   cat "$OUT/bench_cudnn.csv" >>"$OUT/summary.txt"
 fi
 
-say "sm90 forward timing, second pass (run-to-run spread)"
-timeout 60 "$BENCH" --csv >"$OUT/bench_sm90_b.csv" 2>&1
-echo "bench (second pass) exit code $?" >>"$OUT/summary.txt"
+if [ "${SM90_ONE_PASS:-0}" != 1 ]; then
+  say "sm90 forward timing, second pass (run-to-run spread)"
+  timeout 60 "$BENCH" --csv >"$OUT/bench_sm90_b.csv" 2>&1
+  echo "bench (second pass) exit code $?" >>"$OUT/summary.txt"
+fi
 
 say "table: TFLOP/s per variant+schedule (rows) and shape (columns: hd/S-in-k/causal), both passes, cuDNN"
 python3 - "$OUT/bench_sm90.csv" "$OUT/bench_sm90_b.csv" "$OUT/bench_cudnn.csv" <<'PY' | tee -a "$OUT/summary.txt"
