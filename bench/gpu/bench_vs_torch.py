@@ -102,6 +102,12 @@ def main():
                 torch.cuda.empty_cache()
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if not commit:  # an exported tree (no .git) records its commit in COMMIT
+        try:
+            with open("COMMIT") as f:
+                commit = f.read().strip()
+        except OSError:
+            pass
     meta = {
         "date": datetime.date.today().isoformat(),
         "commit": commit or "unknown",
