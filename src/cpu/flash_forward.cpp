@@ -2,8 +2,9 @@
 // never materialising more than one kBlockK x kBlockQ score tile per thread.
 //
 // Work split: one task per (batch, query head, block of kBlockQ query rows), spread over OpenMP threads
-// (dynamic schedule, costliest tasks first so that causal / windowed tails balance). A task streams the key
-// blocks its rows can see (MaskSpec::key_range_for_rows), so blocks outside the mask cost nothing.
+// (dynamic schedule; head-major so that consecutive tasks reuse K / V from L2, costly blocks of a head first).
+// A task streams the key blocks its rows can see (MaskSpec::key_range_for_rows), so blocks outside the mask
+// cost nothing.
 //
 // Per key block, in the task's fp32 (fp64 for fp64 inputs) buffers:
 //   Sᵀ = K · Qᵀ                     (micro_gemm: K broadcast, Qᵀ rows as vectors; Qᵀ transposed once per task
@@ -52,26 +53,26 @@ struct ForwardScratch {
   AlignedBuffer<Acc> qt, k, v, s, o;
   AlignedBuffer<Acc> m, l, alpha, offset, tile_max;
 
-  ForwardScratch(int64_t d, int64_t dvp) {
+  ForwardScratch(int64_t block_q, int64_t d, int64_t dvp) {
     using C = CpuTiles<Acc>;
-    qt.resize(d * C::kBlockQ);
+    qt.resize(d * block_q);
     k.resize(C::kBlockK * d);
     v.resize(C::kBlockK * dvp);
-    s.resize(C::kBlockK * C::kBlockQ);
-    o.resize(C::kBlockQ * dvp);
-    for (auto* b : {&m, &l, &alpha, &offset, &tile_max}) b->resize(C::kBlockQ);
+    s.resize(C::kBlockK * block_q);
+    o.resize(block_q * dvp);
+    for (auto* b : {&m, &l, &alpha, &offset, &tile_max}) b->resize(block_q);
   }
 };
 
 struct QueryBlockTask {
   int64_t batch, head, row0;
-  int64_t cost;  // score-tile elements the task computes: the schedule takes costly tasks first
+  int64_t cost;  // score-tile elements the task computes
 };
 
 template <typename T, typename Acc>
-void forward_task(const FwdParams& p, const QueryBlockTask& t, ForwardScratch<Acc>& w) {
+void forward_task(const FwdParams& p, int64_t kBq, const QueryBlockTask& t, ForwardScratch<Acc>& w) {
   using C = CpuTiles<Acc>;
-  constexpr int64_t kBq = C::kBlockQ, kBk = C::kBlockK;
+  constexpr int64_t kBk = C::kBlockK;
   constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
   const int64_t d = p.head_dim, dv = p.head_dim_v, dvp = round_up(dv, C::kVec);
   const SequenceExtent ext = sequence_extent(p, t.batch);
@@ -97,18 +98,28 @@ void forward_task(const FwdParams& p, const QueryBlockTask& t, ForwardScratch<Ac
     const RowTile<Acc> kt = rows_as_acc<Acc>(k.row(j0), k.row_stride, nk, d, d, w.k.data());
     const RowTile<Acc> vt = rows_as_acc<Acc>(v.row(j0), v.row_stride, nk, dv, dvp, w.v.data());
 
-    // Sᵀ (nk x nqp, key-major) in log2 units.
-    gemm<Acc>(nk, nqp, d, kt.data, kt.ld, 1, w.qt.data(), kBq, s, kBq, GemmMode::overwrite);
-    score.apply_softcap(s, kBq, nk, nqp);
-    if (!mask.tile_fully_visible(i0, i0 + nq, j0, j0 + nk)) mask_key_major(mask, s, kBq, j0, nk, i0, nqp);
+    // Only the block's queries that see some key of this tile, whole vectors of them: under a causal or
+    // windowed mask that skips up to half of a diagonal tile in both products and the softmax.
+    int64_t qa, qb;
+    mask.query_range_for_keys(j0, j0 + nk, &qa, &qb);
+    const int64_t c0 = std::max<int64_t>(qa - i0, 0) / C::kVec * C::kVec;
+    const int64_t c1 = std::min(nqp, round_up(std::max<int64_t>(qb - i0, 0), C::kVec));
+    const int64_t rows = std::min(c1, nq) - c0;
+    if (rows <= 0) continue;
+    Acc* sc = s + c0;
+
+    // Sᵀ (nk x [c0, c1), key-major) in log2 units.
+    gemm<Acc>(nk, c1 - c0, d, kt.data, kt.ld, 1, w.qt.data() + c0, kBq, sc, kBq, GemmMode::overwrite);
+    score.apply_softcap(sc, kBq, nk, c1 - c0);
+    if (!mask.tile_fully_visible(i0 + c0, i0 + c0 + rows, j0, j0 + nk)) mask_key_major(mask, sc, kBq, j0, nk, i0 + c0, c1 - c0);
 
     // Online softmax, one query row per column.
-    for (int64_t i = 0; i < nqp; ++i) tmax[i] = kNegInf;
+    for (int64_t i = c0; i < c1; ++i) tmax[i] = kNegInf;
     for (int64_t j = 0; j < nk; ++j) {
       const Acc* sj = s + j * kBq;
-      for (int64_t i = 0; i < nqp; ++i) tmax[i] = sj[i] > tmax[i] ? sj[i] : tmax[i];
+      for (int64_t i = c0; i < c1; ++i) tmax[i] = sj[i] > tmax[i] ? sj[i] : tmax[i];
     }
-    for (int64_t i = 0; i < nqp; ++i) {
+    for (int64_t i = c0; i < c1; ++i) {
       const Acc m_new = tmax[i] > m[i] ? tmax[i] : m[i];
       off[i] = SoftmaxState<Acc>::exp_offset(m_new);
       alpha[i] = exp2_approx(m[i] - off[i]);
@@ -117,13 +128,13 @@ void forward_task(const FwdParams& p, const QueryBlockTask& t, ForwardScratch<Ac
     }
     for (int64_t j = 0; j < nk; ++j) {
       Acc* sj = s + j * kBq;
-      for (int64_t i = 0; i < nqp; ++i) {
+      for (int64_t i = c0; i < c1; ++i) {
         sj[i] = exp2_approx(sj[i] - off[i]);
         l[i] += sj[i];
       }
     }
-    // O = diag(alpha) O + P V, with P(i, j) = Sᵀ[j][i].
-    gemm<Acc>(nq, dvp, nk, s, 1, kBq, vt.data, vt.ld, w.o.data(), dvp, GemmMode::scale_add, alpha);
+    // O = diag(alpha) O + P V on those rows, with P(i, j) = Sᵀ[j][i].
+    gemm<Acc>(rows, dvp, nk, sc, 1, kBq, vt.data, vt.ld, w.o.data() + c0 * dvp, dvp, GemmMode::scale_add, alpha + c0);
   }
 
   // Finalise: O / l (0 for rows that saw no key), LSE = ln2 · (m + log2 l) (-inf for those rows).
@@ -134,33 +145,52 @@ void forward_task(const FwdParams& p, const QueryBlockTask& t, ForwardScratch<Ac
   }
 }
 
+// Head-major order, so that the tasks a thread takes one after another stream the same K / V (which then stay in
+// its L2); within a head, costly blocks first (under a causal mask the last query blocks see the most keys), so
+// that the small ones fill the gaps at the end of the dynamic schedule.
 std::vector<QueryBlockTask> make_tasks(const FwdParams& p, int64_t block_q) {
   std::vector<QueryBlockTask> tasks;
   for (int64_t b = 0; b < p.batch; ++b) {
     const SequenceExtent ext = sequence_extent(p, b);
     const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right);
-    for (int64_t i0 = 0; i0 < ext.len_q; i0 += block_q) {
-      const int64_t nq = std::min(block_q, ext.len_q - i0);
-      int64_t lo, hi;
-      mask.key_range_for_rows(i0, i0 + nq, &lo, &hi);
-      for (int64_t h = 0; h < p.heads_q; ++h) tasks.push_back({b, h, i0, nq * (hi - lo) + nq});
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      const size_t first = tasks.size();
+      for (int64_t i0 = 0; i0 < ext.len_q; i0 += block_q) {
+        const int64_t nq = std::min(block_q, ext.len_q - i0);
+        int64_t lo, hi;
+        mask.key_range_for_rows(i0, i0 + nq, &lo, &hi);
+        tasks.push_back({b, h, i0, nq * (hi - lo) + nq});
+      }
+      std::stable_sort(tasks.begin() + std::ptrdiff_t(first), tasks.end(),
+                       [](const QueryBlockTask& x, const QueryBlockTask& y) { return x.cost > y.cost; });
     }
   }
-  std::stable_sort(tasks.begin(), tasks.end(),
-                   [](const QueryBlockTask& a, const QueryBlockTask& b) { return a.cost > b.cost; });
   return tasks;
+}
+
+// The forward's query block height for this call: the tallest candidate that still gives kFwdMinTasks tasks.
+template <typename Acc>
+int64_t choose_block_q(const FwdParams& p) {
+  using C = CpuTiles<Acc>;
+  for (int64_t bq = C::kFwdBlockQMax; bq > C::kFwdBlockQMin; bq /= 2) {
+    int64_t tasks = 0;
+    for (int64_t b = 0; b < p.batch; ++b) tasks += (sequence_extent(p, b).len_q + bq - 1) / bq;
+    if (tasks * p.heads_q >= C::kFwdMinTasks) return bq;
+  }
+  return C::kFwdBlockQMin;
 }
 
 template <typename T, typename Acc>
 Status forward_typed(const FwdParams& p) {
-  const std::vector<QueryBlockTask> tasks = make_tasks(p, CpuTiles<Acc>::kBlockQ);
-  const int64_t n = int64_t(tasks.size());
   const int threads = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
+  const int64_t block_q = choose_block_q<Acc>(p);
+  const std::vector<QueryBlockTask> tasks = make_tasks(p, block_q);
+  const int64_t n = int64_t(tasks.size());
 #pragma omp parallel num_threads(threads) if (n > 1)
   {
-    ForwardScratch<Acc> scratch(p.head_dim, round_up(p.head_dim_v, CpuTiles<Acc>::kVec));
+    ForwardScratch<Acc> scratch(block_q, p.head_dim, round_up(p.head_dim_v, CpuTiles<Acc>::kVec));
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < n; ++t) forward_task<T, Acc>(p, tasks[size_t(t)], scratch);
+    for (int64_t t = 0; t < n; ++t) forward_task<T, Acc>(p, block_q, tasks[size_t(t)], scratch);
   }
   return Status::success();
 }

@@ -27,6 +27,8 @@ std::vector<AttnCase> determinism_cases() {
   cases.push_back(c);  // head parts
   c.batch = 4, c.h_q = 8, c.h_kv = 4, c.s_q = 100, c.s_k = 100, c.dtype = DType::f16, c.softcap = 10;
   cases.push_back(c);  // no split
+  c.batch = 1, c.h_q = 4, c.h_kv = 4, c.s_q = 1100, c.s_k = 700, c.d = 16, c.dv = 16, c.dtype = DType::f32;
+  cases.push_back(c);  // the forward's tallest query blocks
   AttnCase v;
   v.dtype = DType::f32, v.h_q = 2, v.h_kv = 1, v.d = 32, v.dv = 32, v.causal = true;
   v.lens_q = {130, 0, 70}, v.lens_k = {200, 5, 64};
