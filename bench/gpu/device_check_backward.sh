@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for the sm80 backward: build (backward-only tree, sm_90, all cores), the backward GPU tests,
+# One device call for the sm80 backward: build (whole tree, sm_90, all cores), the backward GPU tests,
 # compute-sanitizer memcheck + racecheck on the tiny cases, resource usage, our timings and PyTorch's flash
 # backward side by side. Logs go to $OUT; a short summary is printed last. Needs googletest: the system's, or
 # sources in .gtest-src (carried).
@@ -7,19 +7,12 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/bwd-out}
 mkdir -p "$OUT"
-jobs=$(nproc)
 log=$OUT/build.log
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$log" 2>&1
-prefix=""
-if [ ! -f /usr/include/gtest/gtest.h ] && [ -d .gtest-src ]; then
-  (cmake -S .gtest-src -B /tmp/gtest-build -G Ninja -DCMAKE_INSTALL_PREFIX=/tmp/gtest -DBUILD_GMOCK=OFF &&
-   ninja -C /tmp/gtest-build install) > /tmp/gtest.log 2>&1 || tail -20 /tmp/gtest.log >> "$log"
-  prefix=-DCMAKE_PREFIX_PATH=/tmp/gtest
-fi
-bench/gpu/backward_only_tree.sh /tmp/bwdsrc
+source bench/gpu/device_common.sh
+prefix=$(gtest_prefix_flag)
 t0=$(date +%s)
-{ cmake -S /tmp/bwdsrc -B /tmp/build-bwd -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90 -DFLASHATTN_CUDA=ON \
-    -DFLASHATTN_BUILD_CLI=OFF $prefix && ninja -C /tmp/build-bwd -j"$jobs" flashattn_gpu_tests; } >> "$log" 2>&1
+build_tree . /tmp/build-bwd -DFLASHATTN_BUILD_CLI=OFF $prefix -- flashattn_gpu_tests >> "$log" 2>&1
 echo "build rc=$? in $(( $(date +%s) - t0 )) s" >> "$log"
 nvcc -O2 -std=c++17 -arch=sm_90 -Iinclude bench/gpu/backward_bench.cu /tmp/build-bwd/libflashattn.a \
   -Xcompiler -fopenmp -o /tmp/backward_bench >> "$log" 2>&1 &

@@ -1,24 +1,17 @@
 #!/usr/bin/env bash
-# One device call for the sm80 forward: build (forward-only tree, sm_90, all cores), GPU tests, compute-sanitizer
+# One device call for the sm80 forward: build (whole tree, sm_90, all cores), GPU tests, compute-sanitizer
 # memcheck + racecheck on the tiny cases, resource usage, our timings and PyTorch's flash backend side by side.
 # Logs go to $OUT (6 files); a short summary is printed last. Needs googletest: the system's, or sources in
 # .gtest-src (carried).
 set -uo pipefail
 OUT=${OUT:-/tmp/fwd-out}
 mkdir -p "$OUT"
-jobs=$(nproc)
 log=$OUT/build.log
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$log" 2>&1
-prefix=""
-if [ ! -f /usr/include/gtest/gtest.h ] && [ -d .gtest-src ]; then
-  (cmake -S .gtest-src -B /tmp/gtest-build -G Ninja -DCMAKE_INSTALL_PREFIX=/tmp/gtest -DBUILD_GMOCK=OFF &&
-   ninja -C /tmp/gtest-build install) > /tmp/gtest.log 2>&1 || tail -20 /tmp/gtest.log >> "$log"
-  prefix=-DCMAKE_PREFIX_PATH=/tmp/gtest
-fi
-bench/gpu/forward_only_tree.sh /tmp/fwdsrc
+source bench/gpu/device_common.sh
+prefix=$(gtest_prefix_flag)
 t0=$(date +%s)
-{ cmake -S /tmp/fwdsrc -B /tmp/build-fwd -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90 -DFLASHATTN_CUDA=ON \
-    -DFLASHATTN_BUILD_CLI=OFF $prefix && ninja -C /tmp/build-fwd -j"$jobs" flashattn_gpu_tests; } >> "$log" 2>&1
+build_tree . /tmp/build-fwd -DFLASHATTN_BUILD_CLI=OFF $prefix -- flashattn_gpu_tests >> "$log" 2>&1
 echo "build rc=$? in $(( $(date +%s) - t0 )) s" >> "$log"
 nvcc -O2 -std=c++17 -arch=sm_90 -Iinclude bench/gpu/forward_bench.cu /tmp/build-fwd/libflashattn.a -Xcompiler -fopenmp \
   -o /tmp/forward_bench >> "$log" 2>&1 &
@@ -27,7 +20,7 @@ for f in /tmp/build-fwd/CMakeFiles/flashattn.dir/src/cuda/sm80/forward_hd*.o; do
   echo "== $f"; cuobjdump --dump-resource-usage "$f" | grep -E "Function|REG"
 done > "$OUT/resources.txt" 2>&1
 t=/tmp/build-fwd/tests/flashattn_gpu_tests
-timeout 240 $t > "$OUT/tests.log" 2>&1; echo "tests rc=$?" >> "$OUT/tests.log"
+timeout 240 $t --gtest_filter="${FWD_TESTS:-*Sm80Forward*}" > "$OUT/tests.log" 2>&1; echo "tests rc=$?" >> "$OUT/tests.log"
 san=$OUT/sanitizer.log
 timeout 150 compute-sanitizer --tool memcheck $t --gtest_filter='*tiny_*:*RejectsWhat*' > "$san" 2>&1
 timeout 120 compute-sanitizer --tool racecheck $t --gtest_filter='*tiny_len17*:*tiny_varlen*:*tiny_misaligned*' \
@@ -37,10 +30,9 @@ timeout 120 /tmp/forward_bench 1024 4096 16384 > "$OUT/bench.txt" 2>&1
 timeout 120 python3 bench/gpu/torch_flash_fwd.py 1024 4096 16384 > "$OUT/torch.txt" 2>&1
 # Optional A/B: bench/gpu/forward_variant.sed edits forward_config.h in a second tree; only the timings run.
 if [ -f bench/gpu/forward_variant.sed ]; then
-  bench/gpu/forward_only_tree.sh /tmp/fwdsrc2
+  copy_tree /tmp/fwdsrc2
   sed -i -f bench/gpu/forward_variant.sed /tmp/fwdsrc2/src/cuda/sm80/forward_config.h
-  { cmake -S /tmp/fwdsrc2 -B /tmp/build-fwd2 -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90 -DFLASHATTN_CUDA=ON \
-      -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_TESTS=OFF && ninja -C /tmp/build-fwd2 -j"$jobs" flashattn &&
+  { build_tree /tmp/fwdsrc2 /tmp/build-fwd2 -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_TESTS=OFF -- flashattn &&
     nvcc -O2 -std=c++17 -arch=sm_90 -Iinclude bench/gpu/forward_bench.cu /tmp/build-fwd2/libflashattn.a \
       -Xcompiler -fopenmp -o /tmp/forward_bench2; } >> "$log" 2>&1
   { grep -v "^#" bench/gpu/forward_variant.sed; timeout 90 /tmp/forward_bench2 4096 16384; } > "$OUT/variant.txt" 2>&1

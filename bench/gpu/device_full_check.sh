@@ -11,7 +11,6 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/full-out}
 mkdir -p "$OUT"
-jobs=$(nproc)
 summary=$OUT/summary.txt
 say() { printf '\n==== %s\n' "$*" | tee -a "$summary"; }
 t_start=$(date +%s)
@@ -21,17 +20,11 @@ say "device"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$summary"
 { git rev-parse --short HEAD 2>/dev/null || cat COMMIT 2>/dev/null; } | tee -a "$summary"
 
-prefix=()
-if [ ! -f /usr/include/gtest/gtest.h ] && [ -d .gtest-src ]; then
-  { cmake -S .gtest-src -B /tmp/gtest-build -G Ninja -DCMAKE_INSTALL_PREFIX=/tmp/gtest -DBUILD_GMOCK=OFF &&
-    ninja -C /tmp/gtest-build install; } > "$OUT/gtest.log" 2>&1
-  prefix=(-DCMAKE_PREFIX_PATH=/tmp/gtest)
-fi
+source bench/gpu/device_common.sh
+prefix=$(gtest_prefix_flag)
 
 say "build ($(elapsed))"
-{ cmake -S . -B /tmp/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DFLASHATTN_BUILD_PYTHON=ON -DFLASHATTN_BUILD_BENCH=OFF "${prefix[@]}" &&
-  ninja -C /tmp/build -j"$jobs"; } > "$OUT/build.log" 2>&1
+build_tree . /tmp/build -DFLASHATTN_BUILD_PYTHON=ON -DFLASHATTN_BUILD_BENCH=OFF $prefix > "$OUT/build.log" 2>&1
 rc=$?
 echo "build rc=$rc ($(elapsed))" | tee -a "$summary"
 [ $rc -eq 0 ] || { grep -E "error|Error" "$OUT/build.log" | head -30; tail -30 "$OUT/build.log"; exit 1; }

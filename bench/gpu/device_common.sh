@@ -1,0 +1,29 @@
+# Steps shared by the device check scripts (sourced, not run). The device image may lack googletest: its
+# sources travel in .gtest-src (carried) and are installed to /tmp/gtest here.
+
+# Prints the CMake flag that finds googletest, installing it from .gtest-src first when the system has none.
+gtest_prefix_flag() {
+  if [ ! -f /usr/include/gtest/gtest.h ] && [ -d .gtest-src ]; then
+    { cmake -S .gtest-src -B /tmp/gtest-build -G Ninja -DCMAKE_INSTALL_PREFIX=/tmp/gtest -DBUILD_GMOCK=OFF &&
+      ninja -C /tmp/gtest-build install; } > /tmp/gtest.log 2>&1 || tail -20 /tmp/gtest.log >&2
+    echo "-DCMAKE_PREFIX_PATH=/tmp/gtest"
+  fi
+}
+
+# build_tree SRC BUILD [cmake flags...] -- [ninja targets...]: configures SRC for sm_90 (the sm_90a objects
+# build regardless) and builds the targets with every core.
+build_tree() {
+  local src=$1 build=$2
+  shift 2
+  local flags=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do flags+=("$1"); shift; done
+  [ "${1:-}" = "--" ] && shift
+  cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 "${flags[@]}" && ninja -C "$build" -j"$(nproc)" "$@"
+}
+
+# copy_tree DST: the working tree without build outputs, for a variant build beside the main one.
+copy_tree() {
+  rm -rf "$1" && mkdir -p "$1"
+  tar --exclude='./build*' --exclude='./.git' --exclude='./.gtest-src' -cf - . | (cd "$1" && tar -xf -)
+}
