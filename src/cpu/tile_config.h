@@ -1,9 +1,10 @@
 // Every tile-size decision of the CPU flash path, in one place.
 //
 // Two levels of blocking:
-// - Register micro-tiles (micro_gemm.h): kMicroRows rows by kMicroVecs vectors of accumulators. The sizes
-//   follow the register file: AVX-512 has 32 vector registers, so 6 x 4 = 24 accumulators leave room for the
-//   4 B-vectors and a broadcast; AVX2 / SSE have 16, so 6 x 2 = 12.
+// - Register micro-tiles (micro_gemm.h): kMicroRows rows by kMicroVecs vectors of accumulators, within the
+//   register file (AVX-512: 32 vector registers, 4 x 4 accumulators + 4 B-vectors + a broadcast; AVX2 / SSE:
+//   16, 4 x 2). 4 rows divide every attention block, so no row tails; measured as fast as 6 x 4 (within 2%)
+//   for the forward and up to 7% faster for the backward at d = 64, and faster than 8 x 3.
 // - Attention tiles (flash_forward.cpp / flash_backward.cpp): kBlockQ query rows by kBlockK key rows. A block
 //   is a multiple of the micro-tile width so that the score tiles run at the micro-kernel's full width, and
 //   small enough that a tile's working set (Q, K, V, scores, O partial) stays in the 1-2 MiB L2 of one core.
@@ -43,7 +44,7 @@ struct CpuTiles {
   // Elements per vector register; padded row lengths of fp32/fp64 buffers are multiples of it, so a micro-kernel
   // never needs a scalar column tail.
   static constexpr int kVec = kVectorBytes / int(sizeof(Acc));
-  static constexpr int kMicroRows = 6;
+  static constexpr int kMicroRows = 4;
   static constexpr int kMicroVecs = kRegisterCount >= 32 ? 4 : 2;
   static constexpr int kMicroCols = kMicroVecs * kVec;
 

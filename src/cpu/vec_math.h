@@ -18,8 +18,8 @@ inline namespace FLASHATTN_CPU_ISA {
 constexpr double kLog2e = 1.4426950408889634074;  // log2(e): exp(x) = exp2(x * log2e)
 constexpr double kLn2 = 0.6931471805599453094;
 
-// 2^x for scores already in log2 units. x < -126 (below the normal range, -inf included) gives exactly 0, which
-// is what a masked score must contribute; NaN stays NaN.
+// 2^x for scores already in log2 units. Below -126.5 (the normal range, -inf included) the result is exactly 0,
+// which is what a masked score must contribute; NaN stays NaN.
 inline float exp2_approx(float x) {
   const float lo = x > -127.f ? x : -127.f;  // also maps NaN to a finite value so that the int conversion is defined
   const float xc = lo < 127.f ? lo : 127.f;
@@ -34,9 +34,10 @@ inline float exp2_approx(float x) {
   p = p * f + 0.24022647913619652f;
   p = p * f + 0.6931472028551295f;
   p = p * f + 1.f;
-  const float scale = bits_to_float(uint32_t(int32_t(n) + 127) << 23);  // 2^n, n in [-127, 127]
+  // 2^n from its exponent bits; n = -127 (x below -126.5) gives the bit pattern 0, i.e. exactly 0.
+  const float scale = bits_to_float(uint32_t(int32_t(n) + 127) << 23);
   const float r = p * scale;
-  return x >= -126.f ? r : (x != x ? x : 0.f);
+  return x != x ? x : r;
 }
 
 inline double exp2_approx(double x) { return std::exp2(x); }

@@ -3,86 +3,16 @@
 // the main suite. Every allocation the library makes goes through operator new (std::vector, AlignedBuffer).
 #include <gtest/gtest.h>
 
-#include <atomic>
-#include <cstdlib>
 #include <functional>
-#include <new>
 
 #include "common/host_tensor.h"
+#include "cpu/heap_counter.h"  // replaces operator new / delete in this binary
 #include "flashattn/flashattn.h"
-
-namespace {
-
-std::atomic<int64_t> g_current{0}, g_peak{0};
-
-void note_alloc(int64_t n) {
-  const int64_t now = g_current.fetch_add(n) + n;
-  int64_t peak = g_peak.load();
-  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
-  }
-}
-
-// A header in front of every block records its size and the header length, so every delete form can account
-// for it without being told the size.
-void* counted_alloc(size_t n, size_t align) noexcept {
-  if (align < 16) align = 16;
-  const size_t header = align;
-  void* raw = nullptr;
-  if (posix_memalign(&raw, align, n + header) != 0) return nullptr;
-  char* user = static_cast<char*>(raw) + header;
-  reinterpret_cast<size_t*>(user)[-1] = header;
-  reinterpret_cast<size_t*>(user)[-2] = n;
-  note_alloc(int64_t(n));
-  return user;
-}
-
-void counted_free(void* p) noexcept {
-  if (!p) return;
-  char* user = static_cast<char*>(p);
-  const size_t header = reinterpret_cast<size_t*>(user)[-1], n = reinterpret_cast<size_t*>(user)[-2];
-  g_current.fetch_sub(int64_t(n));
-  std::free(user - header);
-}
-
-void* counted_alloc_or_throw(size_t n, size_t align) {
-  void* p = counted_alloc(n, align);
-  if (!p) throw std::bad_alloc();
-  return p;
-}
-
-}  // namespace
-
-void* operator new(size_t n) { return counted_alloc_or_throw(n, 16); }
-void* operator new[](size_t n) { return counted_alloc_or_throw(n, 16); }
-void* operator new(size_t n, const std::nothrow_t&) noexcept { return counted_alloc(n, 16); }
-void* operator new[](size_t n, const std::nothrow_t&) noexcept { return counted_alloc(n, 16); }
-void* operator new(size_t n, std::align_val_t a) { return counted_alloc_or_throw(n, size_t(a)); }
-void* operator new[](size_t n, std::align_val_t a) { return counted_alloc_or_throw(n, size_t(a)); }
-void* operator new(size_t n, std::align_val_t a, const std::nothrow_t&) noexcept { return counted_alloc(n, size_t(a)); }
-void* operator new[](size_t n, std::align_val_t a, const std::nothrow_t&) noexcept { return counted_alloc(n, size_t(a)); }
-void operator delete(void* p) noexcept { counted_free(p); }
-void operator delete[](void* p) noexcept { counted_free(p); }
-void operator delete(void* p, size_t) noexcept { counted_free(p); }
-void operator delete[](void* p, size_t) noexcept { counted_free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { counted_free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { counted_free(p); }
-void operator delete(void* p, size_t, std::align_val_t) noexcept { counted_free(p); }
-void operator delete[](void* p, size_t, std::align_val_t) noexcept { counted_free(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { counted_free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { counted_free(p); }
-void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { counted_free(p); }
-void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { counted_free(p); }
 
 namespace flashattn::test {
 namespace {
 
-// Heap bytes allocated at the peak of `f`, beyond what was live before it.
-int64_t peak_extra_bytes(const std::function<void()>& f) {
-  const int64_t base = g_current.load();
-  g_peak.store(base);
-  f();
-  return g_peak.load() - base;
-}
+using heap_counter::peak_extra_bytes;
 
 struct Measured {
   int64_t forward, backward;
@@ -110,7 +40,7 @@ Measured measure(Backend backend, int64_t batch, int64_t s, int64_t heads_q, int
 // The counter sees what it must: plain and aligned allocations, from the calling thread and from OpenMP workers.
 TEST(Memory, CounterSeesEveryAllocation) {
   const int64_t n = 1 << 20;
-  const int64_t live_before = g_current.load();
+  const int64_t live_before = heap_counter::live_bytes();
   const int64_t peak = peak_extra_bytes([&] {
     std::vector<float> plain(static_cast<size_t>(n));
     float* aligned = static_cast<float*>(::operator new(size_t(n) * sizeof(float), std::align_val_t(64)));
@@ -119,7 +49,7 @@ TEST(Memory, CounterSeesEveryAllocation) {
     ::operator delete(aligned, std::align_val_t(64));
   });
   EXPECT_GE(peak, 2 * n * int64_t(sizeof(float)) + n);
-  EXPECT_EQ(g_current.load(), live_before);  // every form of delete found its block's size
+  EXPECT_EQ(heap_counter::live_bytes(), live_before);  // every form of delete found its block's size
 }
 
 // Doubling the sequence length (4x the scores) at most doubles the flash path's peak extra memory, and at
