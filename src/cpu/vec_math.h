@@ -77,13 +77,35 @@ inline float widen(half_t h) {
   return bits_to_float(float_to_bits(mag) | sign);
 }
 
-// Accumulation type -> storage type (outputs only: O(s * d) work, so the scalar conversions of half.h do).
+// fp32 -> bf16, round to nearest even, NaN kept a (quiet) NaN; branch-free, same results as to_bfloat16.
+inline bfloat16_t narrow_bf16(float x) {
+  const uint32_t u = float_to_bits(x);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  return {uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded)};
+}
+
+// fp32 -> fp16, round to nearest even (overflow to inf, subnormals exact), NaN -> quiet NaN; branch-free, same
+// results as to_half. Normal results: rebias the exponent and round on the 13 dropped bits with integer adds.
+// Subnormal results: adding 0.5f lines the value's bits up with the fp16 subnormal's, and the fp32 adder rounds.
+inline half_t narrow_half(float x) {
+  const uint32_t u = float_to_bits(x);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7fffffffu;
+  const uint32_t special = a > 0x7f800000u ? 0x7e00u : 0x7c00u;  // NaN, or inf / too large
+  const uint32_t sub = float_to_bits(bits_to_float(a) + 0.5f) - 0x3f000000u;
+  const uint32_t normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;  // 0xc8000000: exponent 127 -> 15
+  const uint32_t mag = a >= 0x47800000u ? special : (a < 0x38800000u ? sub : normal);
+  return {uint16_t(sign | mag)};
+}
+
+// Accumulation type -> storage type, branch-free so that output rows vectorise.
 template <typename T, typename Acc>
 inline T narrow(Acc x) {
   if constexpr (std::is_same_v<T, half_t>) {
-    return to_half(float(x));
+    return narrow_half(float(x));
   } else if constexpr (std::is_same_v<T, bfloat16_t>) {
-    return to_bfloat16(float(x));
+    return narrow_bf16(float(x));
   } else {
     return T(x);
   }

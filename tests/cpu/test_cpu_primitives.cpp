@@ -65,6 +65,24 @@ TEST(CpuPrimitives, WidenMatchesScalarConversionsForEveryBitPattern) {
   }
 }
 
+TEST(CpuPrimitives, NarrowMatchesScalarConversions) {
+  std::vector<uint32_t> bits;
+  // Every exponent with the mantissas that matter for rounding (ties, just-above, just-below), both signs.
+  for (uint32_t e = 0; e < 256; ++e)
+    for (uint32_t m : {0u, 1u, 0xfffu, 0x1000u, 0x1001u, 0x2000u, 0x3000u, 0x7fffu, 0x8000u, 0x8001u, 0x18000u,
+                       0x7fe000u, 0x7ff000u, 0x7fffffu, 0x400000u, 0x3ff000u})
+      for (uint32_t sgn : {0u, 0x80000000u}) bits.push_back(sgn | (e << 23) | m);
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 2000000; ++i) bits.push_back(uint32_t(rng()));
+  for (uint32_t b : bits) {
+    const float x = bits_to_float(b);
+    const half_t h = narrow_half(x), hw = to_half(x);
+    const bfloat16_t f = narrow_bf16(x), fw = to_bfloat16(x);
+    ASSERT_EQ(h.bits, hw.bits) << "fp16 of bits " << std::hex << b;
+    ASSERT_EQ(f.bits, fw.bits) << "bf16 of bits " << std::hex << b;
+  }
+}
+
 template <typename T>
 void check_gemm_all_shapes() {
   constexpr int kVec = CpuTiles<T>::kVec;
