@@ -139,13 +139,17 @@ struct BackwardScratch {
   AlignedBuffer<Acc> q, dout, dq, lse2, dsum;  // query side of one head
   AlignedBuffer<Acc> dk, dv;                   // dK / dV of one key chunk
   AlignedBuffer<Acc> kt, vt, krow, s, prob, ds, m, l;
+  // Row strides of Q, dO and the K rows: micro-kernel B operands, padded (tile_config.h).
+  int64_t ldq, lddo, ldk;
 
   BackwardScratch(const BwdParams& p) {
     using C = CpuTiles<Acc>;
     const int64_t dp = round_up(p.head_dim, C::kVec), dvp = round_up(p.head_dim_v, C::kVec);
     const int64_t rows = std::max<int64_t>(p.seqlen_q, 1), keys = std::max<int64_t>(round_up(p.seqlen_k, C::kBlockK), 1);
-    q.resize(rows * dp);
-    dout.resize(rows * dvp);
+    ldq = ldk = b_operand_ld(p.head_dim, sizeof(Acc));
+    lddo = b_operand_ld(p.head_dim_v, sizeof(Acc));
+    q.resize(rows * ldq);
+    dout.resize(rows * lddo);
     dq.resize(rows * dp);
     lse2.resize(rows);
     dsum.resize(rows);
@@ -153,7 +157,7 @@ struct BackwardScratch {
     dv.resize(keys * dvp);
     kt.resize(p.head_dim * C::kBlockK);
     vt.resize(p.head_dim_v * C::kBlockK);
-    krow.resize(C::kBlockK * dp);
+    krow.resize(std::max(C::kBlockK * ldk, dp + dvp));  // also the reduction passes' row buffer
     for (auto* b : {&s, &prob, &ds}) b->resize(C::kBlockQ * C::kBlockK);
     m.resize(C::kBlockQ);
     l.resize(C::kBlockQ);
@@ -177,7 +181,7 @@ void recompute_lse2(const BwdParams& p, const MaskSpec& mask, const ScoreTransfo
                     const SequenceView<const T>& k, int64_t qlo, int64_t qhi, BackwardScratch<Acc>& w) {
   using C = CpuTiles<Acc>;
   constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
-  const int64_t d = p.head_dim, dp = round_up(d, C::kVec);
+  const int64_t d = p.head_dim;
   Acc *m = w.m.data(), *l = w.l.data(), *s = w.s.data();
   for (int64_t i0 = qlo; i0 < qhi; i0 += C::kBlockQ) {
     const int64_t nq = std::min<int64_t>(C::kBlockQ, qhi - i0);
@@ -187,7 +191,7 @@ void recompute_lse2(const BwdParams& p, const MaskSpec& mask, const ScoreTransfo
     for (int64_t j0 = lo; j0 < hi; j0 += C::kBlockK) {
       const int64_t nk = std::min<int64_t>(C::kBlockK, hi - j0);
       load_transposed(k.row(j0), k.row_stride, nk, d, w.kt.data(), C::kBlockK, round_up(nk, C::kVec), score.qk_scale);
-      score_tile(score, mask, w.q.data() + (i0 - qlo) * dp, dp, d, w.kt.data(), i0, nq, j0, nk, s);
+      score_tile(score, mask, w.q.data() + (i0 - qlo) * w.ldq, w.ldq, d, w.kt.data(), i0, nq, j0, nk, s);
       for (int64_t r = 0; r < nq; ++r) {
         const Acc* sr = s + r * C::kBlockK;
         Acc mx = m[r];
@@ -229,6 +233,7 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
   if (chunk_keys > 0) mask.query_range_for_keys(kc0, kc1, &qlo, &qhi);
   const int64_t rows = qhi - qlo;
   Acc *q = w.q.data(), *dout = w.dout.data(), *dq = w.dq.data(), *lse2 = w.lse2.data(), *dsum = w.dsum.data();
+  const int64_t ldq = w.ldq, lddo = w.lddo;
   Acc *s = w.s.data(), *prob = w.prob.data(), *ds = w.ds.data();
 
   for (int64_t g = t.head_begin; g < t.head_end; ++g) {
@@ -236,11 +241,11 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
     const auto qv = query_view<const T>(p, p.q, ext, t.batch, h);
     const auto ov = output_view<const T>(p, p.o, ext, t.batch, h);
     const auto dov = grad_out_view<const T>(p, ext, t.batch, h);
-    load_rows(qv.row(qlo), qv.row_stride, rows, d, q, dp);
-    load_rows(dov.row(qlo), dov.row_stride, rows, dv, dout, dvp);
+    load_rows(qv.row(qlo), qv.row_stride, rows, d, q, ldq);
+    load_rows(dov.row(qlo), dov.row_stride, rows, dv, dout, lddo);
     for (int64_t i = 0; i < rows; ++i) {
       const T* o_row = ov.row(qlo + i);
-      const Acc* do_row = dout + i * dvp;
+      const Acc* do_row = dout + i * lddo;
       Acc acc = Acc(0);
       for (int64_t c = 0; c < dv; ++c) acc += do_row[c] * widen(o_row[c]);
       dsum[i] = acc;
@@ -260,21 +265,21 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
       const int64_t nk = std::min(kBk, kc1 - j0), nkp = round_up(nk, C::kVec);
       load_transposed(k.row(j0), k.row_stride, nk, d, w.kt.data(), kBk, nkp, score.qk_scale);
       load_transposed(v.row(j0), v.row_stride, nk, dv, w.vt.data(), kBk, nkp);
-      const RowTile<Acc> krow = rows_as_acc<Acc>(k.row(j0), k.row_stride, nk, d, dp, w.krow.data());
+      const RowTile<Acc> krow = rows_as_acc<Acc>(k.row(j0), k.row_stride, nk, d, w.ldk, w.krow.data());
       Acc* dk_blk = dk_acc + (j0 - kc0) * dp;
       Acc* dv_blk = dv_acc + (j0 - kc0) * dvp;
       int64_t ilo, ihi;
       mask.query_range_for_keys(j0, j0 + nk, &ilo, &ihi);
       for (int64_t i0 = ilo; i0 < ihi; i0 += kBq) {
         const int64_t nq = std::min(kBq, ihi - i0), r0 = i0 - qlo;
-        score_tile(score, mask, q + r0 * dp, dp, d, w.kt.data(), i0, nq, j0, nk, s);
+        score_tile(score, mask, q + r0 * ldq, ldq, d, w.kt.data(), i0, nq, j0, nk, s);
         for (int64_t r = 0; r < nq; ++r) {
           const Acc* sr = s + r * kBk;
           Acc* pr = prob + r * kBk;
           const Acc lse_r = lse2[r0 + r];
           for (int64_t j = 0; j < nkp; ++j) pr[j] = exp2_approx(sr[j] - lse_r);
         }
-        gemm<Acc>(nq, nkp, dv, dout + r0 * dvp, dvp, 1, w.vt.data(), kBk, ds, kBk, GemmMode::overwrite);  // dP
+        gemm<Acc>(nq, nkp, dv, dout + r0 * lddo, lddo, 1, w.vt.data(), kBk, ds, kBk, GemmMode::overwrite);  // dP
         for (int64_t r = 0; r < nq; ++r) {
           const Acc* pr = prob + r * kBk;
           Acc* dsr = ds + r * kBk;
@@ -287,8 +292,8 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
           }
         }
         // dV += Pᵀ dO, dK += dSᵀ Q (P and dS read transposed through their strides), dQ += dS K.
-        gemm<Acc>(nk, dvp, nq, prob, 1, kBk, dout + r0 * dvp, dvp, dv_blk, dvp, GemmMode::add);
-        gemm<Acc>(nk, dp, nq, ds, 1, kBk, q + r0 * dp, dp, dk_blk, dp, GemmMode::add);
+        gemm<Acc>(nk, dvp, nq, prob, 1, kBk, dout + r0 * lddo, lddo, dv_blk, dvp, GemmMode::add);
+        gemm<Acc>(nk, dp, nq, ds, 1, kBk, q + r0 * ldq, ldq, dk_blk, dp, GemmMode::add);
         gemm<Acc>(nq, dp, nk, ds, kBk, 1, krow.data, krow.ld, dq + r0 * dp, dp, GemmMode::add);
       }
     }

@@ -1,7 +1,8 @@
 // CPU flash forward: O = softmax(mask(softcap(Q Kᵀ · scale))) V and the per-row LSE, by tiled online softmax,
-// never materialising more than one kBlockK x kBlockQ score tile per thread.
+// never materialising more than one kBlockK x block_q score tile per thread.
 //
-// Work split: one task per (batch, query head, block of kBlockQ query rows), spread over OpenMP threads
+// Work split: one task per (batch, query head, block of block_q query rows; block_q from 512 down to 64, see
+// tile_config.h), spread over OpenMP threads
 // (dynamic schedule; head-major so that consecutive tasks reuse K / V from L2, costly blocks of a head first).
 // A task streams the key blocks its rows can see (MaskSpec::key_range_for_rows), so blocks outside the mask
 // cost nothing.
@@ -13,11 +14,12 @@
 //   m' = max(m, column max of Sᵀ),  P = exp2(Sᵀ - m'),  l = l·exp2(m - m') + column sums of P
 //   O = diag(exp2(m - m')) O + Pᵀᵀ V  (micro_gemm reading P transposed through its strides)
 // The score tile is kept key-major (Sᵀ) so that the per-query-row max / sum run down columns as plain vector
-// operations and no operand ever needs a per-tile transpose: Q is transposed once per task, K and V are used
-// as rows (in place for fp32 / fp64 inputs, converted to fp32 per tile for fp16 / bf16).
+// operations and no operand ever needs a per-tile transpose: Q is transposed once per task, K and V are copied
+// (converted for fp16 / bf16) as rows into the thread's tile buffers once per tile. Within a tile, the products
+// and the softmax cover only the queries that see some key of it (half of a diagonal tile under causal).
 //
-// Extra memory: per thread, Qᵀ, K, V, Sᵀ and O tiles, O(kBlockQ·kBlockK + (kBlockQ + kBlockK)·(d + d_v))
-// elements, independent of the sequence lengths; plus the task list, O(batch · s_q / kBlockQ).
+// Extra memory: per thread, Qᵀ, K, V, Sᵀ and O tiles, O(block_q·kBlockK + (block_q + kBlockK)·(d + d_v))
+// elements, independent of the sequence lengths; plus the task list, O(batch · heads · s_q / block_q).
 // Preconditions: params validated (make_forward_params); CPU tensors.
 #include <omp.h>
 
@@ -53,12 +55,17 @@ struct ForwardScratch {
   AlignedBuffer<Acc> qt, k, v, s, o;
   AlignedBuffer<Acc> m, l, alpha, offset, tile_max;
 
+  // Row strides: Qᵀ, V and the score tile (read as P) are micro-kernel B / A operands, padded (tile_config.h).
+  int64_t ldq, ldv, lds;
+
   ForwardScratch(int64_t block_q, int64_t d, int64_t dvp) {
     using C = CpuTiles<Acc>;
-    qt.resize(d * block_q);
+    ldq = lds = b_operand_ld(block_q, sizeof(Acc));
+    ldv = b_operand_ld(dvp, sizeof(Acc));
+    qt.resize(d * ldq);
     k.resize(C::kBlockK * d);
-    v.resize(C::kBlockK * dvp);
-    s.resize(C::kBlockK * block_q);
+    v.resize(C::kBlockK * ldv);
+    s.resize(C::kBlockK * lds);
     o.resize(block_q * dvp);
     for (auto* b : {&m, &l, &alpha, &offset, &tile_max}) b->resize(block_q);
   }
@@ -70,7 +77,7 @@ struct QueryBlockTask {
 };
 
 template <typename T, typename Acc>
-void forward_task(const FwdParams& p, int64_t kBq, const QueryBlockTask& t, ForwardScratch<Acc>& w) {
+void forward_task(const FwdParams& p, int64_t block_q, const QueryBlockTask& t, ForwardScratch<Acc>& w) {
   using C = CpuTiles<Acc>;
   constexpr int64_t kBk = C::kBlockK;
   constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
@@ -84,8 +91,9 @@ void forward_task(const FwdParams& p, int64_t kBq, const QueryBlockTask& t, Forw
   const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right);
   const ScoreTransform<Acc> score(p);
 
-  const int64_t i0 = t.row0, nq = std::min(kBq, ext.len_q - i0), nqp = round_up(nq, C::kVec);
-  load_transposed(q.row(i0), q.row_stride, nq, d, w.qt.data(), kBq, nqp, score.qk_scale);
+  const int64_t i0 = t.row0, nq = std::min(block_q, ext.len_q - i0), nqp = round_up(nq, C::kVec);
+  const int64_t ldq = w.ldq, lds = w.lds;
+  load_transposed(q.row(i0), q.row_stride, nq, d, w.qt.data(), ldq, nqp, score.qk_scale);
   Acc *m = w.m.data(), *l = w.l.data(), *alpha = w.alpha.data(), *off = w.offset.data(), *tmax = w.tile_max.data();
   for (int64_t i = 0; i < nqp; ++i) m[i] = kNegInf, l[i] = Acc(0);
   std::fill(w.o.data(), w.o.data() + nq * dvp, Acc(0));
@@ -96,7 +104,7 @@ void forward_task(const FwdParams& p, int64_t kBq, const QueryBlockTask& t, Forw
   for (int64_t j0 = key_lo; j0 < key_hi; j0 += kBk) {
     const int64_t nk = std::min(kBk, key_hi - j0);
     const RowTile<Acc> kt = rows_as_acc<Acc>(k.row(j0), k.row_stride, nk, d, d, w.k.data());
-    const RowTile<Acc> vt = rows_as_acc<Acc>(v.row(j0), v.row_stride, nk, dv, dvp, w.v.data());
+    const RowTile<Acc> vt = rows_as_acc<Acc>(v.row(j0), v.row_stride, nk, dv, w.ldv, w.v.data());
 
     // Only the block's queries that see some key of this tile, whole vectors of them: under a causal or
     // windowed mask that skips up to half of a diagonal tile in both products and the softmax.
@@ -109,14 +117,14 @@ void forward_task(const FwdParams& p, int64_t kBq, const QueryBlockTask& t, Forw
     Acc* sc = s + c0;
 
     // Sᵀ (nk x [c0, c1), key-major) in log2 units.
-    gemm<Acc>(nk, c1 - c0, d, kt.data, kt.ld, 1, w.qt.data() + c0, kBq, sc, kBq, GemmMode::overwrite);
-    score.apply_softcap(sc, kBq, nk, c1 - c0);
-    if (!mask.tile_fully_visible(i0 + c0, i0 + c0 + rows, j0, j0 + nk)) mask_key_major(mask, sc, kBq, j0, nk, i0 + c0, c1 - c0);
+    gemm<Acc>(nk, c1 - c0, d, kt.data, kt.ld, 1, w.qt.data() + c0, ldq, sc, lds, GemmMode::overwrite);
+    score.apply_softcap(sc, lds, nk, c1 - c0);
+    if (!mask.tile_fully_visible(i0 + c0, i0 + c0 + rows, j0, j0 + nk)) mask_key_major(mask, sc, lds, j0, nk, i0 + c0, c1 - c0);
 
     // Online softmax, one query row per column.
     for (int64_t i = c0; i < c1; ++i) tmax[i] = kNegInf;
     for (int64_t j = 0; j < nk; ++j) {
-      const Acc* sj = s + j * kBq;
+      const Acc* sj = s + j * lds;
       for (int64_t i = c0; i < c1; ++i) tmax[i] = sj[i] > tmax[i] ? sj[i] : tmax[i];
     }
     for (int64_t i = c0; i < c1; ++i) {
@@ -127,14 +135,14 @@ void forward_task(const FwdParams& p, int64_t kBq, const QueryBlockTask& t, Forw
       l[i] *= alpha[i];
     }
     for (int64_t j = 0; j < nk; ++j) {
-      Acc* sj = s + j * kBq;
+      Acc* sj = s + j * lds;
       for (int64_t i = c0; i < c1; ++i) {
         sj[i] = exp2_approx(sj[i] - off[i]);
         l[i] += sj[i];
       }
     }
     // O = diag(alpha) O + P V on those rows, with P(i, j) = Sᵀ[j][i].
-    gemm<Acc>(rows, dvp, nk, sc, 1, kBq, vt.data, vt.ld, w.o.data() + c0 * dvp, dvp, GemmMode::scale_add, alpha + c0);
+    gemm<Acc>(rows, dvp, nk, sc, 1, lds, vt.data, vt.ld, w.o.data() + c0 * dvp, dvp, GemmMode::scale_add, alpha + c0);
   }
 
   // Finalise: O / l (0 for rows that saw no key), LSE = ln2 · (m + log2 l) (-inf for those rows).
@@ -168,11 +176,15 @@ std::vector<QueryBlockTask> make_tasks(const FwdParams& p, int64_t block_q) {
   return tasks;
 }
 
-// The forward's query block height for this call: the tallest candidate that still gives kFwdMinTasks tasks.
+// The forward's query block height for this call (tile_config.h): as tall as the L2 budget allows while still
+// giving kFwdMinTasks tasks.
 template <typename Acc>
 int64_t choose_block_q(const FwdParams& p) {
   using C = CpuTiles<Acc>;
-  for (int64_t bq = C::kFwdBlockQMax; bq > C::kFwdBlockQMin; bq /= 2) {
+  const int64_t row_bytes = (p.head_dim + round_up(p.head_dim_v, C::kVec)) * int64_t(sizeof(Acc));
+  int64_t bq = C::kFwdBlockQMax;
+  while (bq > C::kFwdBlockQMin && bq * row_bytes > C::kFwdQueryTileBytes) bq /= 2;
+  for (; bq > C::kFwdBlockQMin; bq /= 2) {
     int64_t tasks = 0;
     for (int64_t b = 0; b < p.batch; ++b) tasks += (sequence_extent(p, b).len_q + bq - 1) / bq;
     if (tasks * p.heads_q >= C::kFwdMinTasks) return bq;

@@ -53,13 +53,14 @@ struct CpuTiles {
   static constexpr int kBlockQ = 64;  // backward
   static constexpr int kBlockK = 64;  // backward and forward
 
-  // Forward query block: the tallest of these that still cuts the call into kFwdMinTasks tasks (a constant, not
-  // a multiple of the thread count, so that the output does not depend on the number of threads). A K / V
-  // tile is fetched (from rows h·d elements apart in a [b, s, h, d] tensor) and converted once per query block,
-  // so taller blocks amortise that: measured on 2 Sapphire Rapids cores at s = 2048, 64 / 128 / 256 rows give
-  // about 85 / 96 / 102 GFLOP/s per core at d = 64 and 90 / 106 / 116 at d = 128.
-  static constexpr int kFwdBlockQMax = 256;
+  // Forward query block: the tallest power of two in [kFwdBlockQMin, kFwdBlockQMax] whose Qᵀ and O tiles fit in
+  // kFwdQueryTileBytes (a quarter of a 2 MiB L2) and that still cuts the call into kFwdMinTasks tasks (a
+  // constant, not a multiple of the thread count, so that the output does not depend on the number of threads).
+  // A K / V tile is fetched and converted once per query block, so taller blocks amortise that: measured on one
+  // Sapphire Rapids core at s = 2048, d = 64, 64 / 128 / 256 / 512 rows give about 85 / 96 / 108 / 118 GFLOP/s.
+  static constexpr int kFwdBlockQMax = 512;
   static constexpr int kFwdBlockQMin = 64;
+  static constexpr int64_t kFwdQueryTileBytes = 512 << 10;
   static constexpr int64_t kFwdMinTasks = 16;
 
   // Backward: below this many independent (batch, KV head) units, a unit is split (over its query heads, then
@@ -72,6 +73,14 @@ struct CpuTiles {
 };
 
 constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Row stride of a per-thread buffer that a micro-kernel reads as its B operand (rows of `cols` elements, for
+// `bytes`-byte elements): whole vectors plus one vector more. Without the extra vector a row of 256 fp32 is 1 KiB,
+// and the K rows of a B panel then map onto a quarter of the L1 sets and evict each other: measured on the
+// forward's Qᵀ, the Q·Kᵀ product ran at 103 instead of 146 GFLOP/s on one core.
+constexpr int64_t b_operand_ld(int64_t cols, int64_t bytes) {
+  return round_up(cols, kVectorBytes / bytes) + kVectorBytes / bytes;
+}
 
 }  // namespace FLASHATTN_CPU_ISA
 }  // namespace flashattn::detail
