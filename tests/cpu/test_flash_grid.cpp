@@ -111,6 +111,18 @@ std::vector<AttnCase> grid_cases() {
     c.causal = dt == DType::f32;
     cases.push_back(c);
   }
+  // Shapes for which the forward picks 512- and 256-row query blocks (enough heads x blocks, small head dims).
+  {
+    AttnCase c = base(DType::f32, 1100, 700, 16, 4, 16, 24);
+    c.causal = true;
+    cases.push_back(c);  // 512 rows, last block partial, s_q > s_k
+    c = base(DType::bf16, 600, 900, 8, 8, 32, 32);
+    c.window_left = 100, c.window_right = 20;
+    cases.push_back(c);  // 512 rows, two-sided window
+    c = base(DType::f16, 1500, 300, 4, 2, 16, 16);
+    c.causal = true, c.softcap = 10;
+    cases.push_back(c);  // 256 rows, most rows fully masked
+  }
   // A few at length 1000.
   {
     AttnCase c = base(DType::f32, 1000, 1000, 2, 1, 64, 64);
