@@ -5,9 +5,10 @@
 //   register file (AVX-512: 32 vector registers, 4 x 4 accumulators + 4 B-vectors + a broadcast; AVX2 / SSE:
 //   16, 4 x 2). 4 rows divide every attention block, so no row tails; measured as fast as 6 x 4 (within 2%)
 //   for the forward and up to 7% faster for the backward at d = 64, and faster than 8 x 3.
-// - Attention tiles (flash_forward.cpp / flash_backward.cpp): kBlockQ query rows by kBlockK key rows. A block
-//   is a multiple of the micro-tile width so that the score tiles run at the micro-kernel's full width, and
-//   small enough that a tile's working set (Q, K, V, scores, O partial) stays in the 1-2 MiB L2 of one core.
+// - Attention tiles (flash_forward.cpp / flash_backward.cpp): query rows (kBlockQ in the backward, a per-call
+//   block_q in the forward) by kBlockK key rows. A block is a multiple of the micro-tile width so that the score
+//   tiles run at the micro-kernel's full width, and small enough that a tile's working set (Q, K, V, scores,
+//   O partial) stays in the 2 MiB L2 of one core.
 #pragma once
 
 #include <cstdint>
@@ -56,8 +57,9 @@ struct CpuTiles {
   // Forward query block: the tallest power of two in [kFwdBlockQMin, kFwdBlockQMax] whose Qᵀ and O tiles fit in
   // kFwdQueryTileBytes (a quarter of a 2 MiB L2) and that still cuts the call into kFwdMinTasks tasks (a
   // constant, not a multiple of the thread count, so that the output does not depend on the number of threads).
-  // A K / V tile is fetched and converted once per query block, so taller blocks amortise that: measured on one
-  // Sapphire Rapids core at s = 2048, d = 64, 64 / 128 / 256 / 512 rows give about 85 / 96 / 108 / 118 GFLOP/s.
+  // A K / V tile is fetched and converted once per query block (measured: up to 16% of the forward with 256-row
+  // blocks on 2 cores), so taller blocks amortise that: on one Sapphire Rapids core at s = 2048, d = 64, going
+  // from 64 to 256 rows gained about 25%, and from 256 to 512 rows another 4% (113 -> 118 GFLOP/s).
   static constexpr int kFwdBlockQMax = 512;
   static constexpr int kFwdBlockQMin = 64;
   static constexpr int64_t kFwdQueryTileBytes = 512 << 10;
