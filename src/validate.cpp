@@ -118,6 +118,14 @@ Status check_cu_seqlens(const char* name, const TensorView& cu, Device device, i
   return Status::success();
 }
 
+// Batch, row and head strides of [b, s, h, d] (padded) or [total, h, d] (varlen, no batch stride).
+void row_strides(const TensorView& t, bool varlen, int64_t* batch, int64_t* row, int64_t* head) {
+  const int row_dim = varlen ? 0 : 1;
+  *batch = varlen ? 0 : t.stride[0];
+  *row = t.stride[row_dim];
+  *head = t.stride[row_dim + 1];
+}
+
 }  // namespace
 
 Status make_forward_params(const ForwardArgs& a, const AttentionOptions& o, FwdParams* out) {
@@ -246,20 +254,14 @@ Status make_forward_params(const ForwardArgs& a, const AttentionOptions& o, FwdP
     p.lse_head_stride = varlen ? a.lse.stride[0] : a.lse.stride[1];
   }
 
-  const void* qd = a.q.data;
-  p.q = qd;
+  p.q = a.q.data;
   p.k = a.k.data;
   p.v = a.v.data;
   p.o = a.out.data;
-  auto strides = [&](const TensorView& t, int64_t* bs, int64_t* rs, int64_t* hs) {
-    *bs = varlen ? 0 : t.stride[0];
-    *rs = t.stride[o_];
-    *hs = t.stride[o_ + 1];
-  };
-  strides(a.q, &p.q_batch_stride, &p.q_row_stride, &p.q_head_stride);
-  strides(a.k, &p.k_batch_stride, &p.k_row_stride, &p.k_head_stride);
-  strides(a.v, &p.v_batch_stride, &p.v_row_stride, &p.v_head_stride);
-  strides(a.out, &p.o_batch_stride, &p.o_row_stride, &p.o_head_stride);
+  row_strides(a.q, varlen, &p.q_batch_stride, &p.q_row_stride, &p.q_head_stride);
+  row_strides(a.k, varlen, &p.k_batch_stride, &p.k_row_stride, &p.k_head_stride);
+  row_strides(a.v, varlen, &p.v_batch_stride, &p.v_row_stride, &p.v_head_stride);
+  row_strides(a.out, varlen, &p.o_batch_stride, &p.o_row_stride, &p.o_head_stride);
 
   p.softmax_scale = o.softmax_scale > 0 ? float(o.softmax_scale) : float(1.0 / std::sqrt(double(p.head_dim)));
   p.softcap = float(o.softcap);
@@ -282,7 +284,6 @@ Status make_backward_params(const BackwardArgs& a, const AttentionOptions& o, Bw
   static_cast<FwdParams&>(p) = f;
   const bool varlen = f.is_varlen();
   const int rank = varlen ? 3 : 4;
-  const int o_ = varlen ? 0 : 1;
   struct Grad {
     const char* name;
     const TensorView* t;
@@ -293,19 +294,14 @@ Status make_backward_params(const BackwardArgs& a, const AttentionOptions& o, Bw
     st = check_tensor(g.name, *g.t, rank, g.like->shape, f.dtype, f.device, true);
     if (!st.ok()) return st;
   }
-  auto strides = [&](const TensorView& t, int64_t* bs, int64_t* rs, int64_t* hs) {
-    *bs = varlen ? 0 : t.stride[0];
-    *rs = t.stride[o_];
-    *hs = t.stride[o_ + 1];
-  };
   p.dout = a.dout.data;
   p.dq = a.dq.data;
   p.dk = a.dk.data;
   p.dv = a.dv.data;
-  strides(a.dout, &p.do_batch_stride, &p.do_row_stride, &p.do_head_stride);
-  strides(a.dq, &p.dq_batch_stride, &p.dq_row_stride, &p.dq_head_stride);
-  strides(a.dk, &p.dk_batch_stride, &p.dk_row_stride, &p.dk_head_stride);
-  strides(a.dv, &p.dv_batch_stride, &p.dv_row_stride, &p.dv_head_stride);
+  row_strides(a.dout, varlen, &p.do_batch_stride, &p.do_row_stride, &p.do_head_stride);
+  row_strides(a.dq, varlen, &p.dq_batch_stride, &p.dq_row_stride, &p.dq_head_stride);
+  row_strides(a.dk, varlen, &p.dk_batch_stride, &p.dk_row_stride, &p.dk_head_stride);
+  row_strides(a.dv, varlen, &p.dv_batch_stride, &p.dv_row_stride, &p.dv_head_stride);
   p.deterministic = o.deterministic;
   *out = p;
   return Status::success();

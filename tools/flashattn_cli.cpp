@@ -343,14 +343,8 @@ int run_command(const std::vector<std::string>& args) {
   ForwardArgs fa;
   fa.q = run.place(q), fa.k = run.place(k), fa.v = run.place(v), fa.out = run.place(out), fa.lse = run.place(lse);
   if (pb.varlen) {
-    cu_q = HostTensor(DType::i32, {pb.batch + 1});
-    cu_k = HostTensor(DType::i32, {pb.batch + 1});
-    int64_t aq = 0, ak = 0;
-    for (int64_t b = 0; b <= pb.batch; ++b) {
-      cu_q.set(b, double(aq));
-      cu_k.set(b, double(ak));
-      if (b < pb.batch) aq += pb.lens_q[size_t(b)], ak += pb.lens_k[size_t(b)];
-    }
+    cu_q = test::cu_seqlens_of(pb.lens_q);
+    cu_k = test::cu_seqlens_of(pb.lens_k);
     fa.cu_seqlens_q = run.place(cu_q), fa.cu_seqlens_k = run.place(cu_k);
     fa.max_seqlen_q = pb.sq, fa.max_seqlen_k = pb.sk;
   }

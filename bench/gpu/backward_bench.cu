@@ -15,31 +15,10 @@
 #include <cstdlib>
 #include <vector>
 
+#include "bench_common.cuh"
 #include "flashattn/flashattn.h"
 
 using namespace flashattn;
-
-#define CHECK(x)                                                    \
-  do {                                                              \
-    cudaError_t e_ = (x);                                           \
-    if (e_ != cudaSuccess) {                                        \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                 \
-    }                                                               \
-  } while (0)
-
-// Roughly unit-normal values (centred sum of 4 hashed uniforms).
-__global__ void fill_random(__nv_bfloat16* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ (seed * 0x9e3779b9u);
-    float acc = 0;
-    for (int k = 0; k < 4; ++k) {
-      h ^= h >> 15, h *= 2246822519u, h ^= h >> 13, h *= 3266489917u, h ^= h >> 16;
-      acc += float(h & 0xffffff) / float(0x1000000);
-    }
-    p[i] = __float2bfloat16((acc - 2.f) * 1.7320508f);
-  }
-}
 
 // lse[b][h][i] = log(keys visible to row i) + 0.5 (the LSE of unit-variance scores).
 __global__ void fill_lse(float* lse, int64_t rows, int64_t s, bool causal) {
@@ -47,11 +26,6 @@ __global__ void fill_lse(float* lse, int64_t rows, int64_t s, bool causal) {
     const int64_t i = r % s;
     lse[r] = logf(float(causal ? i + 1 : s)) + 0.5f;
   }
-}
-
-TensorView view4(void* data, int64_t b, int64_t s, int64_t h, int64_t d) {
-  const int64_t shape[4] = {b, s, h, d};
-  return make_contiguous_view(data, DType::bf16, Device{DeviceType::cuda, 0}, 4, shape);
 }
 
 double time_backward(const BwdParams& p, int reps) {
@@ -88,7 +62,7 @@ int main(int argc, char** argv) {
   void* buf[8];
   for (int t = 0; t < 8; ++t) {
     CHECK(cudaMalloc(&buf[t], n * 2));
-    fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(buf[t]), n, uint32_t(t + 1));
+    fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(buf[t]), n, uint32_t(t + 1) * 0x9e3779b9u);
   }
   float* lse;
   CHECK(cudaMalloc(&lse, size_t(tokens) * 256 * 4));

@@ -12,36 +12,11 @@
 #include <cstdlib>
 #include <vector>
 
+#include "bench_common.cuh"
 #include "flashattn/flashattn.h"
 
 using namespace flashattn;
 
-#define CHECK(x)                                                                    \
-  do {                                                                              \
-    cudaError_t e_ = (x);                                                           \
-    if (e_ != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                 \
-      std::exit(1);                                                                 \
-    }                                                                               \
-  } while (0)
-
-// Normal-ish random values (sum of 4 uniforms, centred), from a hash: no host copy of gigabytes.
-__global__ void fill_random(__nv_bfloat16* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    float acc = 0;
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    for (int k = 0; k < 4; ++k) {
-      h ^= h >> 15, h *= 2246822519u, h ^= h >> 13, h *= 3266489917u, h ^= h >> 16;
-      acc += float(h & 0xffffff) / float(0x1000000);
-    }
-    p[i] = __float2bfloat16((acc - 2.f) * 1.7320508f);
-  }
-}
-
-TensorView view4(void* data, int64_t b, int64_t s, int64_t h, int64_t d, DType t) {
-  const int64_t shape[4] = {b, s, h, d};
-  return make_contiguous_view(data, t, Device{DeviceType::cuda, 0}, 4, shape);
-}
 
 int main(int argc, char** argv) {
   std::vector<int64_t> seqs;
@@ -66,10 +41,10 @@ int main(int argc, char** argv) {
         fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(v), n, 3);
         CHECK(cudaGetLastError());
         ForwardArgs a;
-        a.q = view4(q, b, s, h, d, DType::bf16);
-        a.k = view4(k, b, s, h, d, DType::bf16);
-        a.v = view4(v, b, s, h, d, DType::bf16);
-        a.out = view4(o, b, s, h, d, DType::bf16);
+        a.q = view4(q, b, s, h, d);
+        a.k = view4(k, b, s, h, d);
+        a.v = view4(v, b, s, h, d);
+        a.out = view4(o, b, s, h, d);
         const int64_t lshape[3] = {b, h, s};
         a.lse = make_contiguous_view(lse, DType::f32, Device{DeviceType::cuda, 0}, 3, lshape);
         AttentionOptions opt;

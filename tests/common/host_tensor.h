@@ -126,19 +126,41 @@ class HostTensor {
   std::vector<uint8_t> bytes_;
 };
 
-// ‖a − b‖₂ / max(‖b‖₂, tiny), with NaN anywhere giving +inf (NaN never passes). -inf == -inf counts as equal.
-inline double relative_error(const std::vector<double>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
+// cu_seqlens of a varlen batch: int32 [n + 1], 0 then the running sums of `lens`.
+template <typename Int>
+HostTensor cu_seqlens_of(const std::vector<Int>& lens) {
+  HostTensor cu(DType::i32, {int64_t(lens.size()) + 1});
+  int64_t total = 0;
+  cu.set(0, 0);
+  for (size_t i = 0; i < lens.size(); ++i) cu.set(int64_t(i) + 1, double(total += int64_t(lens[i])));
+  return cu;
+}
+
+// ‖a − b‖₂ with -inf allowed only where both are -inf; NaN or a mismatched infinity gives +inf (never passes).
+inline double l2_distance(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
     if (std::isinf(a[i]) || std::isinf(b[i])) {
       if (a[i] != b[i]) return INFINITY;
       continue;
     }
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
+    s += (a[i] - b[i]) * (a[i] - b[i]);
   }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+  return std::sqrt(s);
+}
+
+// ‖a‖₂ over the finite entries.
+inline double l2_norm(const std::vector<double>& a) {
+  double s = 0;
+  for (double x : a)
+    if (std::isfinite(x)) s += x * x;
+  return std::sqrt(s);
+}
+
+// ‖a − b‖₂ / max(‖b‖₂, tiny), with the NaN / infinity rules of l2_distance.
+inline double relative_error(const std::vector<double>& a, const std::vector<double>& b) {
+  return l2_distance(a, b) / std::max(l2_norm(b), 1e-30);
 }
 
 inline double max_abs_error(const std::vector<double>& a, const std::vector<double>& b) {

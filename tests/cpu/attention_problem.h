@@ -105,14 +105,8 @@ class AttnProblem {
       total_q_ = total_k_ = 0;
       for (int32_t l : c.lens_q) total_q_ += l;
       for (int32_t l : c.lens_k) total_k_ += l;
-      cu_q_ = HostTensor(DType::i32, {c_.batch + 1});
-      cu_k_ = HostTensor(DType::i32, {c_.batch + 1});
-      int64_t aq = 0, ak = 0;
-      for (int64_t b = 0; b <= c_.batch; ++b) {
-        cu_q_.set(b, double(aq));
-        cu_k_.set(b, double(ak));
-        if (b < c_.batch) aq += c.lens_q[size_t(b)], ak += c.lens_k[size_t(b)];
-      }
+      cu_q_ = cu_seqlens_of(c.lens_q);
+      cu_k_ = cu_seqlens_of(c.lens_k);
     }
     std::mt19937_64 rng(seed);
     q_ = alloc(c_.dtype, true, c_.h_q, c_.d);
@@ -373,27 +367,6 @@ AttnResult naive_same_precision(const AttnProblem& pb, bool backward) {
     }
   }
   return r;
-}
-
-// ‖a − b‖₂ with -inf allowed only where both are -inf; NaN or a mismatched infinity gives +inf.
-inline double l2_distance(const std::vector<double>& a, const std::vector<double>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
-    if (std::isinf(a[i]) || std::isinf(b[i])) {
-      if (a[i] != b[i]) return INFINITY;
-      continue;
-    }
-    s += (a[i] - b[i]) * (a[i] - b[i]);
-  }
-  return std::sqrt(s);
-}
-
-inline double l2_norm(const std::vector<double>& a) {
-  double s = 0;
-  for (double x : a)
-    if (std::isfinite(x)) s += x * x;
-  return std::sqrt(s);
 }
 
 // The rule of the file header. `u` is the unit roundoff of the tensor's storage type, `u_acc` of the

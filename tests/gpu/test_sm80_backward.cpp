@@ -62,13 +62,11 @@ Problem make_problem(const BwdCase& c, DType dt) {
   Problem p;
   int64_t rq, rk;
   if (c.varlen()) {
-    p.cu_q = HostTensor(DType::i32, {int64_t(c.lens_q.size()) + 1});
-    p.cu_k = HostTensor(DType::i32, {int64_t(c.lens_k.size()) + 1});
+    p.cu_q = cu_seqlens_of(c.lens_q);
+    p.cu_k = cu_seqlens_of(c.lens_k);
     int64_t aq = 0, ak = 0;
-    p.cu_q.set(0, 0), p.cu_k.set(0, 0);
     for (size_t i = 0; i < c.lens_q.size(); ++i) {
       aq += c.lens_q[i], ak += c.lens_k[i];
-      p.cu_q.set(int64_t(i) + 1, double(aq)), p.cu_k.set(int64_t(i) + 1, double(ak));
       p.max_q = std::max<int64_t>(p.max_q, c.lens_q[i]), p.max_k = std::max<int64_t>(p.max_k, c.lens_k[i]);
     }
     p.total_q = aq, p.total_k = ak;

@@ -115,13 +115,9 @@ struct Problem {
     const DType t = c.dtype;
     if (varlen) {
       const int64_t b = int64_t(c.lens_q.size());
-      cu_q = HostTensor(DType::i32, {b + 1});
-      cu_k = HostTensor(DType::i32, {b + 1});
-      cu_q.set(0, 0), cu_k.set(0, 0);
-      for (int64_t i = 0; i < b; ++i) {
-        total_q += c.lens_q[size_t(i)], total_k += c.lens_k[size_t(i)];
-        cu_q.set(i + 1, double(total_q)), cu_k.set(i + 1, double(total_k));
-      }
+      cu_q = cu_seqlens_of(c.lens_q);
+      cu_k = cu_seqlens_of(c.lens_k);
+      total_q = int64_t(cu_q.get(b)), total_k = int64_t(cu_k.get(b));
       q = std::make_unique<Arg>(t, std::vector<int64_t>{total_q, c.hq, c.d}, c.bhsd, c.pad, c.misalign);
       k = std::make_unique<Arg>(t, std::vector<int64_t>{total_k, c.hkv, c.d}, c.bhsd, c.pad, c.misalign);
       v = std::make_unique<Arg>(t, std::vector<int64_t>{total_k, c.hkv, c.dv}, c.bhsd, c.pad, c.misalign);

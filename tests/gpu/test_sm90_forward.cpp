@@ -59,12 +59,6 @@ std::string first_mismatches(const HostTensor& got_t, const HostTensor& want_t, 
   return out;
 }
 
-std::vector<int32_t> offsets(const std::vector<int32_t>& lens) {
-  std::vector<int32_t> cu{0};
-  for (int32_t l : lens) cu.push_back(cu.back() + l);
-  return cu;
-}
-
 class Sm90Forward : public ::testing::TestWithParam<FwdCase> {};
 
 TEST_P(Sm90Forward, MatchesReference) {
@@ -73,24 +67,21 @@ TEST_P(Sm90Forward, MatchesReference) {
   const FwdCase c = GetParam();
   const bool varlen = !c.lens_q.empty();
   const int64_t d = c.head_dim;
-  std::vector<int32_t> cu_q, cu_k;
   HostTensor q, k, v, o, lse, cuq_h, cuk_h;
   int64_t max_q = c.seqlen_q, max_k = c.seqlen_k;
   if (varlen) {
-    cu_q = offsets(c.lens_q);
-    cu_k = offsets(c.lens_k);
+    cuq_h = cu_seqlens_of(c.lens_q);
+    cuk_h = cu_seqlens_of(c.lens_k);
+    const int64_t total_q = int64_t(cuq_h.get(int64_t(c.lens_q.size())));
+    const int64_t total_k = int64_t(cuk_h.get(int64_t(c.lens_k.size())));
     max_q = max_k = 0;
     for (int32_t l : c.lens_q) max_q = std::max<int64_t>(max_q, l);
     for (int32_t l : c.lens_k) max_k = std::max<int64_t>(max_k, l);
-    q = HostTensor(c.dtype, {cu_q.back(), c.heads_q, d}, {}, c.row_pad);
-    k = HostTensor(c.dtype, {cu_k.back(), c.heads_kv, d}, {}, c.row_pad);
-    v = HostTensor(c.dtype, {cu_k.back(), c.heads_kv, d}, {}, c.row_pad);
-    o = HostTensor(c.dtype, {cu_q.back(), c.heads_q, d});
-    lse = HostTensor(DType::f32, {c.heads_q, cu_q.back()});
-    cuq_h = HostTensor(DType::i32, {int64_t(cu_q.size())});
-    cuk_h = HostTensor(DType::i32, {int64_t(cu_k.size())});
-    for (size_t i = 0; i < cu_q.size(); ++i) cuq_h.set(int64_t(i), cu_q[i]);
-    for (size_t i = 0; i < cu_k.size(); ++i) cuk_h.set(int64_t(i), cu_k[i]);
+    q = HostTensor(c.dtype, {total_q, c.heads_q, d}, {}, c.row_pad);
+    k = HostTensor(c.dtype, {total_k, c.heads_kv, d}, {}, c.row_pad);
+    v = HostTensor(c.dtype, {total_k, c.heads_kv, d}, {}, c.row_pad);
+    o = HostTensor(c.dtype, {total_q, c.heads_q, d});
+    lse = HostTensor(DType::f32, {c.heads_q, total_q});
   } else {
     q = HostTensor(c.dtype, {c.batch, c.seqlen_q, c.heads_q, d}, c.perm, c.row_pad);
     k = HostTensor(c.dtype, {c.batch, c.seqlen_k, c.heads_kv, d}, c.perm, c.row_pad);
