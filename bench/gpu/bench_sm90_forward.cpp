@@ -1,11 +1,12 @@
 // Times the Hopper forward (cuda_sm90) on the FlashAttention benchmark grid: B·S = 16k tokens, H·D = 2048,
-// bf16, head dims 64/128/256, S = 4k and 16k, causal and not. CUDA events around each launch; median of the
+// bf16, head dims 64/128/256, S = 2k, 4k, 8k and 16k, causal and not. CUDA events around each launch; median of the
 // timed launches after warm-up. FLOPs: 4·B·H·S²·D, half of that under a causal mask.
 //
 // Every variant of the kernel (Sm90ForwardVariant: consumer ordering x tile set) is timed in each schedule
 // (Sm90Schedule: +pers = persistent grid; +lpt = longest-first tile order, causal shapes only).
 //
-//   bench_sm90_forward [--iters N] [--csv]
+//   bench_sm90_forward [--iters N] [--csv] [--only VARIANT+SCHEDULE,HD,S,CAUSAL]
+// --only times one cell (e.g. `--only serial_wide+pers,128,16384,0`): for profiling one launch under ncu.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -47,9 +48,11 @@ void fill_random_bf16(std::vector<uint16_t>& h, uint64_t seed) {
 int main(int argc, char** argv) {
   int iters = 20;
   bool csv = false;
+  std::string only;  // empty: every cell
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--csv")) csv = true;
+    if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
   }
   constexpr int64_t kTokens = 16384, kModelDim = 2048;
   const size_t elems = size_t(kTokens) * kModelDim;
@@ -78,7 +81,7 @@ int main(int argc, char** argv) {
   for (Sm90Schedule schedule : flashattn::detail::kSm90Schedules)
   for (Sm90ForwardVariant variant : flashattn::detail::kSm90ForwardVariants)
   for (int64_t hd : {64, 128, 256})
-    for (int64_t s : {4096, 16384})
+    for (int64_t s : {2048, 4096, 8192, 16384})
       for (bool causal : {false, true}) {
         // The tile order matters only where query blocks differ in cost.
         if (schedule.lpt_sections && !causal) continue;
@@ -102,6 +105,9 @@ int main(int argc, char** argv) {
         }
         const std::string vname = std::string(flashattn::detail::sm90_forward_variant_name(variant)) +
                                   flashattn::detail::sm90_schedule_suffix(schedule);
+        if (!only.empty() && only != vname + "," + std::to_string(hd) + "," + std::to_string(s) + "," +
+                                          std::to_string(int(causal)))
+          continue;
         for (int w = 0; w < 3; ++w) st = flashattn::detail::sm90_forward_run(p, variant, schedule);
         CHECK_CUDA(cudaDeviceSynchronize());
         std::vector<float> ms;

@@ -121,6 +121,18 @@ for k in shapes:
     best = max(names, key=score)
     print(f"  {k[0]:>3} {k[1]:>6} causal={k[2]}: {best:<26} {score(best):6.0f}   serial {score('serial'):6.0f}   cuDNN {cudnn.get(k, {}).get('tflops', '-')}")
 PY
+# One launch per listed cell under Nsight Compute (SM90_NCU="variant+schedule,hd,S,causal ..."; empty: none):
+# where the issue slots and stalls go. The full report is in $OUT; the lines that name the limiter are printed.
+for cell in ${SM90_NCU:-}; do
+  say "ncu: $cell"
+  log="$OUT/ncu_$(echo "$cell" | tr ',+' '__').txt"
+  timeout 120 ncu --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+    --section SchedulerStats --section InstructionStats --section LaunchStats --section Occupancy \
+    -k regex:forward_kernel --launch-skip 3 --launch-count 1 "$BENCH" --iters 1 --only "$cell" >"$log" 2>&1
+  echo "ncu exit code $?" | tee -a "$OUT/summary.txt"
+  grep -E "Duration|Compute \(SM\) Throughput|Issue Slots Busy|Issued Ipc|No Eligible|Stall|Registers Per|Warp Cycles Per Issued|Eligible Warps|Active Warps Per" "$log" | head -30 | tee -a "$OUT/summary.txt"
+done
+
 if [ "${SM90_SKIP_SANITIZER:-0}" != 1 ]; then
   say "compute-sanitizer memcheck (small subset)"
   timeout 30 compute-sanitizer --tool memcheck --print-limit 10 "$TESTS" --gtest_color=no \

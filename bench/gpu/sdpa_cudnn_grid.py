@@ -1,5 +1,5 @@
 """cuDNN attention (PyTorch SDPA's cuDNN backend) on the grid bench_sm90_forward times, for side-by-side numbers
-in one device call: B*S = 16k tokens, H*D = 2048, bf16, hd 64/128/256, S = 4k/16k, causal and not.
+in one device call: B*S = 16k tokens, H*D = 2048, bf16, hd 64/128/256, S = 2k/4k/8k/16k, causal and not.
 Median of CUDA-event timings after warm-up. Prints CSV: hd,seqlen,causal,ms,tflops."""
 import sys
 
@@ -12,7 +12,7 @@ def main():
     iters = 20
     print("hd,seqlen,causal,ms,tflops")
     for hd in (64, 128, 256):
-        for s in (4096, 16384):
+        for s in (2048, 4096, 8192, 16384):
             for causal in (False, True):
                 b, h = 16384 // s, 2048 // hd
                 q, k, v = (torch.randn(b, h, s, hd, device="cuda", dtype=torch.bfloat16) for _ in range(3))

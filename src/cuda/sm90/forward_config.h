@@ -26,17 +26,16 @@ constexpr int kWgmmaRows = 64;  // M of one wgmma: the rows of one consumer warp
 constexpr int kWgmmaK = 16;     // K of one wgmma for 16-bit inputs
 // Named barriers of the consumer warpgroups' turns (one per consumer warpgroup); 0 is __syncthreads'.
 constexpr int kTurnBarrier0 = 1;
+// Depth of the shared-memory ring through which a persistent CTA's producer hands claimed tile numbers to the
+// consumers: two lets the producer claim the next tile while the consumers still read the current number.
+constexpr int kTileRing = 2;
 
-template <int kHeadDim_, int kBlockN_, int kConsumerWarpgroups_, int kStages_, int kFmaExpPer16_ = 0>
+template <int kHeadDim_, int kBlockN_, int kConsumerWarpgroups_, int kStages_>
 struct ForwardConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
   static constexpr int kStages = kStages_;
-  // Of every 16 scores a thread exponentiates, how many go through the FMA pipe's polynomial (exp2_poly)
-  // instead of MUFU.EX2 (even: whole column pairs).
-  static constexpr int kFmaExpPer16 = kFmaExpPer16_;
-  static_assert(kFmaExpPer16 % 2 == 0 && kFmaExpPer16 <= 16, "sm90 forward: kFmaExpPer16 even, at most 16");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "sm90 forward: head dim 64, 128 or 256");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "sm90 forward: kBlockN a multiple of 16 (P V's k-steps)");
   static_assert(kConsumerWarpgroups == 2 || kConsumerWarpgroups == 3, "sm90 forward: 2 or 3 consumer warpgroups");
@@ -52,22 +51,17 @@ struct ForwardConfig {
   static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * kElemBytes;
   static_assert(kKVTileBytes % 1024 == 0, "sm90 forward: every tile starts on a 1024-byte swizzle atom");
-  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);  // q_full, q_empty, k_full[], v_full[], empty[], empty_v[]
+  // q_full, q_empty, k_full[], v_full[], empty[], empty_v[]; the tile ring's slots, tile_full[], tile_empty[].
+  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages) + 8 * 3 * kTileRing;
   static constexpr int kAlignSlack = 1024;                     // the dynamic window rounded up to a swizzle atom
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVTileBytes + kBarrierBytes + kAlignSlack;
   static_assert(kSmemBytes <= 227 * 1024, "sm90 forward: over the 227 KB shared-memory limit");
 };
 
-// kFmaExp: the share of exponentials moved off the special-function unit (see forward_mainloop.cuh's
-// softmax). Per tile and SM sub-partition, MUFU.EX2 costs 8 cycles per warp instruction: at hd 64 that is as
-// long as the tile's matrix products, at hd 128 half as long; the polynomial costs ~8 issue slots instead.
-// hd 64: 4 of 16 (MUFU and issue both ~80% of the products' time); hd 128/256: 2 of 16.
-template <int kHeadDim, int kFmaExp = 0>
-using BaseTiles = ForwardConfig<kHeadDim, kHeadDim == 256 ? 64 : 128, 2, kHeadDim == 64 ? 3 : 2, kFmaExp>;
-template <int kHeadDim, int kFmaExp = 0>
-using WideTiles = ForwardConfig<kHeadDim, kHeadDim == 256 ? 80 : kHeadDim == 128 ? 176 : 128,
-                                kHeadDim == 64 ? 3 : 2, kHeadDim == 64 ? 3 : 2, kFmaExp>;
 template <int kHeadDim>
-constexpr int kFmaExpShare = kHeadDim == 64 ? 4 : 2;
+using BaseTiles = ForwardConfig<kHeadDim, kHeadDim == 256 ? 64 : 128, 2, kHeadDim == 64 ? 3 : 2>;
+template <int kHeadDim>
+using WideTiles = ForwardConfig<kHeadDim, kHeadDim == 256 ? 80 : kHeadDim == 128 ? 176 : 128,
+                                kHeadDim == 64 ? 3 : 2, kHeadDim == 64 ? 3 : 2>;
 
 }  // namespace flashattn::cuda::sm90

@@ -36,31 +36,31 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
   if (w.n_end <= w.n_begin) return;  // no visible keys: the consumers neither read Q nor wait for it
   RingPosition<Cfg::kStages>& pos = st.kv;
   for (int n = w.n_end - 1; n >= w.n_begin; --n) {
-    mbarrier_wait(&sm.empty[pos.index], pos.phase ^ 1u);
+    mbarrier_wait(&sm.empty()[pos.index], pos.phase ^ 1u);
     const int row = w.k_row0 + n * Cfg::kBlockN;
-    uint8_t* k_tile = sm.k + pos.index * Cfg::kKVTileBytes;
-    uint8_t* v_tile = sm.v + pos.index * Cfg::kKVTileBytes;
-    mbarrier_arrive_expect_tx(&sm.k_full[pos.index], Cfg::kKVTileBytes);
+    uint8_t* k_tile = sm.k() + pos.index * Cfg::kKVTileBytes;
+    uint8_t* v_tile = sm.v() + pos.index * Cfg::kKVTileBytes;
+    mbarrier_arrive_expect_tx(&sm.k_full()[pos.index], Cfg::kKVTileBytes);
 #pragma unroll
     for (int p = 0; p < kPanels; ++p)
       tma_load_4d(k_tile + p * Cfg::kBlockN * kSwizzleBytes, tm_k, p * kPanelCols, row, kv_head, w.batch_coord,
-                  &sm.k_full[pos.index]);
+                  &sm.k_full()[pos.index]);
     if (n == w.n_end - 1) {
       // Q's previous use has ended (a fresh barrier passes parity 1 at once).
-      mbarrier_wait(sm.q_empty, st.q_phase ^ 1u);
-      mbarrier_arrive_expect_tx(sm.q_full, Cfg::kQBytes);
+      mbarrier_wait(sm.q_empty(), st.q_phase ^ 1u);
+      mbarrier_arrive_expect_tx(sm.q_full(), Cfg::kQBytes);
 #pragma unroll
       for (int p = 0; p < kPanels; ++p)
-        tma_load_4d(sm.q + p * Cfg::kBlockM * kSwizzleBytes, tm_q, p * kPanelCols,
-                    w.q_row0 + w.m_block * Cfg::kBlockM, w.head, w.batch_coord, sm.q_full);
+        tma_load_4d(sm.q() + p * Cfg::kBlockM * kSwizzleBytes, tm_q, p * kPanelCols,
+                    w.q_row0 + w.m_block * Cfg::kBlockM, w.head, w.batch_coord, sm.q_full());
       st.q_phase ^= 1u;
     }
-    if constexpr (kSplitRelease) mbarrier_wait(&sm.empty_v[pos.index], pos.phase ^ 1u);
-    mbarrier_arrive_expect_tx(&sm.v_full[pos.index], Cfg::kKVTileBytes);
+    if constexpr (kSplitRelease) mbarrier_wait(&sm.empty_v()[pos.index], pos.phase ^ 1u);
+    mbarrier_arrive_expect_tx(&sm.v_full()[pos.index], Cfg::kKVTileBytes);
 #pragma unroll
     for (int p = 0; p < kPanels; ++p)
       tma_load_4d(v_tile + p * Cfg::kBlockN * kSwizzleBytes, tm_v, p * kPanelCols, row, kv_head, w.batch_coord,
-                  &sm.v_full[pos.index]);
+                  &sm.v_full()[pos.index]);
     pos.advance();
   }
 }
@@ -110,7 +110,7 @@ struct Consumer {
     w.mask.key_range(row_end - 1, &lo_last, &hi_last);
     full_lo = int((lo_last + kN - 1) / kN);
     full_hi = int(hi_first / kN);
-    q_addr = smem_address(sm.q) + wg * kWgmmaRows * kSwizzleBytes;
+    q_addr = smem_address(sm.q()) + wg * kWgmmaRows * kSwizzleBytes;
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
   }
@@ -118,7 +118,7 @@ struct Consumer {
   // S = Q Kᵀ, issued and committed (not waited for). K-major operands; k-step kk is panel kk / 4, 32 bytes
   // further per step inside a row.
   __device__ void issue_qk(Scores& s, int stage) {
-    const uint32_t k_addr = smem_address(sm.k + stage * Cfg::kKVTileBytes);
+    const uint32_t k_addr = smem_address(sm.k() + stage * Cfg::kKVTileBytes);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / kWgmmaK; ++kk) {
@@ -132,7 +132,7 @@ struct Consumer {
   // O += P V, issued and committed. V is N-major: one panel (kN rows) per 64 columns of head dim. P is
   // converted before the fence: a register write between two wgmmas would make the compiler serialise them.
   __device__ void issue_pv(const PFragments& p, int stage) {
-    const uint32_t v_addr = smem_address(sm.v + stage * Cfg::kKVTileBytes);
+    const uint32_t v_addr = smem_address(sm.v() + stage * Cfg::kKVTileBytes);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kN / kWgmmaK; ++kk)
@@ -178,15 +178,9 @@ struct Consumer {
       float sum4[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < kN / 8; ++j) {
-        // One FFMA and one exp2 per score: exp(scale·s - scale·m) = 2^(s·scale·log2e - m·scale·log2e). The exp2
-        // is MUFU.EX2, except for the column blocks Cfg::kFmaExpPer16 / 2 of every 8, which take the FMA
-        // pipe's polynomial: the special-function unit (16 results per clock per SM) would otherwise bound
-        // the softmax at small head dims.
-        const float x0 = fmaf(s[4 * j + 2 * r], a.scale_log2, -base);
-        const float x1 = fmaf(s[4 * j + 2 * r + 1], a.scale_log2, -base);
-        const bool on_fma = (j % 8) < Cfg::kFmaExpPer16 / 2;
-        const float p0 = on_fma ? exp2_poly(x0) : exp2_approx(x0);
-        const float p1 = on_fma ? exp2_poly(x1) : exp2_approx(x1);
+        // One FFMA and one exp2 (MUFU.EX2) per score: exp(scale·s - scale·m) = 2^(s·scale·log2e - m·scale·log2e).
+        const float p0 = exp2_approx(fmaf(s[4 * j + 2 * r], a.scale_log2, -base));
+        const float p1 = exp2_approx(fmaf(s[4 * j + 2 * r + 1], a.scale_log2, -base));
         s[4 * j + 2 * r] = p0;
         s[4 * j + 2 * r + 1] = p1;
         sum4[j % 4] += p0 + p1;
@@ -211,16 +205,16 @@ struct Consumer {
   // warpgroup once this warp's wait returned). release_v is the overlapped ordering's separate V release.
   __device__ void release(int stage) {
     __syncwarp();
-    if (lane == 0) mbarrier_arrive(&sm.empty[stage]);
+    if (lane == 0) mbarrier_arrive(&sm.empty()[stage]);
   }
   __device__ void release_v(int stage) {
     __syncwarp();
-    if (lane == 0) mbarrier_arrive(&sm.empty_v[stage]);
+    if (lane == 0) mbarrier_arrive(&sm.empty_v()[stage]);
   }
   // The tile's last S has landed: Q is no longer read.
   __device__ void release_q() {
     __syncwarp();
-    if (lane == 0) mbarrier_arrive(sm.q_empty);
+    if (lane == 0) mbarrier_arrive(sm.q_empty());
   }
 
   // Normalise, write O (16-bit pairs) and the LSE of the rows inside the sequence.
@@ -228,7 +222,7 @@ struct Consumer {
     constexpr float kLn2 = 0.69314718055994530942f;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      // A row that saw no key has maximum -inf (its sum is 0, or a few 2^-126 from exp2_poly's floor).
+      // A row that saw no key has maximum -inf and sum 0.
       const bool empty = row_max[r] == -INFINITY;
       const float total = quad_sum(row_sum[r]);
       const float inv = empty ? 0.f : 1.f / total;
@@ -258,12 +252,12 @@ template <typename C>
 __device__ void consume_serial(C& c, PipelineState<C::Cfg::kStages>& st) {
   const BlockWork& w = c.w;
   if (w.n_end <= w.n_begin) return;
-  mbarrier_wait(c.sm.q_full, st.q_phase);
+  mbarrier_wait(c.sm.q_full(), st.q_phase);
   st.q_phase ^= 1u;
   RingPosition<C::Cfg::kStages>& pos = st.kv;
   for (int n = w.n_end - 1; n >= w.n_begin; --n) {
     typename C::Scores s;
-    mbarrier_wait(&c.sm.k_full[pos.index], pos.phase);
+    mbarrier_wait(&c.sm.k_full()[pos.index], pos.phase);
     c.issue_qk(s, pos.index);
     wgmma_wait<0>();
     fence_registers(s);
@@ -274,7 +268,7 @@ __device__ void consume_serial(C& c, PipelineState<C::Cfg::kStages>& st) {
     c.rescale_o(rescale);
     typename C::PFragments p;
     C::to_fragments(p, s);
-    mbarrier_wait(&c.sm.v_full[pos.index], pos.phase);
+    mbarrier_wait(&c.sm.v_full()[pos.index], pos.phase);
     c.issue_pv(p, pos.index);
     wgmma_wait<0>();
     fence_registers(c.o);
@@ -308,14 +302,14 @@ __device__ void consume_overlapped(C& c, int wg, PipelineState<C::Cfg::kStages>&
   constexpr int kWgs = C::Cfg::kConsumerWarpgroups;
   const BlockWork& w = c.w;
   if (w.n_end <= w.n_begin) return;
-  mbarrier_wait(c.sm.q_full, st.q_phase);
+  mbarrier_wait(c.sm.q_full(), st.q_phase);
   st.q_phase ^= 1u;
   RingPosition<C::Cfg::kStages>& pos = st.kv;
   typename C::Scores s;
   typename C::PFragments p;
   float rescale[2];
   // First tile: S only.
-  mbarrier_wait(&c.sm.k_full[pos.index], pos.phase);
+  mbarrier_wait(&c.sm.k_full()[pos.index], pos.phase);
   wait_turn<kWgs>(wg);
   c.issue_qk(s, pos.index);
   pass_turn<kWgs>(wg);
@@ -330,8 +324,8 @@ __device__ void consume_overlapped(C& c, int wg, PipelineState<C::Cfg::kStages>&
   uint32_t prev_phase = pos.phase;
   pos.advance();
   for (int n = w.n_end - 2; n >= w.n_begin; --n) {
-    mbarrier_wait(&c.sm.k_full[pos.index], pos.phase);
-    mbarrier_wait(&c.sm.v_full[prev], prev_phase);
+    mbarrier_wait(&c.sm.k_full()[pos.index], pos.phase);
+    mbarrier_wait(&c.sm.v_full()[prev], prev_phase);
     wait_turn<kWgs>(wg);
     c.issue_qk(s, pos.index);
     c.rescale_o(rescale);
@@ -352,7 +346,7 @@ __device__ void consume_overlapped(C& c, int wg, PipelineState<C::Cfg::kStages>&
     pos.advance();
   }
   // Last tile's P V.
-  mbarrier_wait(&c.sm.v_full[prev], prev_phase);
+  mbarrier_wait(&c.sm.v_full()[prev], prev_phase);
   wait_turn<kWgs>(wg);
   c.rescale_o(rescale);
   c.issue_pv(p, prev);

@@ -1,13 +1,14 @@
 // Hopper forward: O = softmax(Q Kᵀ · scale) V and LSE, fp16/bf16 in, fp32 accumulation, for head dims 64, 128,
 // 256 (d_v == d), with causal / sliding-window masks, softcap, GQA, varlen and arbitrary tails.
 //
-// Work: tiles of kBlockM = 64 · (consumer warpgroups) query rows of one (batch, head); CTA c runs tiles c,
-// c + gridDim.x, ... (one per CTA, or a persistent grid of one CTA per SM: Sm90Schedule), in head-major or
-// longest-first order (forward_tiles.cuh).
+// Work: tiles of kBlockM = 64 · (consumer warpgroups) query rows of one (batch, head), numbered head-major or
+// longest-first (forward_tiles.cuh). One CTA per tile, or a persistent grid of one CTA per SM (Sm90Schedule)
+// whose CTAs claim the next tile from a global counter as they finish one (TileSequence).
 // Warp roles (128 · (1 + consumer warpgroups) threads):
 //   warpgroup 0  producer: gives registers away (setmaxnreg); one thread issues TMA loads of each tile's Q block
 //                and of its K and V tiles into a kStages-deep shared-memory ring (full/empty mbarriers; Q has
-//                its own full/empty pair so a persistent CTA loads the next Q once the last S has landed).
+//                its own full/empty pair so a persistent CTA loads the next Q once the last S has landed); in a
+//                persistent grid it also claims the CTA's next tile and posts it to the consumers (TileSequence).
 //   warpgroups 1..  consumers (setmaxnreg), 64 query rows each: per key tile S = Q Kᵀ (wgmma, both from
 //                shared memory), mask + softcap, online softmax in registers (exp2 with scale·log2e folded into
 //                one FFMA), then O += P V (wgmma with P from registers, V from shared memory, N-major). After
@@ -52,13 +53,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   SharedStorage<Cfg> sm(smem_raw);
   if (threadIdx.x == 0) {
-    mbarrier_init(sm.q_full, 1);
-    mbarrier_init(sm.q_empty, Cfg::kConsumerWarps);
+    mbarrier_init(sm.q_full(), 1);
+    mbarrier_init(sm.q_empty(), Cfg::kConsumerWarps);
     for (int s = 0; s < Cfg::kStages; ++s) {
-      mbarrier_init(&sm.k_full[s], 1);
-      mbarrier_init(&sm.v_full[s], 1);
-      mbarrier_init(&sm.empty[s], Cfg::kConsumerWarps);
-      mbarrier_init(&sm.empty_v[s], Cfg::kConsumerWarps);
+      mbarrier_init(&sm.k_full()[s], 1);
+      mbarrier_init(&sm.v_full()[s], 1);
+      mbarrier_init(&sm.empty()[s], Cfg::kConsumerWarps);
+      mbarrier_init(&sm.empty_v()[s], Cfg::kConsumerWarps);
+    }
+    for (int s = 0; s < kTileRing; ++s) {
+      mbarrier_init(&sm.tile_full()[s], 1);
+      mbarrier_init(&sm.tile_empty()[s], Cfg::kConsumerWarps);
     }
     mbarrier_init_fence();
   }
@@ -73,8 +78,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tma_prefetch_map(&tm_q);
       tma_prefetch_map(&tm_k);
       tma_prefetch_map(&tm_v);
-      for (int64_t t = blockIdx.x; t < args.num_tiles; t += gridDim.x) {
-        const BlockWork w = block_work<Cfg>(args, t);
+      for (TileSequence<Cfg> seq; seq.valid(args); seq.next_for_producer(args, sm)) {
+        const BlockWork w = block_work<Cfg>(args, seq.tile);
         if (w.m_block * Cfg::kBlockM >= w.seqlen_q) continue;
         produce<Cfg, kOverlap>(sm, w, w.head / args.heads_per_kv, &tm_q, &tm_k, &tm_v, st);
       }
@@ -84,8 +89,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if constexpr (kOverlap) {
       if (wg - 1 == Cfg::kConsumerWarpgroups - 1) pass_turn<Cfg::kConsumerWarpgroups>(wg - 1);
     }
-    for (int64_t t = blockIdx.x; t < args.num_tiles; t += gridDim.x) {
-      const BlockWork w = block_work<Cfg>(args, t);
+    for (TileSequence<Cfg> seq; seq.valid(args); seq.next_for_consumer(args, sm)) {
+      const BlockWork w = block_work<Cfg>(args, seq.tile);
       if (w.m_block * Cfg::kBlockM >= w.seqlen_q) continue;
       Consumer<T, Cfg> c(sm, w, args, wg - 1);
       if constexpr (kOverlap)
@@ -185,12 +190,31 @@ Status launch(const FwdParams& p, Sm90Schedule schedule) {
   a.heads_per_section = schedule.lpt_sections && costs_vary ? heads_per_section(p, kHeadDim) : 0;
   a.num_m_blocks = int(m_blocks);
   a.num_heads = int(p.heads_q);
-  a.num_tiles = num_tiles;
+  a.num_tiles = int(num_tiles);
 
   auto kernel = cuda::sm90::forward_kernel<T, Cfg, kOverlap>;
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-  kernel<<<unsigned(ctas), Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(a, tm_q, tm_k, tm_v);
-  return cuda_status(cudaGetLastError(), "cuda_sm90 forward launch");
+  const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  // A persistent grid claims tiles from a counter: 4 bytes from the stream-ordered pool, zeroed and freed on
+  // the stream (capturable in a CUDA graph, and private to this call, so concurrent calls cannot interfere).
+  a.tile_counter = nullptr;
+  if (ctas < num_tiles) {
+    void* counter = nullptr;
+    FA_CUDA_TRY(cudaMallocAsync(&counter, sizeof(unsigned), stream));
+    a.tile_counter = static_cast<unsigned*>(counter);
+  }
+  Status st = cuda_status(a.tile_counter ? cudaMemsetAsync(a.tile_counter, 0, sizeof(unsigned), stream)
+                                         : cudaSuccess,
+                          "cudaMemsetAsync(sm90 tile counter)");
+  if (st.ok()) {
+    kernel<<<unsigned(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a, tm_q, tm_k, tm_v);
+    st = cuda_status(cudaGetLastError(), "cuda_sm90 forward launch");
+  }
+  if (a.tile_counter) {
+    Status freed = cuda_status(cudaFreeAsync(a.tile_counter, stream), "cudaFreeAsync(sm90 tile counter)");
+    if (st.ok()) st = freed;
+  }
+  return st;
 }
 
 template <typename T, int kHeadDim>
@@ -202,10 +226,6 @@ Status launch_variant(const FwdParams& p, Sm90ForwardVariant variant, Sm90Schedu
     case Sm90ForwardVariant::overlapped: return launch<T, BaseTiles<kHeadDim>, true>(p, schedule);
     case Sm90ForwardVariant::serial_wide: return launch<T, WideTiles<kHeadDim>, false>(p, schedule);
     case Sm90ForwardVariant::overlapped_wide: return launch<T, WideTiles<kHeadDim>, true>(p, schedule);
-    case Sm90ForwardVariant::overlapped_fmaexp:
-      return launch<T, BaseTiles<kHeadDim, cuda::sm90::kFmaExpShare<kHeadDim>>, true>(p, schedule);
-    case Sm90ForwardVariant::overlapped_wide_fmaexp:
-      return launch<T, WideTiles<kHeadDim, cuda::sm90::kFmaExpShare<kHeadDim>>, true>(p, schedule);
   }
   return Status::unsupported("cuda_sm90: unknown forward variant");
 }
@@ -248,6 +268,10 @@ Status sm90_forward_supports(const FwdParams& p) {
   if (p.seqlen_q > kInt32Max || p.seqlen_k > kInt32Max || p.total_q > kInt32Max || p.total_k > kInt32Max)
     return Status::unsupported("cuda_sm90: sequence lengths past 2^31");
   if (p.heads_q > 65535 || p.batch > 65535) return Status::unsupported("cuda_sm90: more than 65535 heads or batches");
+  // Tiles are numbered in int (the kernel adds the grid size to a tile number); counted at the smallest kBlockM.
+  const int64_t kMaxTiles = int64_t(1) << 30;
+  if ((p.seqlen_q + cuda::sm90::kWgmmaRows - 1) / cuda::sm90::kWgmmaRows * p.heads_q * p.batch >= kMaxTiles)
+    return Status::unsupported("cuda_sm90: more than 2^30 query tiles (batch x heads x query blocks)");
   return Status::success();
 }
 

@@ -7,6 +7,7 @@
 
 #include "common/mask.h"
 #include "cuda/sm90/forward_config.h"
+#include "cuda/sm90/primitives_sm90.cuh"
 #include "cuda/sm90/swizzle.h"
 
 namespace flashattn::cuda::sm90 {
@@ -32,37 +33,48 @@ struct ForwardKernelArgs {
   // blocks differ in cost), so the last wave holds the cheapest blocks; k is sized so that a section's K/V fit
   // in L2 (forward_sm90.cu).
   int heads_per_section;
-  // Tiles: num_m_blocks query blocks x num_heads x batch, numbered in the order above. CTA c takes tiles c,
-  // c + gridDim.x, ...: one tile per CTA when the grid has a CTA per tile, several in a persistent grid.
+  // Tiles: num_m_blocks query blocks x num_heads x batch, numbered in the order above. CTA c starts with tile c.
+  // With a CTA per tile that is all. In a persistent grid (fewer CTAs than tiles) a CTA that finishes a tile
+  // claims the next unclaimed one from tile_counter (zeroed before the launch; claims count from gridDim.x),
+  // so tiles start in the order above however unequal their costs: greedy longest-first under a causal mask.
+  // A static stride (c, c + gridDim.x, ...) instead leaves up to 1.8x the mean work on one CTA at 16k causal.
   int num_m_blocks, num_heads;
-  int64_t num_tiles;
+  int num_tiles;  // below 2^30 (sm90_forward_supports), so tile + gridDim.x cannot overflow
+  unsigned* tile_counter;  // null: static tiles c, c + gridDim.x, ...
 };
 
+// One base pointer; every region is a constant offset from it (forward_config.h has the sizes), so the
+// producer's 24 registers hold one address, not one per region.
 template <typename Cfg>
 struct SharedStorage {
-  uint8_t* q;
-  uint8_t* k;  // kStages tiles
-  uint8_t* v;
-  uint64_t* q_full;
-  uint64_t* q_empty;  // the consumers have finished reading Q: the next tile's Q may be loaded
-  uint64_t* k_full;
-  uint64_t* v_full;
-  uint64_t* empty;    // the stage's K (and, in the serial ordering, its V) may be overwritten
-  uint64_t* empty_v;  // overlapped ordering only: the stage's V may be overwritten
+  uint8_t* base;
 
   __device__ explicit SharedStorage(uint8_t* raw) {
     const uintptr_t p = reinterpret_cast<uintptr_t>(raw);
-    uint8_t* base = reinterpret_cast<uint8_t*>((p + kSwizzleAtomBytes - 1) & ~uintptr_t(kSwizzleAtomBytes - 1));
-    q = base;
-    k = q + Cfg::kQBytes;
-    v = k + Cfg::kStages * Cfg::kKVTileBytes;
-    q_full = reinterpret_cast<uint64_t*>(v + Cfg::kStages * Cfg::kKVTileBytes);
-    q_empty = q_full + 1;
-    k_full = q_empty + 1;
-    v_full = k_full + Cfg::kStages;
-    empty = v_full + Cfg::kStages;
-    empty_v = empty + Cfg::kStages;
+    base = reinterpret_cast<uint8_t*>((p + kSwizzleAtomBytes - 1) & ~uintptr_t(kSwizzleAtomBytes - 1));
   }
+  static constexpr int kKOffset = Cfg::kQBytes;
+  static constexpr int kVOffset = kKOffset + Cfg::kStages * Cfg::kKVTileBytes;
+  static constexpr int kBarrierOffset = kVOffset + Cfg::kStages * Cfg::kKVTileBytes;
+  __device__ uint64_t* barriers() const { return reinterpret_cast<uint64_t*>(base + kBarrierOffset); }
+
+  __device__ uint8_t* q() const { return base; }
+  __device__ uint8_t* k() const { return base + kKOffset; }  // kStages tiles
+  __device__ uint8_t* v() const { return base + kVOffset; }
+  __device__ uint64_t* q_full() const { return barriers(); }
+  // The consumers have finished reading Q: the next tile's Q may be loaded.
+  __device__ uint64_t* q_empty() const { return barriers() + 1; }
+  __device__ uint64_t* k_full() const { return barriers() + 2; }
+  __device__ uint64_t* v_full() const { return k_full() + Cfg::kStages; }
+  // The stage's K (and, in the serial ordering, its V) may be overwritten.
+  __device__ uint64_t* empty() const { return v_full() + Cfg::kStages; }
+  // Overlapped ordering only: the stage's V may be overwritten.
+  __device__ uint64_t* empty_v() const { return empty() + Cfg::kStages; }
+  // Persistent grid: kTileRing claimed tile numbers; full = the slot holds the next number, empty = every
+  // reader has taken it.
+  __device__ int* tile_slot() const { return reinterpret_cast<int*>(empty_v() + Cfg::kStages); }
+  __device__ uint64_t* tile_full() const { return reinterpret_cast<uint64_t*>(empty_v() + Cfg::kStages) + 1; }
+  __device__ uint64_t* tile_empty() const { return tile_full() + kTileRing; }
 };
 
 // The (batch, head, query block) of one tile and the key tiles it visits.
@@ -81,7 +93,7 @@ __device__ BlockWork block_work(const ForwardKernelArgs& a, int64_t t) {
   // CTAs start roughly in block order, and a persistent CTA walks its tiles upwards, so t's order is the
   // order in which tiles start.
   const int m_blocks = a.num_m_blocks, heads = a.num_heads;
-  const int64_t num_bh = a.num_tiles / m_blocks;
+  const int num_bh = a.num_tiles / m_blocks;
   int64_t bh;
   if (a.heads_per_section == 0) {
     w.m_block = m_blocks - 1 - int(t % m_blocks);  // heaviest (causal) blocks of a head first
@@ -121,5 +133,47 @@ __device__ BlockWork block_work(const ForwardKernelArgs& a, int64_t t) {
   }
   return w;
 }
+
+// The sequence of tiles one CTA runs (ForwardKernelArgs::tile_counter); every CTA starts with tile blockIdx.x.
+// Static: tile c, c + gridDim.x, ..., computed on each side. Claimed (persistent grid): the TMA thread claims
+// each next tile from the global counter and posts it through the shared-memory tile ring, which the
+// consumer warps read. Producer and consumers see the same sequence.
+template <typename Cfg>
+struct TileSequence {
+  int tile;
+  unsigned posts = 0;  // tiles passed through the ring so far: slot posts % kTileRing, parity its pass's
+
+  __device__ TileSequence() : tile(blockIdx.x) {}
+  __device__ int slot() const { return int(posts % kTileRing); }
+  __device__ uint32_t parity() const { return (posts / kTileRing) & 1u; }
+  __device__ bool valid(const ForwardKernelArgs& a) const { return tile < a.num_tiles; }
+
+  // The TMA thread, once it has issued the current tile's loads. A number past the end is posted too: it ends
+  // the consumers' loops.
+  __device__ void next_for_producer(const ForwardKernelArgs& a, const SharedStorage<Cfg>& sm) {
+    if (!a.tile_counter) {
+      tile += gridDim.x;
+      return;
+    }
+    tile = int(gridDim.x + atomicAdd(a.tile_counter, 1u));
+    mbarrier_wait(&sm.tile_empty()[slot()], parity() ^ 1u);
+    sm.tile_slot()[slot()] = tile;
+    mbarrier_arrive(&sm.tile_full()[slot()]);
+    ++posts;
+  }
+
+  // Every thread of the consumer warpgroups (one arrival per warp frees the slot).
+  __device__ void next_for_consumer(const ForwardKernelArgs& a, const SharedStorage<Cfg>& sm) {
+    if (!a.tile_counter) {
+      tile += gridDim.x;
+      return;
+    }
+    mbarrier_wait(&sm.tile_full()[slot()], parity());
+    tile = sm.tile_slot()[slot()];
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) mbarrier_arrive(&sm.tile_empty()[slot()]);
+    ++posts;
+  }
+};
 
 }  // namespace flashattn::cuda::sm90

@@ -303,21 +303,6 @@ __device__ __forceinline__ float exp2_approx(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
-// 2^x for x <= 0 on the FMA pipe, no MUFU: x = n + f with n = round(x) and f in [-1/2, 1/2]; 2^f by a
-// degree-3 polynomial with p(0) = 1 (fitted for relative error, at most 1.1e-4: below the 16-bit rounding of
-// P, 2^-9 for bf16 and 2^-12 for fp16, so nothing the output can show), and n added into the exponent field.
-// Rounding: adding 1.5 * 2^23 leaves round(x) in the low mantissa bits, and those bits shifted up by 23 are
-// n << 23 (the constant's own bits shift out). x is clamped at -126 so that the exponent field stays >= 0:
-// the result bottoms out near 2^-126.5 where MUFU.EX2 gives 0, negligible beside a row maximum's 1, and
-// -inf (a masked score) lands there too (the epilogue tests a row's maximum, not its sum, for emptiness).
-__device__ __forceinline__ float exp2_poly(float x) {
-  constexpr float kRound = 12582912.f;  // 1.5 * 2^23
-  x = fmaxf(x, -126.f);
-  const float t = x + kRound;
-  const float f = x - (t - kRound);
-  const float p = fmaf(fmaf(fmaf(0.05500858f, f, 0.24221037f), f, 0.69328290f), f, 1.f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
 // tanh on the special-function unit (max relative error about 2^-11: below the 16-bit output's rounding).
 __device__ __forceinline__ float tanh_approx(float x) {
   float y;
