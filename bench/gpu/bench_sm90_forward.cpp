@@ -2,11 +2,11 @@
 // bf16, head dims 64/128/256, S = 2k, 4k, 8k and 16k, causal and not. CUDA events around each launch; median of the
 // timed launches after warm-up. FLOPs: 4·B·H·S²·D, half of that under a causal mask.
 //
-// Every variant of the kernel (Sm90ForwardVariant: consumer ordering x tile set) is timed in each schedule
-// (Sm90Schedule: +pers = persistent grid; +lpt = longest-first tile order, causal shapes only).
+// The planned kernel of each head dim (forward_config.h, KernelPlan) is timed on each grid (Sm90Grid: as
+// planned, one CTA per tile, persistent).
 //
-//   bench_sm90_forward [--iters N] [--csv] [--only VARIANT+SCHEDULE,HD,S,CAUSAL]
-// --only times one cell (e.g. `--only serial_wide+pers,128,16384,0`): for profiling one launch under ncu.
+//   bench_sm90_forward [--iters N] [--csv] [--only GRID,HD,S,CAUSAL]
+// --only times one cell (e.g. `--only planned,128,16384,0`): for profiling one launch under ncu.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -74,17 +74,13 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
 
-  std::printf(csv ? "variant,hd,seqlen,causal,ms,tflops\n" : "%20s %4s %6s %6s %9s %8s\n", "variant", "hd", "seqlen",
+  std::printf(csv ? "grid,hd,seqlen,causal,ms,tflops\n" : "%20s %4s %6s %6s %9s %8s\n", "grid", "hd", "seqlen",
               "causal", "ms", "TFLOP/s");
-  using flashattn::detail::Sm90ForwardVariant;
-  using flashattn::detail::Sm90Schedule;
-  for (Sm90Schedule schedule : flashattn::detail::kSm90Schedules)
-  for (Sm90ForwardVariant variant : flashattn::detail::kSm90ForwardVariants)
+  using flashattn::detail::Sm90Grid;
+  for (Sm90Grid grid : flashattn::detail::kSm90Grids)
   for (int64_t hd : {64, 128, 256})
     for (int64_t s : {2048, 4096, 8192, 16384})
       for (bool causal : {false, true}) {
-        // The tile order matters only where query blocks differ in cost.
-        if (schedule.lpt_sections && !causal) continue;
         const int64_t b = kTokens / s, h = kModelDim / hd;
         const int64_t shape[4] = {b, s, h, hd}, lse_shape[3] = {b, h, s};
         flashattn::Device dev{flashattn::DeviceType::cuda, 0};
@@ -103,17 +99,16 @@ int main(int argc, char** argv) {
           std::printf("hd %lld S %lld: %s\n", (long long)hd, (long long)s, st.message.c_str());
           continue;
         }
-        const std::string vname = std::string(flashattn::detail::sm90_forward_variant_name(variant)) +
-                                  flashattn::detail::sm90_schedule_suffix(schedule);
+        const std::string vname = flashattn::detail::sm90_grid_name(grid);
         if (!only.empty() && only != vname + "," + std::to_string(hd) + "," + std::to_string(s) + "," +
                                           std::to_string(int(causal)))
           continue;
-        for (int w = 0; w < 3; ++w) st = flashattn::detail::sm90_forward_run(p, variant, schedule);
+        for (int w = 0; w < 3; ++w) st = flashattn::detail::sm90_forward_run(p, grid);
         CHECK_CUDA(cudaDeviceSynchronize());
         std::vector<float> ms;
         for (int it = 0; it < iters && st.ok(); ++it) {
           CHECK_CUDA(cudaEventRecord(start));
-          st = flashattn::detail::sm90_forward_run(p, variant, schedule);
+          st = flashattn::detail::sm90_forward_run(p, grid);
           CHECK_CUDA(cudaEventRecord(stop));
           CHECK_CUDA(cudaEventSynchronize(stop));
           float t = 0;
@@ -131,7 +126,7 @@ int main(int argc, char** argv) {
         std::printf(csv ? "%s,%lld,%lld,%d,%.4f,%.1f\n" : "%20s %4lld %6lld %6d %9.4f %8.1f\n", vname.c_str(), (long long)hd,
                     (long long)s,
                     int(causal), med, flops / (med * 1e-3) / 1e12);
-        std::fflush(stdout);  // a later variant that hangs (killed by a timeout) keeps the lines before it
+        std::fflush(stdout);  // a later cell that hangs (killed by a timeout) keeps the lines before it
       }
   return 0;
 }

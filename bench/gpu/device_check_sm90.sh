@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for issue 4 (Hopper forward): runs the sm90 GPU tests (primitives + forward grid), then
-# times the sm90 forward (every variant, two passes) and cuDNN (PyTorch SDPA) on the benchmark grid, prints the
+# times the sm90 forward (the planned kernels on each grid, two passes) and cuDNN (PyTorch SDPA) on the benchmark grid, prints the
 # table, then runs compute-sanitizer memcheck / racecheck / synccheck on small subsets. Logs go to $OUT.
 #
 # Prepare here (no GPU needed), then run this on the device with build-sm90/carry carried:
@@ -60,7 +60,7 @@ done
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran|error|Failure" "$OUT/tests.log" | head -40 | tee -a "$OUT/summary.txt"
 
 if [ "$tests_rc" = 124 ]; then
-  # A hang in one variant should not cost the whole call: time what runs (the bench prints as it goes, under
+  # A hang in one kernel should not cost the whole call: time what runs (the bench prints as it goes, under
   # its own timeout), skip the sanitizers.
   say "the tests timed out (a kernel hangs?): timing anyway, no sanitizers"
   tail -20 "$OUT/tests.log"
@@ -85,7 +85,7 @@ if [ "${SM90_ONE_PASS:-0}" != 1 ]; then
   echo "bench (second pass) exit code $?" >>"$OUT/summary.txt"
 fi
 
-say "table: TFLOP/s per variant+schedule (rows) and shape (columns: hd/S-in-k/causal), both passes, cuDNN"
+say "table: TFLOP/s per grid (rows) and shape (columns: hd/S-in-k/causal), both passes, cuDNN"
 python3 - "$OUT/bench_sm90.csv" "$OUT/bench_sm90_b.csv" "$OUT/bench_cudnn.csv" <<'PY' | tee -a "$OUT/summary.txt"
 import csv, sys
 def load(p):
@@ -98,7 +98,7 @@ def ours(p):
     try:
         for line in open(p):
             f = line.strip().split(",")
-            if len(f) == 6 and f[0] != "variant":
+            if len(f) == 6 and f[0] != "grid":
                 key = (f[1], f[2], f[3])
                 d[(f[0], key)] = float(f[5])
                 if f[0] not in names: names.append(f[0])
@@ -115,13 +115,13 @@ for label, d in (("pass 1", a), ("pass 2", b)):
     for n in names:
         print(f"{n:<28}" + "".join((f"{d[(n, k)]:.0f}" if (n, k) in d else "-").rjust(11) for k in shapes))
 print(f"{'cuDNN':<28}" + "".join(str(cudnn.get(k, {}).get("tflops", "-")).split(".")[0].rjust(11) for k in shapes))
-print("best per shape (the lower of its two passes), serial (base schedule) and cuDNN:")
+print("best per shape (the lower of its two passes), planned and cuDNN:")
 for k in shapes:
     score = lambda n: min(a.get((n, k), 0), b.get((n, k), a.get((n, k), 0)))
     best = max(names, key=score)
-    print(f"  {k[0]:>3} {k[1]:>6} causal={k[2]}: {best:<26} {score(best):6.0f}   serial {score('serial'):6.0f}   cuDNN {cudnn.get(k, {}).get('tflops', '-')}")
+    print(f"  {k[0]:>3} {k[1]:>6} causal={k[2]}: {best:<26} {score(best):6.0f}   planned {score('planned'):6.0f}   cuDNN {cudnn.get(k, {}).get('tflops', '-')}")
 PY
-# One launch per listed cell under Nsight Compute (SM90_NCU="variant+schedule,hd,S,causal ..."; empty: none):
+# One launch per listed cell under Nsight Compute (SM90_NCU="grid,hd,S,causal ..."; empty: none):
 # where the issue slots and stalls go. The full report is in $OUT; the lines that name the limiter are printed.
 for cell in ${SM90_NCU:-}; do
   say "ncu: $cell"

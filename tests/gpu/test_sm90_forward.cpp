@@ -121,7 +121,8 @@ TEST_P(Sm90Forward, MatchesReference) {
     ASSERT_TRUE(st.ok()) << st.message;
   }
 
-  // The sm90 kernel, called directly in each of its variants (dispatch runs the default one).
+  // The sm90 kernel called directly on each grid (dispatch runs the planned one): every case runs both the
+  // one-CTA-per-tile and the persistent tile sequence.
   o.poison();
   lse.poison();
   DeviceTensor dq(q), dk(k), dv(v), dout(o), dlse(lse);
@@ -145,15 +146,13 @@ TEST_P(Sm90Forward, MatchesReference) {
   ASSERT_TRUE(st.ok()) << st.message;
   st = detail::sm90_forward_supports(p);
   ASSERT_TRUE(st.ok()) << st.message;
-  for (detail::Sm90ForwardVariant variant : detail::kSm90ForwardVariants)
-  for (detail::Sm90Schedule schedule : detail::kSm90Schedules) {
-    SCOPED_TRACE(std::string("variant ") + detail::sm90_forward_variant_name(variant) +
-                 detail::sm90_schedule_suffix(schedule));
+  for (detail::Sm90Grid grid : detail::kSm90Grids) {
+    SCOPED_TRACE(std::string("grid ") + detail::sm90_grid_name(grid));
     o.poison();
     lse.poison();
     dout.upload(o);
     dlse.upload(lse);
-    st = detail::sm90_forward_run(p, variant, schedule);
+    st = detail::sm90_forward_run(p, grid);
     ASSERT_TRUE(st.ok()) << st.message;
     FA_CUDA_CHECK(cudaDeviceSynchronize());
     dout.download(o);

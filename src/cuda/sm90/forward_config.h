@@ -4,13 +4,14 @@
 // rows (the M of one wgmma) plus one producer warpgroup that only issues TMA. Keys stream through a
 // kStages-deep ring of [kBlockN x head_dim] K and V tiles. Shared memory: Q + kStages * (K + V), each 16-bit.
 //
-// Two tile sets are being compared on the device (Sm90ForwardVariant):
-//   base:  hd  64: 128 x 128, 3 stages: 16 KB + 3 * 32 KB = 112 KB
-//          hd 128: 128 x 128, 2 stages: 32 KB + 2 * 64 KB = 160 KB
-//          hd 256: 128 x  64, 2 stages: 64 KB + 2 * 64 KB = 192 KB
-//   wide:  hd  64: 192 x 128 (three consumer warpgroups), 3 stages: 24 KB + 3 * 32 KB = 120 KB
-//          hd 128: 128 x 176, 2 stages: 32 KB + 2 * 88 KB = 208 KB
-//          hd 256: 128 x  80, 2 stages: 64 KB + 2 * 80 KB = 224 KB
+// The kernel each head dim runs (KernelPlan below) was chosen on the H200 from every combination of consumer
+// ordering (serial / overlapped), tile set and grid (bench/results/sm90-notes.md, runs v3 and v4):
+//   hd  64: serial ordering, 192 x 128 (three consumer warpgroups), 3 stages: 24 KB + 3 * 32 KB = 120 KB;
+//           persistent grid
+//   hd 128: overlapped ordering; 128 x 176, 2 stages (32 KB + 2 * 88 KB = 208 KB) without a mask, 128 x 128
+//           (32 KB + 2 * 64 KB = 160 KB) under a causal or window mask, where narrower key tiles waste less on
+//           the diagonal; one CTA per tile
+//   hd 256: overlapped ordering, 128 x 80, 2 stages: 64 KB + 2 * 80 KB = 224 KB; one CTA per tile
 // Wider key tiles spread each tile's fixed costs (barrier waits, the O rescale, the warpgroup turn) over more
 // products; three consumer warpgroups at hd 64 give each warpgroup's softmax two other warpgroups' products
 // to hide under.
@@ -58,10 +59,36 @@ struct ForwardConfig {
   static_assert(kSmemBytes <= 227 * 1024, "sm90 forward: over the 227 KB shared-memory limit");
 };
 
-template <int kHeadDim>
-using BaseTiles = ForwardConfig<kHeadDim, kHeadDim == 256 ? 64 : 128, 2, kHeadDim == 64 ? 3 : 2>;
-template <int kHeadDim>
-using WideTiles = ForwardConfig<kHeadDim, kHeadDim == 256 ? 80 : kHeadDim == 128 ? 176 : 128,
-                                kHeadDim == 64 ? 3 : 2, kHeadDim == 64 ? 3 : 2>;
+// Consumer ordering (forward_mainloop.cuh): serial waits for each product; overlapped issues S_n with
+// P_{n+1} V_{n+1} and runs the softmax under P V, the consumer warpgroups taking turns.
+enum class Ordering { serial, overlapped };
+
+// What runs for a head dim, with (kMasked) or without a causal / window mask.
+template <int kHeadDim, bool kMasked>
+struct KernelPlan;
+template <bool kMasked>
+struct KernelPlan<64, kMasked> {
+  using Config = ForwardConfig<64, 128, 3, 3>;
+  static constexpr Ordering kOrdering = Ordering::serial;
+  static constexpr bool kPersistent = true;
+};
+template <>
+struct KernelPlan<128, false> {
+  using Config = ForwardConfig<128, 176, 2, 2>;
+  static constexpr Ordering kOrdering = Ordering::overlapped;
+  static constexpr bool kPersistent = false;
+};
+template <>
+struct KernelPlan<128, true> {
+  using Config = ForwardConfig<128, 128, 2, 2>;
+  static constexpr Ordering kOrdering = Ordering::overlapped;
+  static constexpr bool kPersistent = false;
+};
+template <bool kMasked>
+struct KernelPlan<256, kMasked> {
+  using Config = ForwardConfig<256, 80, 2, 2>;
+  static constexpr Ordering kOrdering = Ordering::overlapped;
+  static constexpr bool kPersistent = false;
+};
 
 }  // namespace flashattn::cuda::sm90

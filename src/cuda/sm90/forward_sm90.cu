@@ -1,9 +1,9 @@
 // Hopper forward: O = softmax(Q Kᵀ · scale) V and LSE, fp16/bf16 in, fp32 accumulation, for head dims 64, 128,
 // 256 (d_v == d), with causal / sliding-window masks, softcap, GQA, varlen and arbitrary tails.
 //
-// Work: tiles of kBlockM = 64 · (consumer warpgroups) query rows of one (batch, head), numbered head-major or
-// longest-first (forward_tiles.cuh). One CTA per tile, or a persistent grid of one CTA per SM (Sm90Schedule)
-// whose CTAs claim the next tile from a global counter as they finish one (TileSequence).
+// Work: tiles of kBlockM = 64 · (consumer warpgroups) query rows of one (batch, head), numbered head-major
+// (forward_tiles.cuh). One CTA per tile, or a persistent grid of one CTA per SM whose CTAs claim the next tile
+// from a global counter as they finish one (TileSequence); forward_config.h's KernelPlan says which.
 // Warp roles (128 · (1 + consumer warpgroups) threads):
 //   warpgroup 0  producer: gives registers away (setmaxnreg); one thread issues TMA loads of each tile's Q block
 //                and of its K and V tiles into a kStages-deep shared-memory ring (full/empty mbarriers; Q has
@@ -13,13 +13,13 @@
 //                shared memory), mask + softcap, online softmax in registers (exp2 with scale·log2e folded into
 //                one FFMA), then O += P V (wgmma with P from registers, V from shared memory, N-major). After
 //                the last key tile: O / rowsum written to global memory, LSE = (m·scale·log2e + log2 l)·ln2.
-// The consumers' steps come in two orderings (Sm90ForwardVariant, forward_mainloop.cuh): serial (the default:
-// wait for each product) and overlapped (S of tile n issued with P V of tile n+1, softmax under P V, the
+// The consumers' steps come in two orderings (forward_mainloop.cuh; KernelPlan picks one per head dim): serial
+// (wait for each product) and overlapped (S of tile n issued with P V of tile n+1, softmax under P V, the
 // consumer warpgroups taking turns to issue on named barriers).
 // Key tiles run from the last one down, so the masked diagonal tiles of a causal block come first; a head's
 // heaviest query blocks (largest index, most keys under a causal mask) start first.
 //
-// Shared memory and tile sizes: forward_config.h (112 to 224 KB). Files: this one (kernel, host launcher,
+// Shared memory and tile sizes: forward_config.h (120 to 224 KB). Files: this one (kernel, host launcher,
 // support check), forward_tiles.cuh (arguments, shared-memory carve-up, a tile's work), forward_mainloop.cuh
 // (producer, consumer steps and orderings, epilogue), primitives_sm90.cuh.
 // Preconditions (sm90_forward_supports): compute capability 9.0, fp16/bf16, d == d_v in {64, 128, 256}, every
@@ -120,18 +120,10 @@ int device_attribute(cudaDeviceAttr attr, int fallback) {
   return value;
 }
 
-// Heads per section of the longest-first tile order: as many as keep the section's K and V within about half
-// of L2 (the rest holds Q, O and the other sections' stragglers). GQA heads of one group share their K/V.
-int heads_per_section(const FwdParams& p, int64_t head_dim) {
-  const int64_t l2_bytes = device_attribute(cudaDevAttrL2CacheSize, 0);
-  const int64_t group = std::max<int64_t>(1, p.heads_q / p.heads_kv);
-  const int64_t kv_bytes_per_head = std::max<int64_t>(1, p.seqlen_k * head_dim * 2 * 2 / group);
-  const int64_t k = std::max<int64_t>(1, (l2_bytes / 2) / kv_bytes_per_head);
-  return int(std::min<int64_t>(k, p.heads_q * p.batch));
-}
-
-template <typename T, typename Cfg, bool kOverlap>
-Status launch(const FwdParams& p, Sm90Schedule schedule) {
+template <typename T, typename Plan>
+Status launch(const FwdParams& p, Sm90Grid grid) {
+  using Cfg = typename Plan::Config;
+  constexpr bool kOverlap = Plan::kOrdering == cuda::sm90::Ordering::overlapped;
   constexpr int kHeadDim = Cfg::kHeadDim;
   const bool varlen = p.is_varlen();
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
@@ -140,8 +132,9 @@ Status launch(const FwdParams& p, Sm90Schedule schedule) {
   const int64_t num_tiles = m_blocks * p.heads_q * p.batch;
   if (num_tiles == 0) return Status::success();
   const int64_t kMaxGrid = 2147483647;
-  const int64_t ctas = schedule.persistent ? std::min<int64_t>(num_tiles, device_attribute(cudaDevAttrMultiProcessorCount, 1))
-                                           : std::min<int64_t>(num_tiles, kMaxGrid);
+  const bool persistent = grid == Sm90Grid::persistent || (grid == Sm90Grid::planned && Plan::kPersistent);
+  const int64_t ctas = persistent ? std::min<int64_t>(num_tiles, device_attribute(cudaDevAttrMultiProcessorCount, 1))
+                                  : std::min<int64_t>(num_tiles, kMaxGrid);
   // In varlen the batch dimension has extent 1 and is never stepped; any valid stride will do.
   auto batch_stride = [&](int64_t s, int64_t row_stride, int64_t rows) {
     return varlen ? row_stride * std::max<int64_t>(rows, 1) : s;
@@ -186,8 +179,6 @@ Status launch(const FwdParams& p, Sm90Schedule schedule) {
   a.causal = p.causal;
   a.window_left = int(p.window_left);
   a.window_right = int(p.window_right);
-  const bool costs_vary = p.causal || p.window_left >= 0 || p.window_right >= 0;
-  a.heads_per_section = schedule.lpt_sections && costs_vary ? heads_per_section(p, kHeadDim) : 0;
   a.num_m_blocks = int(m_blocks);
   a.num_heads = int(p.heads_q);
   a.num_tiles = int(num_tiles);
@@ -218,24 +209,18 @@ Status launch(const FwdParams& p, Sm90Schedule schedule) {
 }
 
 template <typename T, int kHeadDim>
-Status launch_variant(const FwdParams& p, Sm90ForwardVariant variant, Sm90Schedule schedule) {
-  using cuda::sm90::BaseTiles;
-  using cuda::sm90::WideTiles;
-  switch (variant) {
-    case Sm90ForwardVariant::serial: return launch<T, BaseTiles<kHeadDim>, false>(p, schedule);
-    case Sm90ForwardVariant::overlapped: return launch<T, BaseTiles<kHeadDim>, true>(p, schedule);
-    case Sm90ForwardVariant::serial_wide: return launch<T, WideTiles<kHeadDim>, false>(p, schedule);
-    case Sm90ForwardVariant::overlapped_wide: return launch<T, WideTiles<kHeadDim>, true>(p, schedule);
-  }
-  return Status::unsupported("cuda_sm90: unknown forward variant");
+Status launch_planned(const FwdParams& p, Sm90Grid grid) {
+  const bool masked = p.causal || p.window_left >= 0 || p.window_right >= 0;
+  return masked ? launch<T, cuda::sm90::KernelPlan<kHeadDim, true>>(p, grid)
+                : launch<T, cuda::sm90::KernelPlan<kHeadDim, false>>(p, grid);
 }
 
 template <typename T>
-Status launch_head_dim(const FwdParams& p, Sm90ForwardVariant variant, Sm90Schedule schedule) {
+Status launch_head_dim(const FwdParams& p, Sm90Grid grid) {
   switch (p.head_dim) {
-    case 64: return launch_variant<T, 64>(p, variant, schedule);
-    case 128: return launch_variant<T, 128>(p, variant, schedule);
-    case 256: return launch_variant<T, 256>(p, variant, schedule);
+    case 64: return launch_planned<T, 64>(p, grid);
+    case 128: return launch_planned<T, 128>(p, grid);
+    case 256: return launch_planned<T, 256>(p, grid);
     default: return Status::unsupported("cuda_sm90: head dim " + std::to_string(p.head_dim) + " (runs 64, 128, 256)");
   }
 }
@@ -275,13 +260,12 @@ Status sm90_forward_supports(const FwdParams& p) {
   return Status::success();
 }
 
-Status sm90_forward_run(const FwdParams& p, Sm90ForwardVariant variant, Sm90Schedule schedule) {
+Status sm90_forward_run(const FwdParams& p, Sm90Grid grid) {
   Status st = sm90_forward_supports(p);
   if (!st.ok()) return st;
   DeviceGuard guard(p.device.index);
   FA_CUDA_TRY(guard.status());
-  return p.dtype == DType::bf16 ? launch_head_dim<__nv_bfloat16>(p, variant, schedule)
-                                 : launch_head_dim<__half>(p, variant, schedule);
+  return p.dtype == DType::bf16 ? launch_head_dim<__nv_bfloat16>(p, grid) : launch_head_dim<__half>(p, grid);
 }
 
 }  // namespace flashattn::detail

@@ -12,42 +12,23 @@ namespace flashattn::detail {
 // ok, or unsupported with the reason (dtype, head dim, strides/alignment TMA cannot express, device).
 Status sm90_forward_supports(const FwdParams& p);
 
-// How the consumer warpgroups order their work (forward_sm90.cu): `serial` waits for each product before the
-// next step; `overlapped` issues S_n = Q K_nᵀ together with O += P_{n+1} V_{n+1}, runs the softmax while P V
-// is in flight, and alternates the two warpgroups' products (ping-pong).
-// The _wide variants run the wider tiles of forward_config.h (WideTiles) in the same two orderings.
-enum class Sm90ForwardVariant { serial, overlapped, serial_wide, overlapped_wide };
-constexpr Sm90ForwardVariant kSm90ForwardVariants[] = {
-    Sm90ForwardVariant::serial,          Sm90ForwardVariant::overlapped,
-    Sm90ForwardVariant::serial_wide,     Sm90ForwardVariant::overlapped_wide};
-inline const char* sm90_forward_variant_name(Sm90ForwardVariant v) {
-  switch (v) {
-    case Sm90ForwardVariant::serial: return "serial";
-    case Sm90ForwardVariant::overlapped: return "overlapped";
-    case Sm90ForwardVariant::serial_wide: return "serial_wide";
-    case Sm90ForwardVariant::overlapped_wide: return "overlapped_wide";
+// The grid the planned kernel (forward_config.h, KernelPlan) runs on: as planned, or forced either way (the
+// GPU tests run both on every case; the benchmark times both).
+//   one_cta_per_tile: a CTA per (batch, head, query block) tile; the hardware starts the next as one ends.
+//   persistent:       one CTA per multiprocessor; each claims its next tile from a counter as it finishes one,
+//                     and its producer loads the next tile's K and Q while the consumers finish the current one.
+enum class Sm90Grid { planned, one_cta_per_tile, persistent };
+constexpr Sm90Grid kSm90Grids[] = {Sm90Grid::planned, Sm90Grid::one_cta_per_tile, Sm90Grid::persistent};
+inline const char* sm90_grid_name(Sm90Grid g) {
+  switch (g) {
+    case Sm90Grid::planned: return "planned";
+    case Sm90Grid::one_cta_per_tile: return "one_cta_per_tile";
+    case Sm90Grid::persistent: return "persistent";
   }
   return "?";
 }
 
-// How (batch, head, query block) tiles reach CTAs (ForwardKernelArgs in forward_tiles.cuh).
-//   lpt_sections: tiles in longest-first order across sections of heads whose K/V fit in L2, applied only
-//                 where the mask makes query blocks differ in cost (causal or a window); otherwise head-major.
-//   persistent:   one CTA per multiprocessor; each claims the next tile from a counter when it starts on one
-//                 (tiles start in order, whatever their costs), and the producer loads the next tile's K and
-//                 Q while the consumers finish the current one. Otherwise one CTA per tile.
-struct Sm90Schedule {
-  bool lpt_sections = false;
-  bool persistent = false;
-};
-constexpr Sm90Schedule kSm90Schedules[] = {{false, false}, {true, false}, {false, true}, {true, true}};
-inline std::string sm90_schedule_suffix(Sm90Schedule s) {
-  return std::string(s.lpt_sections ? "+lpt" : "") + (s.persistent ? "+pers" : "");
-}
-
-// Runs validated params for which sm90_forward_supports is ok. Asynchronous on p.stream. Dispatch uses the
-// defaults; tests and the benchmark name a variant and schedule.
-Status sm90_forward_run(const FwdParams& p, Sm90ForwardVariant variant = Sm90ForwardVariant::serial,
-                        Sm90Schedule schedule = Sm90Schedule{});
+// Runs validated params for which sm90_forward_supports is ok. Asynchronous on p.stream.
+Status sm90_forward_run(const FwdParams& p, Sm90Grid grid = Sm90Grid::planned);
 
 }  // namespace flashattn::detail

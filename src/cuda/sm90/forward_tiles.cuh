@@ -27,17 +27,13 @@ struct ForwardKernelArgs {
   float softcap_in_scale;  // softmax_scale / softcap
   bool causal;
   int window_left, window_right;
-  // Order of the CTAs' (batch, head, query block) tiles. 0: head-major (every query block of one head, heaviest
-  // first, then the next head): neighbouring CTAs share K/V in L2. k > 0: heads in sections of k, and inside a
-  // section the heaviest query blocks of all k heads first (longest-processing-time order, for masks whose
-  // blocks differ in cost), so the last wave holds the cheapest blocks; k is sized so that a section's K/V fit
-  // in L2 (forward_sm90.cu).
-  int heads_per_section;
-  // Tiles: num_m_blocks query blocks x num_heads x batch, numbered in the order above. CTA c starts with tile c.
+  // Tiles: num_m_blocks query blocks x num_heads x batch, numbered head-major (every query block of one head,
+  // heaviest first under a causal mask, then the next head: CTAs running at once share K/V in L2). CTA c
+  // starts with tile c.
   // With a CTA per tile that is all. In a persistent grid (fewer CTAs than tiles) a CTA that finishes a tile
   // claims the next unclaimed one from tile_counter (zeroed before the launch; claims count from gridDim.x),
-  // so tiles start in the order above however unequal their costs: greedy longest-first under a causal mask.
-  // A static stride (c, c + gridDim.x, ...) instead leaves up to 1.8x the mean work on one CTA at 16k causal.
+  // so tiles start in order however unequal their costs. A static stride (c, c + gridDim.x, ...) instead left
+  // up to 1.8x the mean work on one CTA at 16k causal (bench/results/sm90-notes.md, v3).
   int num_m_blocks, num_heads;
   int num_tiles;  // below 2^30 (sm90_forward_supports), so tile + gridDim.x cannot overflow
   unsigned* tile_counter;  // null: static tiles c, c + gridDim.x, ...
@@ -88,23 +84,12 @@ struct BlockWork {
 };
 
 template <typename Cfg>
-__device__ BlockWork block_work(const ForwardKernelArgs& a, int64_t t) {
+__device__ BlockWork block_work(const ForwardKernelArgs& a, int t) {
   BlockWork w;
-  // CTAs start roughly in block order, and a persistent CTA walks its tiles upwards, so t's order is the
-  // order in which tiles start.
+  // CTAs start roughly in tile order, so t's order is the order in which tiles start.
   const int m_blocks = a.num_m_blocks, heads = a.num_heads;
-  const int num_bh = a.num_tiles / m_blocks;
-  int64_t bh;
-  if (a.heads_per_section == 0) {
-    w.m_block = m_blocks - 1 - int(t % m_blocks);  // heaviest (causal) blocks of a head first
-    bh = t / m_blocks;
-  } else {
-    const int64_t section_tiles = int64_t(m_blocks) * a.heads_per_section;
-    const int64_t section = t / section_tiles, within = t % section_tiles;
-    const int64_t in_section = min(int64_t(a.heads_per_section), num_bh - section * a.heads_per_section);
-    w.m_block = m_blocks - 1 - int(within / in_section);
-    bh = section * a.heads_per_section + within % in_section;
-  }
+  w.m_block = m_blocks - 1 - t % m_blocks;  // heaviest (causal) blocks of a head first
+  const int bh = t / m_blocks;
   w.head = int(bh % heads);
   w.batch = int(bh / heads);
   if (a.cu_seqlens_q) {
