@@ -22,6 +22,7 @@
 #include "common/half.h"
 #include "common/host_tensor.h"
 #include "cpu/reference.h"
+#include "cuda/sm80/forward_entry.h"
 #include "flashattn/flashattn.h"
 #include "gpu/device_tensor.h"
 
@@ -40,6 +41,7 @@ struct Case {
   bool misalign = false;   // every data pointer one element past a 16-byte boundary, odd strides
   std::vector<int> lens_q, lens_k;  // non-empty: varlen with these sequence lengths
   bool with_lse = true;
+  int smem_limit = 0;      // > 0: run as if a block could use only this much shared memory (compact tiles)
 };
 
 // One tensor argument: host storage (with layout, padding and misalignment), its device mirror, and views.
@@ -158,7 +160,14 @@ struct Problem {
   Status run_gpu() {
     o->host().poison(), lse->host().poison();
     o->upload(), lse->upload();
-    Status st = attention_forward(args(true), options(Backend::cuda_sm80));
+    Status st;
+    if (c.smem_limit > 0) {
+      FwdParams p;
+      st = make_forward_params(args(true), options(Backend::cuda_sm80), &p);
+      if (st.ok()) st = detail::cuda_sm80_forward_limited(p, c.smem_limit);
+    } else {
+      st = attention_forward(args(true), options(Backend::cuda_sm80));
+    }
     if (!st.ok()) return st;
     if (cudaDeviceSynchronize() != cudaSuccess) return Status::device("kernel failed");
     o->download(), lse->download();
@@ -314,6 +323,20 @@ std::vector<Case> grid() {
       v.push_back(c);
     }
   }
+  // The 99 KB of a compute capability 8.6 / 8.9 block: d = 256 runs its compact tile (64 query rows), the other
+  // buckets their regular ones. Lengths around the compact tile's 64 rows, masks, GQA, varlen, d_v != d.
+  constexpr int kConsumerGpuSmem = 99 * 1024;
+  for (int variant = 0; variant < 6; ++variant) {
+    Case c = mk("smem99k_" + std::to_string(variant));
+    c.smem_limit = kConsumerGpuSmem;
+    c.d = c.dv = 256, c.sq = 65 + 60 * variant, c.sk = 130 + 33 * variant, c.causal = variant % 2 == 1;
+    if (variant == 1) c.dtype = DType::f16;
+    if (variant == 2) c.d = 200, c.dv = 176, c.hq = 4, c.hkv = 1;
+    if (variant == 3) c.wl = 40, c.wr = 10, c.softcap = 30;
+    if (variant == 4) c.d = c.dv = 128;
+    if (variant == 5) c.lens_q = {64, 0, 131}, c.lens_k = {100, 3, 131}, c.d = c.dv = 64;
+    v.push_back(c);
+  }
   // Layouts: [b, h, s, d] storage, padded rows (aligned and not), misaligned pointers.
   for (int variant = 0; variant < 6; ++variant) {
     Case c = mk("layout" + std::to_string(variant));
@@ -415,6 +438,18 @@ TEST(Sm80ForwardRuns, RejectsWhatItCannotRun) {
   st = attention_forward(b, opt);
   EXPECT_EQ(st.code, ErrorCode::unsupported) << st.message;
   cudaFree(dbuf);
+
+  // Less shared memory than even the compact d = 256 tile needs: unsupported, saying how much it needs.
+  HostTensor q256(DType::bf16, {1, 16, 2, 256}), o256(DType::bf16, {1, 16, 2, 256});
+  DeviceTensor dq256(q256), do256(o256);
+  ForwardArgs c;
+  c.q = c.k = c.v = dq256.view(q256);
+  c.out = do256.view(o256);
+  FwdParams p;
+  ASSERT_TRUE(make_forward_params(c, opt, &p).ok());
+  st = detail::cuda_sm80_forward_limited(p, 64 * 1024);
+  EXPECT_EQ(st.code, ErrorCode::unsupported) << st.message;
+  EXPECT_NE(st.message.find("needs 96 KB"), std::string::npos) << st.message;
 }
 
 }  // namespace

@@ -9,23 +9,24 @@
 
 #include "backend.h"
 #include "cuda/sm80/forward_config.h"
+#include "cuda/sm80/forward_entry.h"
 #include "flashattn/params.h"
 
 namespace flashattn::cuda::sm80 {
 template <typename T, int kD>
-Status launch_forward(const FwdParams& p);  // forward_launch.cuh, instantiated in forward_hd*.cu
+Status launch_forward(const FwdParams& p, int smem_limit);  // forward_launch.cuh, instantiated in forward_hd*.cu
 }  // namespace flashattn::cuda::sm80
 
 namespace flashattn::detail {
 namespace {
 
 template <typename T>
-Status forward_by_bucket(const FwdParams& p, int bucket) {
+Status forward_by_bucket(const FwdParams& p, int bucket, int smem_limit) {
   using namespace flashattn::cuda::sm80;
   switch (bucket) {
-    case 64: return launch_forward<T, 64>(p);
-    case 128: return launch_forward<T, 128>(p);
-    case 256: return launch_forward<T, 256>(p);
+    case 64: return launch_forward<T, 64>(p, smem_limit);
+    case 128: return launch_forward<T, 128>(p, smem_limit);
+    case 256: return launch_forward<T, 256>(p, smem_limit);
     default:
       return Status::unsupported("cuda_sm80: no forward kernel for head dims " + std::to_string(p.head_dim) + " / " +
                                  std::to_string(p.head_dim_v));
@@ -36,7 +37,9 @@ bool aligned2(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 1u) 
 
 }  // namespace
 
-Status cuda_sm80_forward(const FwdParams& p) {
+Status cuda_sm80_forward(const FwdParams& p) { return cuda_sm80_forward_limited(p, 0); }
+
+Status cuda_sm80_forward_limited(const FwdParams& p, int smem_limit) {
   if (p.dtype != DType::f16 && p.dtype != DType::bf16) {
     return Status::unsupported(std::string("cuda_sm80: the forward runs float16 and bfloat16; got ") +
                                dtype_name(p.dtype));
@@ -61,7 +64,8 @@ Status cuda_sm80_forward(const FwdParams& p) {
       (p.lse != nullptr && (reinterpret_cast<uintptr_t>(p.lse) & 3u) != 0)) {
     return Status::unsupported("cuda_sm80: a tensor's data pointer is not aligned to its element size");
   }
-  return p.dtype == DType::f16 ? forward_by_bucket<__half>(p, bucket) : forward_by_bucket<__nv_bfloat16>(p, bucket);
+  return p.dtype == DType::f16 ? forward_by_bucket<__half>(p, bucket, smem_limit)
+                               : forward_by_bucket<__nv_bfloat16>(p, bucket, smem_limit);
 }
 
 }  // namespace flashattn::detail

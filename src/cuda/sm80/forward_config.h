@@ -35,16 +35,28 @@ struct ForwardTile {
 // - block_n: 128 for d = 64 (S = 128 registers), 64 above, so that S + O stay near 192 registers.
 // - stages: 2 when Q + 2 x (K + V) still lets two blocks share an SM (80 KB, 96 KB); d = 256 would need
 //   192 KB, more than an A100's 163 KB, so it alternates single K and V buffers (128 KB).
-constexpr ForwardTile forward_tile(int bucket) {
+// Compact tiles: GPUs of compute capability 8.6 / 8.9 (RTX 30/40, A10, L4, L40) give a block at most 99 KB.
+// The d = 64 and d = 128 tiles fit (80 KB, 96 KB); d = 256 gets 64 query rows over 4 warps (16 rows each, as
+// in its regular tile) with 64-key tiles: 32 KB + 64 KB = 96 KB. The launcher takes the regular tile where it
+// fits and the compact one otherwise.
+constexpr ForwardTile forward_tile(int bucket, bool compact = false) {
   return bucket == 64    ? ForwardTile{128, 128, 4, 2, 2}
          : bucket == 128 ? ForwardTile{128, 64, 4, 2, 2}
+         : compact       ? ForwardTile{64, 64, 4, 1, 1}
                          : ForwardTile{128, 64, 8, 1, 1};
 }
 
 // Dynamic shared memory of one block: Q (reused for O) + stages x (K + V), 2-byte elements.
-constexpr int forward_smem_bytes(int bucket) {
-  return (forward_tile(bucket).block_m + 2 * forward_tile(bucket).stages * forward_tile(bucket).block_n) *
-         bucket * 2;
+constexpr int forward_smem_bytes(int bucket, bool compact = false) {
+  const ForwardTile t = forward_tile(bucket, compact);
+  return (t.block_m + 2 * t.stages * t.block_n) * bucket * 2;
+}
+
+// Whether a bucket's compact tile differs from its regular one (only then is a second kernel compiled).
+constexpr bool forward_has_compact_tile(int bucket) {
+  const ForwardTile a = forward_tile(bucket, false), b = forward_tile(bucket, true);
+  return a.block_m != b.block_m || a.block_n != b.block_n || a.warps != b.warps || a.stages != b.stages ||
+         a.min_blocks_sm != b.min_blocks_sm;
 }
 
 }  // namespace flashattn::cuda::sm80

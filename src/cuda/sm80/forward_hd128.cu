@@ -2,6 +2,6 @@
 #include "cuda/sm80/forward_launch.cuh"
 
 namespace flashattn::cuda::sm80 {
-template Status launch_forward<__half, 128>(const FwdParams&);
-template Status launch_forward<__nv_bfloat16, 128>(const FwdParams&);
+template Status launch_forward<__half, 128>(const FwdParams&, int);
+template Status launch_forward<__nv_bfloat16, 128>(const FwdParams&, int);
 }  // namespace flashattn::cuda::sm80

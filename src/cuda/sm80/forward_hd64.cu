@@ -2,6 +2,6 @@
 #include "cuda/sm80/forward_launch.cuh"
 
 namespace flashattn::cuda::sm80 {
-template Status launch_forward<__half, 64>(const FwdParams&);
-template Status launch_forward<__nv_bfloat16, 64>(const FwdParams&);
+template Status launch_forward<__half, 64>(const FwdParams&, int);
+template Status launch_forward<__nv_bfloat16, 64>(const FwdParams&, int);
 }  // namespace flashattn::cuda::sm80

@@ -11,7 +11,8 @@
 // the cp.async copies.
 //
 // Shared memory (forward_config.h): Q tile (block_m x D) + stages x (K tile + V tile) (block_n x D each),
-// swizzled (tile_io.cuh); 80 KB (D = 64), 96 KB (128), 128 KB (256). The Q tile is reused for the O epilogue.
+// swizzled (tile_io.cuh); 80 KB (D = 64), 96 KB (128), 128 KB (256), or 96 KB with D = 256's compact tile
+// (64 query rows, for GPUs with 99 KB per block). The Q tile is reused for the O epilogue.
 //
 // Pipeline (cp.async groups, one per tile): the K and V tiles alternate, FA2 style, so each load overlaps the
 // other half of an iteration: V[i + stages - 1] is issued when QKᵀ of tile i starts, K[i + stages] when its
@@ -61,9 +62,9 @@ struct ForwardKernelArgs {
   bool q_vec, k_vec, v_vec, o_vec;  // 16-byte cp.async / stores allowed (tile_io.cuh)
 };
 
-template <typename T, int kD>
+template <typename T, int kD, bool kCompact>
 struct ForwardKernel {
-  static constexpr ForwardTile kTile = forward_tile(kD);
+  static constexpr ForwardTile kTile = forward_tile(kD, kCompact);
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kWarps = kTile.warps;
@@ -73,7 +74,7 @@ struct ForwardKernel {
   static constexpr int kMTiles = kWarpRows / 16;
   static constexpr int kNTiles = kBlockN / 8;  // n-tiles of S
   static constexpr int kDTiles = kD / 8;       // n-tiles of O
-  static constexpr int kSmemBytes = forward_smem_bytes(kD);
+  static constexpr int kSmemBytes = forward_smem_bytes(kD, kCompact);
   static_assert(kWarpRows % 16 == 0 && kBlockN % 16 == 0, "whole m16 tiles per warp, whole k16 steps of P");
   static_assert(kSmemBytes == (kBlockM + 2 * kStages * kBlockN) * kD * int(sizeof(T)), "config and kernel agree");
 
@@ -224,11 +225,11 @@ struct ForwardKernel {
   }
 };
 
-template <typename T, int kD>
-__global__ void __launch_bounds__(ForwardKernel<T, kD>::kThreads, forward_tile(kD).min_blocks_sm)
+template <typename T, int kD, bool kCompact>
+__global__ void __launch_bounds__(ForwardKernel<T, kD, kCompact>::kThreads, forward_tile(kD, kCompact).min_blocks_sm)
     forward_kernel(const __grid_constant__ ForwardKernelArgs args) {
   extern __shared__ __align__(128) unsigned char smem[];
-  ForwardKernel<T, kD>::run(args, smem);
+  ForwardKernel<T, kD, kCompact>::run(args, smem);
 }
 
 }  // namespace flashattn::cuda::sm80

@@ -26,11 +26,29 @@ inline bool vector_ok(const void* p, int64_t batch_stride, int64_t row_stride, i
   return aligned16(p) && batch_stride % 8 == 0 && row_stride % 8 == 0 && head_stride % 8 == 0 && dim % 8 == 0;
 }
 
-template <typename T, int kD>
-Status launch_forward(const FwdParams& p) {
-  using Kernel = ForwardKernel<T, kD>;
+// Launches one kernel (the bucket's regular or compact tile) with the arguments filled in.
+template <typename T, int kD, bool kCompact>
+Status launch_forward_tile(const FwdParams& p, ForwardKernelArgs a) {
+  using Kernel = ForwardKernel<T, kD, kCompact>;
   constexpr int kSmem = Kernel::kSmemBytes;
+  a.num_m_blocks = int((p.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM);
+  auto kernel = forward_kernel<T, kD, kCompact>;
+  // Once per device: the attribute call costs microseconds, which short launches would otherwise pay each time.
+  static std::atomic<bool> smem_set[kMaxDevices];
+  const bool cached = p.device.index >= 0 && p.device.index < kMaxDevices;
+  if (!cached || !smem_set[p.device.index].load(std::memory_order_acquire)) {
+    FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    if (cached) smem_set[p.device.index].store(true, std::memory_order_release);
+  }
+  const dim3 grid(unsigned(a.num_m_blocks), unsigned(p.heads_q), unsigned(p.batch));
+  kernel<<<grid, Kernel::kThreads, kSmem, static_cast<cudaStream_t>(p.stream)>>>(a);
+  FA_CUDA_TRY(cudaGetLastError());
+  return Status::success();
+}
 
+// smem_limit: the shared memory a block may use; 0 = what the device allows (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+template <typename T, int kD>
+Status launch_forward(const FwdParams& p, int smem_limit) {
   ForwardKernelArgs a{};
   a.q = p.q;
   a.k = p.k;
@@ -49,7 +67,6 @@ Status launch_forward(const FwdParams& p) {
   a.head_group = int(p.heads_q / p.heads_kv);
   a.head_dim = int(p.head_dim);
   a.head_dim_v = int(p.head_dim_v);
-  a.num_m_blocks = int((p.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM);
   a.causal = p.causal;
   a.window_left = p.window_left;
   a.window_right = p.window_right;
@@ -66,24 +83,15 @@ Status launch_forward(const FwdParams& p) {
   FA_CUDA_TRY(guard.status());
   int smem_optin = 0;
   FA_CUDA_TRY(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device.index));
-  if (smem_optin < kSmem) {
-    return Status::unsupported("cuda_sm80: the head-dim " + std::to_string(kD) + " forward kernel needs " +
-                               std::to_string(kSmem / 1024) + " KB of shared memory per block; device " +
-                               std::to_string(p.device.index) + " allows " + std::to_string(smem_optin / 1024) +
-                               " KB");
+  const int budget = smem_limit > 0 && smem_limit < smem_optin ? smem_limit : smem_optin;
+  if (budget >= forward_smem_bytes(kD, false)) return launch_forward_tile<T, kD, false>(p, a);
+  if constexpr (forward_has_compact_tile(kD)) {
+    if (budget >= forward_smem_bytes(kD, true)) return launch_forward_tile<T, kD, true>(p, a);
   }
-  auto kernel = forward_kernel<T, kD>;
-  // Once per device: the attribute call costs microseconds, which short launches would otherwise pay each time.
-  static std::atomic<bool> smem_set[kMaxDevices];
-  const bool cached = p.device.index >= 0 && p.device.index < kMaxDevices;
-  if (!cached || !smem_set[p.device.index].load(std::memory_order_acquire)) {
-    FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    if (cached) smem_set[p.device.index].store(true, std::memory_order_release);
-  }
-  const dim3 grid(unsigned(a.num_m_blocks), unsigned(p.heads_q), unsigned(p.batch));
-  kernel<<<grid, Kernel::kThreads, kSmem, static_cast<cudaStream_t>(p.stream)>>>(a);
-  FA_CUDA_TRY(cudaGetLastError());
-  return Status::success();
+  constexpr int kLeast = forward_smem_bytes(kD, forward_has_compact_tile(kD));
+  return Status::unsupported("cuda_sm80: the head-dim " + std::to_string(kD) + " forward kernel needs " +
+                             std::to_string(kLeast / 1024) + " KB of shared memory per block; device " +
+                             std::to_string(p.device.index) + " allows " + std::to_string(budget / 1024) + " KB");
 }
 
 }  // namespace flashattn::cuda::sm80

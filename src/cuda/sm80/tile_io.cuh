@@ -38,10 +38,14 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, 
   constexpr int kChunksPerRow = kD / 8;
   constexpr int kRowsPerPass = kThreads / kChunksPerRow;
   static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
-  static_assert(kRowsPerPass % 8 == 0, "the swizzle phase (row & 7) is the same on every pass");
+  static_assert(kRowsPerPass % 8 == 0 || kRowsPerPass == 4, "the swizzle phase (row & 7) is known per pass");
   const int row0 = int(threadIdx.x) / kChunksPerRow;
   const int col = (int(threadIdx.x) % kChunksPerRow) * 8;
   T* dst = s + swizzle<kD>(row0, col);
+  // With 4 rows per pass (128 threads on 256 columns) the odd passes sit 4 rows further in the swizzle phase:
+  // their chunk index differs from the first pass's in bit 2, a fixed shift of 4 chunks one way or the other.
+  const int odd_pass_shift = kRowsPerPass % 8 == 0 ? 0 : ((((col >> 3) ^ (row0 & 7)) & 4) ? -32 : 32);
+  auto pass_offset = [&](int i) { return i * kRowsPerPass * kD + (i & 1) * odd_pass_shift; };
   const T* src = g + row0 * row_stride + col;
   const int64_t src_step = int64_t(kRowsPerPass) * row_stride;
   const bool col_in = col < cols_valid;
@@ -50,7 +54,7 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, 
     for (int i = 0; i < kRows / kRowsPerPass; ++i) {
       const bool in = col_in && row0 + i * kRowsPerPass < rows_valid;
       // The source of a zero-filled chunk is not read; the tile base keeps the address a valid one.
-      cp_async_16(dst + i * kRowsPerPass * kD, in ? src + i * src_step : g, in);
+      cp_async_16(dst + pass_offset(i), in ? src + i * src_step : g, in);
     }
   } else {
     // Not unrolled: the slow path must not hold many gathered chunks in registers next to the accumulators.
@@ -65,7 +69,7 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, 
         const uint32_t hi = (in && col + 2 * j + 1 < cols_valid) ? src16[2 * j + 1] : 0u;
         w[j] = lo | (hi << 16);
       }
-      *reinterpret_cast<uint4*>(dst + i * kRowsPerPass * kD) = make_uint4(w[0], w[1], w[2], w[3]);
+      *reinterpret_cast<uint4*>(dst + pass_offset(i)) = make_uint4(w[0], w[1], w[2], w[3]);
     }
   }
 }
