@@ -164,29 +164,46 @@ struct Consumer {
   // `rescale` the factor O must still be multiplied by. A row whose maximum is still -inf (nothing visible yet)
   // subtracts 0, so exp2(-inf) = 0 and the factor exp2(-inf) = 0 clears nothing that was not already 0.
   __device__ void softmax(Scores& s, float (&rescale)[2]) {
+    // The two rows' chains run side by side (r innermost), each split four ways, and the quad shuffles of both
+    // rows are in flight together: with two consumer warps per scheduler, the softmax's own independent work
+    // is what hides ALU and shuffle latency (ncu: "wait" was the largest stall, bench/results/sm90-notes.md).
+    float mx4[2][4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) mx4[r][0] = row_max[r], mx4[r][1] = mx4[r][2] = mx4[r][3] = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        mx4[r][j % 4] = fmaxf(mx4[r][j % 4], fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+    float mx[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) mx[r] = fmaxf(fmaxf(mx4[r][0], mx4[r][1]), fmaxf(mx4[r][2], mx4[r][3]));
+#pragma unroll
+    for (int lane_mask = 1; lane_mask < 4; lane_mask *= 2)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], lane_mask));
+    float neg_base[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      // Four partial maxima and sums: one chain of kN/4 dependent FMNMX or FADD would put their latency on
-      // the softmax's critical path.
-      float mx4[4] = {row_max[r], -INFINITY, -INFINITY, -INFINITY};
+      neg_base[r] = mx[r] == -INFINITY ? 0.f : -mx[r] * a.scale_log2;
+      rescale[r] = exp2_approx(fmaf(row_max[r], a.scale_log2, neg_base[r]));
+      row_max[r] = mx[r];
+    }
+    float sum4[2][4] = {};
 #pragma unroll
-      for (int j = 0; j < kN / 8; ++j) mx4[j % 4] = fmaxf(mx4[j % 4], fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      float mx = quad_max(fmaxf(fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3])));
-      const float base = mx == -INFINITY ? 0.f : mx * a.scale_log2;
-      rescale[r] = exp2_approx(row_max[r] * a.scale_log2 - base);
-      row_max[r] = mx;
-      float sum4[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int j = 0; j < kN / 8; ++j)
 #pragma unroll
-      for (int j = 0; j < kN / 8; ++j) {
+      for (int r = 0; r < 2; ++r) {
         // One FFMA and one exp2 (MUFU.EX2) per score: exp(scale·s - scale·m) = 2^(s·scale·log2e - m·scale·log2e).
-        const float p0 = exp2_approx(fmaf(s[4 * j + 2 * r], a.scale_log2, -base));
-        const float p1 = exp2_approx(fmaf(s[4 * j + 2 * r + 1], a.scale_log2, -base));
+        const float p0 = exp2_approx(fmaf(s[4 * j + 2 * r], a.scale_log2, neg_base[r]));
+        const float p1 = exp2_approx(fmaf(s[4 * j + 2 * r + 1], a.scale_log2, neg_base[r]));
         s[4 * j + 2 * r] = p0;
         s[4 * j + 2 * r + 1] = p1;
-        sum4[j % 4] += p0 + p1;
+        sum4[r][j % 4] += p0 + p1;
       }
-      row_sum[r] = row_sum[r] * rescale[r] + ((sum4[0] + sum4[1]) + (sum4[2] + sum4[3]));
-    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      row_sum[r] = fmaf(row_sum[r], rescale[r], (sum4[r][0] + sum4[r][1]) + (sum4[r][2] + sum4[r][3]));
   }
 
   __device__ void rescale_o(const float (&rescale)[2]) {
