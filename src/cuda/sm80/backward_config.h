@@ -10,12 +10,12 @@
 //    256    64   64        4 x 2                  2 x 4                2 x 4
 // These follow the FlashAttention-2 sm80 choices: the dK and dV accumulators (N x d fp32 each, held in
 // registers for the whole key block) plus one S and one dP tile must fit in 255 registers per thread.
-// (FA2 splits hd64's S/dP 4 x 2; 2 x 4 measured 1-3% faster here: H200, 2026-11-29.)
+// (FA2 splits hd64's S/dP 4 x 2; 2 x 4 measured up to 3% faster here: H200, 2026-11-29.)
 //
 // kDqBesideDv: the main kernel's dQ reductions share a block of straight-line code with the dV product, so they
-// interleave with its mma.sync (measured 1.5-4% faster at hd64/128 on the H200). At hd256 the 64 dQ
+// interleave with its mma.sync (measured 1-4.5% faster at hd64/128 on the H200). At hd256 the 64 dQ
 // accumulators per thread cannot stay live into the dV product without heavy spilling (a 144-byte stack), and
-// keeping the two apart measured 3% faster there.
+// keeping the two apart measured 2-3% faster there.
 #pragma once
 
 namespace flashattn::cuda::sm80 {
