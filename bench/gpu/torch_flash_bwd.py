@@ -3,6 +3,7 @@ table from the same machine and clocks: B*S = 16k tokens, H*D = 2048, bf16; FLOP
 causal; median of triton's do_bench over out.backward(dout).
 
     python3 bench/gpu/torch_flash_bwd.py [S ...]
+    python3 bench/gpu/torch_flash_bwd.py --one D S    one non-causal backward call, nothing timed (for ncu)
 """
 import sys
 
@@ -10,6 +11,16 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
+
+if sys.argv[1:2] == ["--one"]:
+    d, s = int(sys.argv[2]), int(sys.argv[3])
+    b, h = 16384 // s, 2048 // d
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        out = F.scaled_dot_product_attention(q, k, v)
+        torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    torch.cuda.synchronize()
+    sys.exit(0)
 
 seqs = [int(a) for a in sys.argv[1:]] or [1024, 4096, 16384]
 print("| S | B | H | D | causal | ms | TFLOP/s (torch flash bwd) |\n|---|---|---|---|---|---|---|")

@@ -10,6 +10,12 @@
 //    256    64   64        4 x 2                  2 x 4                2 x 4
 // These follow the FlashAttention-2 sm80 choices: the dK and dV accumulators (N x d fp32 each, held in
 // registers for the whole key block) plus one S and one dP tile must fit in 255 registers per thread.
+// (FA2 splits hd64's S/dP 4 x 2; 2 x 4 measured up to 3% faster here: H200, 2026-11-29.)
+//
+// kDqBesideDv: the main kernel's dQ reductions share a block of straight-line code with the dV product, so they
+// interleave with its mma.sync (measured 1-4.5% faster at hd64/128 on the H200). At hd256 the 64 dQ
+// accumulators per thread cannot stay live into the dV product without heavy spilling (a 144-byte stack), and
+// keeping the two apart measured 2-3% faster there.
 #pragma once
 
 namespace flashattn::cuda::sm80 {
@@ -27,16 +33,19 @@ template <>
 struct BwdTiles<64> {
   static constexpr int kM = 128, kN = 128;
   static constexpr int kSdPWarpsM = 2, kdKVWarpsN = 4, kdQWarpsM = 4;
+  static constexpr bool kDqBesideDv = true;
 };
 template <>
 struct BwdTiles<128> {
   static constexpr int kM = 64, kN = 128;
   static constexpr int kSdPWarpsM = 2, kdKVWarpsN = 4, kdQWarpsM = 2;
+  static constexpr bool kDqBesideDv = true;
 };
 template <>
 struct BwdTiles<256> {
   static constexpr int kM = 64, kN = 64;
   static constexpr int kSdPWarpsM = 4, kdKVWarpsN = 2, kdQWarpsM = 2;
+  static constexpr bool kDqBesideDv = false;
 };
 
 // Everything derived from the bucket: warp tiles, mma counts per warp, shared-memory layout (in elements).

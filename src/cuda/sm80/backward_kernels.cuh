@@ -4,14 +4,18 @@
 //   bwd_dkdv_kernel        one thread block per (key block of N keys, KV head, batch entry). K and V stay in
 //                          shared memory; the block loops over the query heads of its KV group and, for each,
 //                          over the query blocks of M rows that see any of its keys (MaskSpec::
-//                          query_range_for_keys), with Q and dO double-buffered by cp.async. Per query block:
-//                            S = Q Kᵀ, dP = dO Vᵀ                     (registers, fp32)
-//                            P = exp2(S·scale·log2e − LSE·log2e), dS = P∘(dP − D) [∘(1 − tanh²) with softcap]
-//                            P, dS -> shared memory (as T) — P never reaches global memory
-//                            dV += Pᵀ dO, dK += dSᵀ Q                 (registers, fp32, whole block lifetime)
-//                            dQ += dS K  -> fp32 atomics into the workspace (skipped in deterministic mode)
+//                          query_range_for_keys), with Q and dO double-buffered by cp.async (whole tiles by
+//                          load_full_tile, tails by load_tile). Per query block:
+//                            S = Q Kᵀ; P = exp2(S·scale·log2e − LSE·log2e) -> shared memory (as T), before
+//                            dP = dO Vᵀ; dS = P∘(dP − D) [∘(1 − tanh²) with softcap] -> shared memory
+//                                                                      (S, dP in registers, fp32; P never
+//                                                                       reaches global memory)
+//                            dQ += dS K  -> fp32 vector reductions into the workspace (skipped in
+//                                           deterministic mode), then dV += Pᵀ dO, dK += dSᵀ Q
+//                                                                      (registers, fp32, whole block lifetime)
 //                          dK/dV of a KV head therefore sum over its query heads with no atomics and no extra
-//                          memory. Epilogue: dK·scale and dV stored as T.
+//                          memory. Epilogue: dK·scale and dV stored as T. Two barriers per query block: after
+//                          the tiles land (before the next prefetch), and after P and dS are stored.
 //   bwd_dq_kernel          deterministic mode: one thread block per (query block, query head, batch entry);
 //                          Q, dO resident, K and V double-buffered over the key blocks the rows see; recomputes
 //                          S, dP, dS and accumulates dQ in registers in a fixed order: bitwise reproducible.
@@ -31,6 +35,7 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "cuda/primitives.cuh"
 #include "cuda/sm80/backward_args.cuh"
@@ -57,15 +62,26 @@ __device__ __forceinline__ float dsum_of(const BwdKernelArgs& a, const SeqExtent
   return row < seq.len_q ? a.dsum[h * a.rows_q + seq.ws_row0 + row] : 0.f;
 }
 
-// Turns one warp's S and dP accumulators (rows m0 + row0 + ..., keys n0 + col0 + ...) into P and dS and stores
-// them as T at sP / sdS (tile-local coordinates, pitch ldn). Masked keys get P = 0, so dS = 0 too. Softcap and
-// masking are template flags of this step only (the caller branches once per tile), so the hot variant is
-// straight-line code: one FFMA + EX2 per score, no per-element branch.
-template <typename T, int MI, int NI, bool kStoreP, bool kSoftcap, bool kMask>
-__device__ __forceinline__ void softmax_grad_tile_impl(const float (&s)[MI][NI][4], const float (&dp)[MI][NI][4],
-                                                       const float (&lse_l2)[MI][2], const float (&dsum)[MI][2],
-                                                       const BwdKernelArgs& a, const MaskSpec& mask, int m0, int n0,
-                                                       int row0, int col0, T* sP, T* sdS, int ldn, int lane) {
+// One query block against one key block, for one warp's S/dP sub-tile (rows row0.., keys col0.. of the tile
+// whose origin is (m0, n0)), up to P and dS in shared memory (as T, pitch C::kLdN):
+//   S = Q Kᵀ;  P = exp2(S·scale·log2e − LSE·log2e), 0 for masked keys  -> sP (when kStoreP)
+//   dP = dO Vᵀ;  dS = P∘(dP − D) [∘(1 − tanh²) with softcap]             -> sdS
+// P is finished and stored before dP is computed, and softcap and masking are template flags (the caller
+// branches once per tile), so each variant is one straight-line block in which the compiler interleaves the
+// exponentials and shared stores with the dP mma.sync instead of leaving the tensor cores idle behind them.
+// Only P·(1 − tanh²) stays in registers across the dP product: P itself is needed in fp32 by nothing else.
+// sq, sdo: the warp's first rows of the staged Q and dO tiles; sk, sv: the warp's first keys of K and V.
+template <typename C, typename T, bool kStoreP, bool kSoftcap, bool kMask>
+__device__ __forceinline__ void scores_to_grads_impl(const T* sq, const T* sdo, const T* sk, const T* sv,
+                                                     const float (&lse_l2)[C::kSdPWarpM / 16][2],
+                                                     const float (&dsum)[C::kSdPWarpM / 16][2],
+                                                     const BwdKernelArgs& a, const MaskSpec& mask, int m0, int n0,
+                                                     int row0, int col0, T* sP, T* sdS, int lane) {
+  constexpr int MI = C::kSdPWarpM / 16, NI = C::kSdPWarpN / 8;
+  constexpr int kLdD = C::kLdD, kLdN = C::kLdN;
+  float acc_s[MI][NI][4];
+  zero_acc(acc_s);
+  warp_mma<T, MI, NI, C::kD / 16, false, false>(acc_s, sq, kLdD, sk, kLdD, lane);
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
@@ -82,54 +98,69 @@ __device__ __forceinline__ void softmax_grad_tile_impl(const float (&s)[MI][NI][
 #pragma unroll
       for (int ni = 0; ni < NI; ++ni) {
         const int col = col0 + acc_col(ni, lane);
-        float p[2], ds[2];
+        float p[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float x = s[mi][ni][half * 2 + e];
-          float pe, dscale = 1.f;
+          float& x = acc_s[mi][ni][half * 2 + e];
+          float dscale = 1.f;
           if constexpr (kSoftcap) {
             const float t = tanhf(x * a.tanh_scale);
-            pe = fast_exp2(t * a.softcap_log2 - lse_l2[mi][half]);
+            p[e] = fast_exp2(t * a.softcap_log2 - lse_l2[mi][half]);
             dscale = 1.f - t * t;
           } else {
-            pe = fast_exp2(x * a.scale_log2 - lse_l2[mi][half]);
+            p[e] = fast_exp2(x * a.scale_log2 - lse_l2[mi][half]);
           }
           if constexpr (kMask) {
-            if (col + e < key_lo || col + e >= key_hi) pe = 0.f;
+            if (col + e < key_lo || col + e >= key_hi) p[e] = 0.f;
           }
-          p[e] = pe;
-          ds[e] = pe * dscale * (dp[mi][ni][half * 2 + e] - dsum[mi][half]);
+          x = kSoftcap ? p[e] * dscale : p[e];
         }
         if constexpr (kStoreP) {
-          *reinterpret_cast<uint32_t*>(sP + row * ldn + col) = pack_pair<T>(p[0], p[1]);
+          *reinterpret_cast<uint32_t*>(sP + row * kLdN + col) = pack_pair<T>(p[0], p[1]);
         }
-        *reinterpret_cast<uint32_t*>(sdS + row * ldn + col) = pack_pair<T>(ds[0], ds[1]);
+      }
+    }
+  }
+  float acc_dp[MI][NI][4];
+  zero_acc(acc_dp);
+  warp_mma<T, MI, NI, C::kD / 16, false, false>(acc_dp, sdo, kLdD, sv, kLdD, lane);
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + acc_row(mi, half, lane);
+#pragma unroll
+      for (int ni = 0; ni < NI; ++ni) {
+        const int col = col0 + acc_col(ni, lane);
+        const float ds0 = acc_s[mi][ni][half * 2] * (acc_dp[mi][ni][half * 2] - dsum[mi][half]);
+        const float ds1 = acc_s[mi][ni][half * 2 + 1] * (acc_dp[mi][ni][half * 2 + 1] - dsum[mi][half]);
+        *reinterpret_cast<uint32_t*>(sdS + row * kLdN + col) = pack_pair<T>(ds0, ds1);
       }
     }
   }
 }
 
-template <typename T, int MI, int NI, bool kStoreP>
-__device__ __forceinline__ void softmax_grad_tile(const float (&s)[MI][NI][4], const float (&dp)[MI][NI][4],
-                                                  const float (&lse_l2)[MI][2], const float (&dsum)[MI][2],
-                                                  const BwdKernelArgs& a, const MaskSpec& mask, bool need_mask,
-                                                  int m0, int n0, int row0, int col0, T* sP, T* sdS, int ldn,
-                                                  int lane) {
+template <typename C, typename T, bool kStoreP>
+__device__ __forceinline__ void scores_to_grads(const T* sq, const T* sdo, const T* sk, const T* sv,
+                                                const float (&lse_l2)[C::kSdPWarpM / 16][2],
+                                                const float (&dsum)[C::kSdPWarpM / 16][2], const BwdKernelArgs& a,
+                                                const MaskSpec& mask, bool need_mask, int m0, int n0, int row0,
+                                                int col0, T* sP, T* sdS, int lane) {
   if (a.softcap > 0.f) {
     if (need_mask) {
-      softmax_grad_tile_impl<T, MI, NI, kStoreP, true, true>(s, dp, lse_l2, dsum, a, mask, m0, n0, row0, col0, sP,
-                                                             sdS, ldn, lane);
+      scores_to_grads_impl<C, T, kStoreP, true, true>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, m0, n0, row0, col0, sP,
+                                                      sdS, lane);
     } else {
-      softmax_grad_tile_impl<T, MI, NI, kStoreP, true, false>(s, dp, lse_l2, dsum, a, mask, m0, n0, row0, col0, sP,
-                                                              sdS, ldn, lane);
+      scores_to_grads_impl<C, T, kStoreP, true, false>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, m0, n0, row0, col0,
+                                                       sP, sdS, lane);
     }
   } else {
     if (need_mask) {
-      softmax_grad_tile_impl<T, MI, NI, kStoreP, false, true>(s, dp, lse_l2, dsum, a, mask, m0, n0, row0, col0, sP,
-                                                              sdS, ldn, lane);
+      scores_to_grads_impl<C, T, kStoreP, false, true>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, m0, n0, row0, col0,
+                                                       sP, sdS, lane);
     } else {
-      softmax_grad_tile_impl<T, MI, NI, kStoreP, false, false>(s, dp, lse_l2, dsum, a, mask, m0, n0, row0, col0,
-                                                               sP, sdS, ldn, lane);
+      scores_to_grads_impl<C, T, kStoreP, false, false>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, m0, n0, row0, col0,
+                                                        sP, sdS, lane);
     }
   }
 }
@@ -205,7 +236,7 @@ template <typename T, int kD>
 __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKernelArgs a) {
   using C = BwdConfig<kD>;
   constexpr int kM = C::kM, kN = C::kN, kLdD = C::kLdD, kLdN = C::kLdN;
-  constexpr int kMiS = C::kSdPWarpM / 16, kNiS = C::kSdPWarpN / 8;
+  constexpr int kMiS = C::kSdPWarpM / 16;
   constexpr int kMiKV = C::kdKVWarpN / 16, kNiKV = C::kdKVWarpD / 8;
   constexpr int kMiQ = C::kdQWarpM / 16, kNiQ = C::kdQWarpD / 8;
 
@@ -233,11 +264,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKerne
   const int n_m = q_hi > q_lo ? int((q_hi + kM - 1) / kM) - m_first : 0;
   const int iters = n_m * a.group;
   // Key blocks start their sweep at different query blocks, so that the dQ reductions of the blocks running
-  // at once spread over the rows instead of all hitting one query block's lines in L2 together.
+  // at once spread over the rows instead of all hitting one query block's lines in L2 together. An iteration's
+  // position is (g, j): query head g of the KV group, step j of the sweep; advanced by one step per iteration,
+  // so the loop has no integer division.
   const int m_rot = n_m > 0 ? n_block % n_m : 0;
-  auto m0_of = [&](int it) {
-    const int j = it % n_m + m_rot;
-    return (m_first + (j >= n_m ? j - n_m : j)) * kM;
+  auto m0_at = [&](int j) {
+    const int r = j + m_rot;
+    return (m_first + (r >= n_m ? r - n_m : r)) * kM;
   };
 
   // Warp sub-tiles of the three product shapes.
@@ -247,21 +280,36 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKerne
 
   const T* q_base = static_cast<const T*>(a.q) + b * a.q_batch_stride + seq.start_q * a.q_row_stride;
   const T* do_base = static_cast<const T*>(a.dout) + b * a.do_batch_stride + seq.start_q * a.do_row_stride;
-  auto load_q_do = [&](int it, int stage) {
-    const int h = hk * a.group + it / n_m;
-    const int m0 = m0_of(it);
-    load_tile<T, kM, kD, kBwdThreads>(sQ + stage * kM * kLdD, kLdD, q_base + m0 * a.q_row_stride + h * a.q_head_stride,
-                                      a.q_row_stride, seq.len_q - m0, a.head_dim, a.vec_q, tid);
-    load_tile<T, kM, kD, kBwdThreads>(sdO + stage * kM * kLdD, kLdD,
-                                      do_base + m0 * a.do_row_stride + h * a.do_head_stride, a.do_row_stride,
-                                      seq.len_q - m0, a.head_dim_v, a.vec_do, tid);
-    // The rows' LSE and D ride in the same cp.async group, so their latency hides behind an iteration too.
-    static_assert(2 * kM <= kBwdThreads, "one thread per LSE and per D entry");
+  // Query blocks with every row present and full-width aligned rows take load_full_tile.
+  const bool q_whole_rows = a.vec_q && a.head_dim == kD, do_whole_rows = a.vec_do && a.head_dim_v == kD;
+  // The rows' LSE and D ride in the same cp.async group as Q and dO, so their latency hides behind an iteration
+  // too: thread tid < kM copies LSE row tid, thread kM + r copies D row r.
+  static_assert(2 * kM <= kBwdThreads, "one thread per LSE and per D entry");
+  const int vec_row = tid < kM ? tid : tid - kM;
+  const float* vec_src = (tid < kM ? a.lse_log2 : a.dsum) + seq.ws_row0 + vec_row;
+  float* vec_dst = (tid < kM ? sLse : sDsum) + vec_row;
+  auto load_q_do = [&](int h, int m0, int stage) {
+    const T* q = q_base + m0 * a.q_row_stride + h * a.q_head_stride;
+    const T* dout = do_base + m0 * a.do_row_stride + h * a.do_head_stride;
+    T* sq = sQ + stage * kM * kLdD;
+    T* sdo = sdO + stage * kM * kLdD;
+    const bool rows_present = m0 + kM <= seq.len_q;
+    if (q_whole_rows && rows_present) {
+      load_full_tile<T, kM, kD, kBwdThreads>(sq, kLdD, q, a.q_row_stride, tid);
+    } else {
+      load_tile<T, kM, kD, kBwdThreads>(sq, kLdD, q, a.q_row_stride, seq.len_q - m0, a.head_dim, a.vec_q, tid);
+    }
+    if (do_whole_rows && rows_present) {
+      load_full_tile<T, kM, kD, kBwdThreads>(sdo, kLdD, dout, a.do_row_stride, tid);
+    } else {
+      load_tile<T, kM, kD, kBwdThreads>(sdo, kLdD, dout, a.do_row_stride, seq.len_q - m0, a.head_dim_v, a.vec_do,
+                                        tid);
+    }
     if (tid < 2 * kM) {
-      const int r = tid < kM ? tid : tid - kM;
-      const float* src = (tid < kM ? a.lse_log2 : a.dsum) + h * a.rows_q + seq.ws_row0 + m0;
-      const bool valid = m0 + r < seq.len_q;
-      cp_async_4((tid < kM ? sLse : sDsum) + stage * kM + r, valid ? src + r : src, valid);
+      // A row past the end reads row m0 (which exists) and is zero-filled.
+      const float* src = vec_src + h * a.rows_q + m0;
+      const bool valid = m0 + vec_row < seq.len_q;
+      cp_async_4(vec_dst + stage * kM, valid ? src : src - vec_row, valid);
     }
   };
 
@@ -275,7 +323,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKerne
         sV, kLdD,
         static_cast<const T*>(a.v) + b * a.v_batch_stride + k_row * a.v_row_stride + hk * a.v_head_stride,
         a.v_row_stride, n_valid, a.head_dim_v, a.vec_v, tid);
-    load_q_do(0, 0);
+    load_q_do(hk * a.group, m0_at(0), 0);
     cp_async_commit();
   }
 
@@ -283,10 +331,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKerne
   zero_acc(acc_dk);
   zero_acc(acc_dv);
 
-  for (int it = 0; it < iters; ++it) {
+  for (int it = 0, g = 0, j = 0; it < iters; ++it) {
     const int stage = stages == 2 ? it & 1 : 0;
-    const int h = hk * a.group + it / n_m;
-    const int m0 = m0_of(it);
+    const int h = hk * a.group + g;
+    const int m0 = m0_at(j);
+    const bool sweep_ends = j + 1 == n_m;
+    const int g_next = sweep_ends ? g + 1 : g, j_next = sweep_ends ? 0 : j + 1;
     const T* sQs = sQ + stage * kM * kLdD;
     const T* sdOs = sdO + stage * kM * kLdD;
 
@@ -295,18 +345,19 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKerne
       // other stage, which the prefetch below overwrites.
       cp_async_wait<0>();
       __syncthreads();
-      if (it + 1 < iters) load_q_do(it + 1, stage ^ 1);
+      if (it + 1 < iters) load_q_do(hk * a.group + g_next, m0_at(j_next), stage ^ 1);
       cp_async_commit();
     } else {
       // One stage: once every warp is done with the previous tiles, load this iteration's and wait for them.
       if (it > 0) {
         __syncthreads();
-        load_q_do(it, 0);
+        load_q_do(h, m0, 0);
         cp_async_commit();
       }
       cp_async_wait<0>();
       __syncthreads();
     }
+    g = g_next, j = j_next;
 
     // Rows past the end: +inf (P = 0), D = 0 (zero-filled).
     float lse_l2[kMiS][2], dsum[kMiS][2];
@@ -319,42 +370,62 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKerne
         dsum[mi][half] = sDsum[stage * kM + r];
       }
 
-    float acc_s[kMiS][kNiS][4], acc_dp[kMiS][kNiS][4];
-    zero_acc(acc_s);
-    zero_acc(acc_dp);
-    warp_mma<T, kMiS, kNiS, kD / 16, false, false>(acc_s, sQs + s_row0 * kLdD, kLdD, sK + s_col0 * kLdD, kLdD, lane);
-    warp_mma<T, kMiS, kNiS, kD / 16, false, false>(acc_dp, sdOs + s_row0 * kLdD, kLdD, sV + s_col0 * kLdD, kLdD,
-                                                   lane);
-
     const bool need_mask =
         n0 + kN > seq.len_k || !mask.tile_fully_visible(m0, min(m0 + kM, seq.len_q), n0, n0 + kN);
-    softmax_grad_tile<T, kMiS, kNiS, true>(acc_s, acc_dp, lse_l2, dsum, a, mask, need_mask, m0, n0, s_row0, s_col0,
-                                           sP, sdS, kLdN, lane);
+    scores_to_grads<C, T, true>(sQs + s_row0 * kLdD, sdOs + s_row0 * kLdD, sK + s_col0 * kLdD, sV + s_col0 * kLdD,
+                                lse_l2, dsum, a, mask, need_mask, m0, n0, s_row0, s_col0, sP, sdS, lane);
     __syncthreads();
 
-    if (a.accumulate_dq) {
-      float acc_dq[kMiQ][kNiQ][4];
-      zero_acc(acc_dq);
-      warp_mma<T, kMiQ, kNiQ, kN / 16, false, true>(acc_dq, sdS + q_row0 * kLdN, kLdN, sK + q_col0, kLdD, lane);
-      float* dq_rows = a.dq_accum + (h * a.rows_q + seq.ws_row0 + m0 + q_row0) * a.dq_accum_ld + q_col0;
-      const int rows_left = seq.len_q - m0 - q_row0;
+    // dQ += dS K (fp32 reductions into the workspace), dV += Pᵀ dO, dK += dSᵀ Q; the transposes come from
+    // ldmatrix.trans on the staged tiles. kRowTest: the query block has rows past the end, whose dQ must not be
+    // written; a whole block (every block but a sequence's last) compiles without the test.
+    auto dq_dkdv = [&](auto row_test) {
+      constexpr bool kRowTest = decltype(row_test)::value;
+      auto dq_reduce = [&] {
+        float acc_dq[kMiQ][kNiQ][4];
+        zero_acc(acc_dq);
+        warp_mma<T, kMiQ, kNiQ, kN / 16, false, true>(acc_dq, sdS + q_row0 * kLdN, kLdN, sK + q_col0, kLdD, lane);
+        // The workspace rows are kD floats apart (backward_launch.cuh), a compile-time pitch: every reduction of
+        // a lane addresses one base register plus an immediate offset.
+        float* dq_lane = a.dq_accum + (h * a.rows_q + seq.ws_row0 + m0 + q_row0) * kD + q_col0 +
+                         acc_row(0, 0, lane) * kD + acc_col(0, lane);
+        const int rows_left = seq.len_q - m0 - q_row0 - acc_row(0, 0, lane);
 #pragma unroll
-      for (int mi = 0; mi < kMiQ; ++mi)
+        for (int mi = 0; mi < kMiQ; ++mi)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = acc_row(mi, half, lane);
-          if (row < rows_left) {
+          for (int half = 0; half < 2; ++half) {
+            const int row = acc_row(mi, half, 0);
 #pragma unroll
             for (int ni = 0; ni < kNiQ; ++ni) {
-              atomic_add_pair(dq_rows + row * a.dq_accum_ld + acc_col(ni, lane), acc_dq[mi][ni][half * 2],
-                              acc_dq[mi][ni][half * 2 + 1]);
+              atomic_add_pair_if(dq_lane + row * kD + acc_col(ni, 0), acc_dq[mi][ni][half * 2],
+                                 acc_dq[mi][ni][half * 2 + 1], !kRowTest || row < rows_left);
             }
           }
+      };
+      auto dv_product = [&] {
+        warp_mma<T, kMiKV, kNiKV, kM / 16, true, true>(acc_dv, sP + kv_row0, kLdN, sdOs + kv_col0, kLdD, lane);
+      };
+      if constexpr (C::kDqBesideDv) {
+        // The reductions and the dV product in one block of straight-line code (the deterministic-mode branch
+        // goes around both), so the reductions issue between dV's mma.sync instead of in one burst that fills
+        // the memory pipeline's queue.
+        if (a.accumulate_dq) {
+          dq_reduce();
+          dv_product();
+        } else {
+          dv_product();
         }
+      } else {
+        if (a.accumulate_dq) dq_reduce();
+        dv_product();
+      }
+      warp_mma<T, kMiKV, kNiKV, kM / 16, true, true>(acc_dk, sdS + kv_row0, kLdN, sQs + kv_col0, kLdD, lane);
+    };
+    if (m0 + kM <= seq.len_q) {
+      dq_dkdv(std::false_type{});
+    } else {
+      dq_dkdv(std::true_type{});
     }
-    // dV += Pᵀ dO and dK += dSᵀ Q: the transposes come from ldmatrix.trans on the staged tiles.
-    warp_mma<T, kMiKV, kNiKV, kM / 16, true, true>(acc_dv, sP + kv_row0, kLdN, sdOs + kv_col0, kLdD, lane);
-    warp_mma<T, kMiKV, kNiKV, kM / 16, true, true>(acc_dk, sdS + kv_row0, kLdN, sQs + kv_col0, kLdD, lane);
   }
 
   // Keys of this block that no query sees still get their (zero) gradients written here.
@@ -370,7 +441,7 @@ template <typename T, int kD>
 __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dq_kernel(const BwdKernelArgs a) {
   using C = BwdConfig<kD>;
   constexpr int kM = C::kM, kN = C::kN, kLdD = C::kLdD, kLdN = C::kLdN;
-  constexpr int kMiS = C::kSdPWarpM / 16, kNiS = C::kSdPWarpN / 8;
+  constexpr int kMiS = C::kSdPWarpM / 16;
   constexpr int kMiQ = C::kdQWarpM / 16, kNiQ = C::kdQWarpD / 8;
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -401,12 +472,25 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dq_kernel(const BwdKernelA
                     hk * a.k_head_stride;
   const T* v_base = static_cast<const T*>(a.v) + b * a.v_batch_stride + seq.start_k * a.v_row_stride +
                     hk * a.v_head_stride;
+  // Key blocks with every key present and full-width aligned rows take load_full_tile.
+  const bool k_whole_rows = a.vec_k && a.head_dim == kD, v_whole_rows = a.vec_v && a.head_dim_v == kD;
   auto load_kv = [&](int it, int stage) {
     const int n0 = (n_first + it) * kN;
-    load_tile<T, kN, kD, kBwdThreads>(sK + stage * kN * kLdD, kLdD, k_base + n0 * a.k_row_stride, a.k_row_stride,
-                                      seq.len_k - n0, a.head_dim, a.vec_k, tid);
-    load_tile<T, kN, kD, kBwdThreads>(sV + stage * kN * kLdD, kLdD, v_base + n0 * a.v_row_stride, a.v_row_stride,
-                                      seq.len_k - n0, a.head_dim_v, a.vec_v, tid);
+    T* sk = sK + stage * kN * kLdD;
+    T* sv = sV + stage * kN * kLdD;
+    const bool rows_present = n0 + kN <= seq.len_k;
+    if (k_whole_rows && rows_present) {
+      load_full_tile<T, kN, kD, kBwdThreads>(sk, kLdD, k_base + n0 * a.k_row_stride, a.k_row_stride, tid);
+    } else {
+      load_tile<T, kN, kD, kBwdThreads>(sk, kLdD, k_base + n0 * a.k_row_stride, a.k_row_stride, seq.len_k - n0,
+                                        a.head_dim, a.vec_k, tid);
+    }
+    if (v_whole_rows && rows_present) {
+      load_full_tile<T, kN, kD, kBwdThreads>(sv, kLdD, v_base + n0 * a.v_row_stride, a.v_row_stride, tid);
+    } else {
+      load_tile<T, kN, kD, kBwdThreads>(sv, kLdD, v_base + n0 * a.v_row_stride, a.v_row_stride, seq.len_k - n0,
+                                        a.head_dim_v, a.vec_v, tid);
+    }
   };
   if (n_n > 0) {
     load_tile<T, kM, kD, kBwdThreads>(
@@ -453,16 +537,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dq_kernel(const BwdKernelA
       __syncthreads();
     }
 
-    float acc_s[kMiS][kNiS][4], acc_dp[kMiS][kNiS][4];
-    zero_acc(acc_s);
-    zero_acc(acc_dp);
-    warp_mma<T, kMiS, kNiS, kD / 16, false, false>(acc_s, sQ + s_row0 * kLdD, kLdD, sKs + s_col0 * kLdD, kLdD, lane);
-    warp_mma<T, kMiS, kNiS, kD / 16, false, false>(acc_dp, sdO + s_row0 * kLdD, kLdD, sVs + s_col0 * kLdD, kLdD,
-                                                   lane);
     const bool need_mask =
         n0 + kN > seq.len_k || !mask.tile_fully_visible(m0, m0 + m_valid, n0, n0 + kN);
-    softmax_grad_tile<T, kMiS, kNiS, false>(acc_s, acc_dp, lse_l2, dsum, a, mask, need_mask, m0, n0, s_row0, s_col0,
-                                            nullptr, sdS, kLdN, lane);
+    scores_to_grads<C, T, false>(sQ + s_row0 * kLdD, sdO + s_row0 * kLdD, sKs + s_col0 * kLdD, sVs + s_col0 * kLdD,
+                                 lse_l2, dsum, a, mask, need_mask, m0, n0, s_row0, s_col0, nullptr, sdS, lane);
     __syncthreads();
     warp_mma<T, kMiQ, kNiQ, kN / 16, false, true>(acc_dq, sdS + q_row0 * kLdN, kLdN, sKs + q_col0, kLdD, lane);
   }

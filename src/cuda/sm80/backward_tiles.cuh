@@ -4,7 +4,7 @@
 //                   staged Q, dO, K, V, P, dS tiles without copies.
 //   load_tile     : a block copies a rows x cols global tile into padded shared memory, zero-filling rows and
 //                   columns past the valid extent; cp.async (16 B) when the tensor is 16-byte aligned, plain
-//                   element loads otherwise.
+//                   element loads otherwise. load_full_tile: the same for a whole, aligned tile, without tests.
 //   for_each_acc  : visits a C fragment with its (row, column) inside the warp tile.
 #pragma once
 
@@ -126,14 +126,41 @@ __device__ __forceinline__ void load_tile(T* smem, int ld, const T* gmem, int64_
   }
 }
 
-// dQ accumulation into fp32 global memory: two adjacent columns at once where the hardware has a vector
-// reduction (sm_90), else two scalar ones.
-__device__ __forceinline__ void atomic_add_pair(float* dst, float x, float y) {
+// load_tile's common case: every row and column of the tile exists and the tensor is 16-byte aligned. Each
+// thread copies the same column chunk of every (kThreads / chunks per row)-th row, so its source advances by one
+// constant stride per chunk: a few instructions per 16 bytes instead of load_tile's per-chunk bounds and
+// address arithmetic, which is most of a query block's non-mma instructions in the main kernel's loop.
+template <typename T, int kRows, int kCols, int kThreads>
+__device__ __forceinline__ void load_full_tile(T* smem, int ld, const T* gmem, int64_t row_stride, int tid) {
+  constexpr int kChunksPerRow = kCols / 8;
+  static_assert(kCols % 8 == 0 && kThreads % kChunksPerRow == 0, "each thread keeps one column chunk");
+  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static_assert(kRows % kRowsPerPass == 0, "whole passes of the block over the tile");
+  const int row = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 8;
+  const T* src = gmem + row * row_stride + col;
+  T* dst = smem + row * ld + col;
+  const int64_t pass_stride = kRowsPerPass * row_stride;
+#pragma unroll
+  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    cp_async_16(dst + pass * kRowsPerPass * ld, src, true);
+    src += pass_stride;
+  }
+}
+
+// dQ accumulation into fp32 global memory: dst[0] += x, dst[1] += y where `pred`, as one vector reduction
+// where the hardware has it (sm_90: red.global.add.v2.f32), else two scalar ones. The test is a predicate on the
+// reduction itself rather than a branch around it, so a tile's reductions stay in one block of straight-line
+// code that the compiler can interleave with the surrounding mma.sync.
+__device__ __forceinline__ void atomic_add_pair_if(float* dst, float x, float y, bool pred) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x, y));
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n @p red.global.add.v2.f32 [%0], {%1, %2};\n}\n" ::"l"(dst),
+      "f"(x), "f"(y), "r"(int(pred)));
 #else
-  atomicAdd(dst, x);
-  atomicAdd(dst + 1, y);
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n @p red.global.add.f32 [%0], %1;\n @p red.global.add.f32 [%0+4], "
+      "%2;\n}\n" ::"l"(dst),
+      "f"(x), "f"(y), "r"(int(pred)));
 #endif
 }
 
