@@ -34,6 +34,7 @@ struct BwdCase {
   std::vector<int> lens_q, lens_k;  // varlen when non-empty
   bool deterministic = false;
   int stages = 0;  // pipeline depth forced on the kernels (0: what the device's shared memory allows)
+  int smem_limit = 0;  // > 0: run as if a block could use only this much shared memory (compact tiles)
   uint64_t seed = 1;
 
   bool varlen() const { return !lens_q.empty(); }
@@ -41,7 +42,8 @@ struct BwdCase {
     std::ostringstream os;
     os << dtype_name(dtype) << " b" << batch << " sq" << sq << " sk" << sk << " h" << hq << "/" << hkv << " d" << d
        << "/" << dv << (causal ? " causal" : "") << " win(" << wl << "," << wr << ")" << " cap" << softcap
-       << (bhsd ? " bhsd" : "") << " pad" << pad << (varlen() ? " varlen" : "") << (deterministic ? " det" : "") << " stages" << stages;
+       << (bhsd ? " bhsd" : "") << " pad" << pad << (varlen() ? " varlen" : "") << (deterministic ? " det" : "") << " stages" << stages
+       << " smem" << smem_limit;
     return os.str();
   }
 };
@@ -235,10 +237,10 @@ Err error_of(const HostTensor& x, const HostTensor& ref) {
 }
 
 Status run_gpu(const BwdCase& c, const BackwardArgs& ga) {
-  if (c.stages == 0) return attention_backward(ga, options(c, Backend::cuda_sm80));
+  if (c.stages == 0 && c.smem_limit == 0) return attention_backward(ga, options(c, Backend::cuda_sm80));
   BwdParams params;
   Status st = make_backward_params(ga, options(c, Backend::cuda_sm80), &params);
-  return st.ok() ? detail::cuda_sm80_backward_staged(params, c.stages) : st;
+  return st.ok() ? detail::cuda_sm80_backward_staged(params, c.stages, c.smem_limit) : st;
 }
 
 // Runs one case on the GPU (twice if deterministic) and checks dq, dk, dv.
@@ -477,6 +479,38 @@ TEST_P(Sm80Backward, SingleStagePipeline) {
   c.lens_k = {9, 130, 0};
   c.stages = 1, c.wl = 30, c.pad = 3;
   run_case(c);
+}
+
+// GPUs with 99 KB of shared memory per block (compute capability 8.6 / 8.9), forced here: the hd64 and hd128
+// buckets run their compact tiles (every head dim up to 128, tails, masks, GQA, varlen, deterministic); hd256
+// reports unsupported with what it needs.
+TEST_P(Sm80Backward, ConsumerGpuSharedMemory) {
+  FA_REQUIRE_GPU();
+  constexpr int kConsumerGpuSmem = 99 * 1024;
+  for (int64_t d : {40, 64, 96, 128}) {
+    BwdCase c = base(GetParam(), 150 + d, 260, d);
+    c.hq = 4, c.hkv = 2, c.smem_limit = kConsumerGpuSmem, c.causal = d % 64 == 0;
+    run_case(c);
+    c.deterministic = true;
+    run_case(c);
+  }
+  BwdCase c = base(GetParam(), 0, 0, 128);
+  c.lens_q = {0, 70, 200};
+  c.lens_k = {9, 130, 0};
+  c.smem_limit = kConsumerGpuSmem, c.wl = 30, c.softcap = 5, c.pad = 3;
+  run_case(c);
+
+  c = base(GetParam(), 64, 64, 256);
+  c.smem_limit = kConsumerGpuSmem;
+  Problem pb = make_problem(c, c.dtype);
+  HostTensor* hs[] = {&pb.q, &pb.k, &pb.v, &pb.o, &pb.lse, &pb.dout, &pb.dq, &pb.dk, &pb.dv, &pb.cu_q, &pb.cu_k};
+  DeviceTensor dev[11];
+  for (int i = 0; i < 11; ++i) dev[i] = DeviceTensor(*hs[i]);
+  BwdParams params;
+  ASSERT_TRUE(make_backward_params(views(pb, false, dev), options(c, Backend::cuda_sm80), &params).ok());
+  const Status st = detail::cuda_sm80_backward_staged(params, 0, c.smem_limit);
+  EXPECT_EQ(st.code, ErrorCode::unsupported) << st.message;
+  EXPECT_NE(st.message.find("needs"), std::string::npos) << st.message;
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, Sm80Backward, ::testing::Values(DType::f16, DType::bf16),

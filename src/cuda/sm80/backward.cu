@@ -66,7 +66,7 @@ BwdKernelArgs make_args(const BwdParams& p, int64_t rows_q) {
 
 Status cuda_sm80_backward(const BwdParams& p) { return cuda_sm80_backward_staged(p, 0); }
 
-Status cuda_sm80_backward_staged(const BwdParams& p, int stages) {
+Status cuda_sm80_backward_staged(const BwdParams& p, int stages, int smem_limit) {
   if (p.dtype != DType::f16 && p.dtype != DType::bf16) {
     return Status::unsupported(std::string("cuda_sm80: backward runs float16 and bfloat16; got ") + dtype_name(p.dtype));
   }
@@ -78,6 +78,7 @@ Status cuda_sm80_backward_staged(const BwdParams& p, int stages) {
   FA_CUDA_TRY(guard.status());
   int max_smem = 0;
   FA_CUDA_TRY(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device.index));
+  if (smem_limit > 0 && smem_limit < max_smem) max_smem = smem_limit;
 
   const int64_t rows_q = p.is_varlen() ? p.total_q : p.batch * p.seqlen_q;
   const BwdKernelArgs a = make_args(p, rows_q);

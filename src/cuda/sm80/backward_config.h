@@ -3,7 +3,7 @@
 // Compile-time axes are dtype x head-dim bucket only. A call with head dims d, d_v runs the smallest bucket
 // >= max(d, d_v); columns past d (or d_v) are zero-filled on load and never stored.
 //
-// Per bucket (M = query rows per tile, N = keys per thread block, all 8 warps):
+// Per bucket (M = query rows per tile, N = keys per thread block, all 8 warps; compact tiles for 99 KB GPUs below):
 //   bucket  M    N    S/dP warps (M x N)   dK/dV warps (N x d)   dQ warps (M x d)
 //     64   128  128        2 x 4                  4 x 2                4 x 2
 //    128    64  128        2 x 4                  4 x 2                2 x 4
@@ -26,7 +26,9 @@ constexpr int kBwdThreads = kBwdWarps * 32;
 // so the 8 row addresses of every ldmatrix (and every 16-byte cp.async row) hit distinct banks.
 constexpr int kSmemPad = 8;
 
-template <int kHeadDim>
+// kCompact: the tiles for GPUs that give a block at most 99 KB of shared memory (compute capability 8.6 / 8.9:
+// RTX 30/40, A10, L4, L40), where even one pipeline stage of the regular tiles (141-154 KB) does not fit.
+template <int kHeadDim, bool kCompact = false>
 struct BwdTiles;
 
 template <>
@@ -47,11 +49,29 @@ struct BwdTiles<256> {
   static constexpr int kSdPWarpsM = 4, kdKVWarpsN = 2, kdQWarpsM = 2;
   static constexpr bool kDqBesideDv = false;
 };
+// Compact (99 KB): half the query rows at hd64 (88 KB), half the keys at hd128 (87 KB), both one stage. hd256
+// has none: K and V alone take 66 KB at 64 keys, and the Q/dO and P/dS staging does not fit beside them (FA2
+// keeps V in registers there); it reports unsupported on such GPUs.
+template <>
+struct BwdTiles<64, true> {
+  static constexpr int kM = 64, kN = 128;
+  static constexpr int kSdPWarpsM = 2, kdKVWarpsN = 4, kdQWarpsM = 4;
+  static constexpr bool kDqBesideDv = true;
+};
+template <>
+struct BwdTiles<128, true> {
+  static constexpr int kM = 64, kN = 64;
+  static constexpr int kSdPWarpsM = 2, kdKVWarpsN = 4, kdQWarpsM = 2;
+  static constexpr bool kDqBesideDv = true;
+};
+template <int kHeadDim>
+constexpr bool kBwdHasCompactTiles = kHeadDim != 256;
 
 // Everything derived from the bucket: warp tiles, mma counts per warp, shared-memory layout (in elements).
-template <int kHeadDim_>
-struct BwdConfig : BwdTiles<kHeadDim_> {
-  using Tiles = BwdTiles<kHeadDim_>;
+template <int kHeadDim_, bool kCompact_ = false>
+struct BwdConfig : BwdTiles<kHeadDim_, kCompact_> {
+  using Tiles = BwdTiles<kHeadDim_, kCompact_>;
+  static constexpr bool kCompact = kCompact_;
   static constexpr int kD = kHeadDim_;
   static constexpr int kM = Tiles::kM, kN = Tiles::kN;
 

@@ -26,7 +26,8 @@
 //   K, V [N][D+8] each; Q, dO [2][M][D+8] each; P, dS [M][N+8] each; LSE, D [2][M] fp32 (hd128: 175,104 bytes)
 // dQ kernel: Q, dO [M][D+8]; K, V [2][N][D+8]; dS [M][N+8]. Pipeline depth 2 (cp.async groups, waited at the
 // top of each iteration before the next tile is issued), or 1 where shared memory is smaller (A100: the
-// streamed tiles are then loaded and waited for at the top of each iteration).
+// streamed tiles are then loaded and waited for at the top of each iteration). GPUs with 99 KB per block run
+// the compact tiles (kCompact, backward_config.h: hd64 90,624 bytes, hd128 88,576) with one stage.
 // Preconditions (checked by the launcher): head_dim, head_dim_v <= D; fp16 or bf16; the LSE comes from a
 // forward with the same scale, softcap and mask (a row whose LSE is -inf saw no key and gets dQ = 0).
 #pragma once
@@ -232,9 +233,9 @@ __global__ void __launch_bounds__(256) bwd_dq_convert_kernel(const BwdKernelArgs
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-template <typename T, int kD>
+template <typename T, int kD, bool kCompact>
 __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKernelArgs a) {
-  using C = BwdConfig<kD>;
+  using C = BwdConfig<kD, kCompact>;
   constexpr int kM = C::kM, kN = C::kN, kLdD = C::kLdD, kLdN = C::kLdN;
   constexpr int kMiS = C::kSdPWarpM / 16;
   constexpr int kMiKV = C::kdKVWarpN / 16, kNiKV = C::kdKVWarpD / 8;
@@ -437,9 +438,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKerne
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-template <typename T, int kD>
+template <typename T, int kD, bool kCompact>
 __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dq_kernel(const BwdKernelArgs a) {
-  using C = BwdConfig<kD>;
+  using C = BwdConfig<kD, kCompact>;
   constexpr int kM = C::kM, kN = C::kN, kLdD = C::kLdD, kLdN = C::kLdN;
   constexpr int kMiS = C::kSdPWarpM / 16;
   constexpr int kMiQ = C::kdQWarpM / 16, kNiQ = C::kdQWarpD / 8;

@@ -17,8 +17,9 @@
 namespace flashattn::detail {
 
 // The sm80 backward with a chosen pipeline depth: 0 = the deepest that fits the device's shared memory (what
-// cuda_sm80_backward runs), 1 or 2 forced (tests use 1 to cover the small-shared-memory path on any GPU).
-Status cuda_sm80_backward_staged(const BwdParams& p, int stages);
+// cuda_sm80_backward runs), 1 or 2 forced (tests use 1 to cover the small-shared-memory path on any GPU); and
+// a shared-memory budget: 0 = the device's, less to run the tiles of a smaller GPU (tests: 99 KB).
+Status cuda_sm80_backward_staged(const BwdParams& p, int stages, int smem_limit = 0);
 
 // One per head-dim bucket (both dtypes), defined in backward_hd<bucket>.cu.
 Status sm80_backward_hd64(const cuda::sm80::BwdKernelArgs& a, const BwdParams& p, cudaStream_t s, int max_smem,
@@ -41,13 +42,18 @@ using cuda::sm80::kBwdThreads;
 
 inline unsigned blocks_for_warps(int64_t warps) { return unsigned((warps * 32 + 255) / 256); }
 
-template <typename T, int kD>
+// Shared memory one call needs with `stages` pipeline stages: the main kernel's, or the deterministic dQ
+// kernel's where that is larger.
+template <typename C>
+int backward_smem_need(const BwdParams& p, int stages) {
+  const int main_bytes = C::main_smem_bytes(stages), dq_bytes = p.deterministic ? C::dq_smem_bytes(stages) : 0;
+  return main_bytes > dq_bytes ? main_bytes : dq_bytes;
+}
+
+template <typename T, int kD, bool kCompact>
 Status sm80_backward_launch(BwdKernelArgs a, const BwdParams& p, cudaStream_t stream, int max_smem, int stages) {
-  using C = BwdConfig<kD>;
-  auto need = [&](int st) {
-    const int main_bytes = C::main_smem_bytes(st), dq_bytes = p.deterministic ? C::dq_smem_bytes(st) : 0;
-    return main_bytes > dq_bytes ? main_bytes : dq_bytes;
-  };
+  using C = BwdConfig<kD, kCompact>;
+  auto need = [&](int st) { return backward_smem_need<C>(p, st); };
   if (stages == 0) stages = need(C::kMaxStages) <= max_smem ? C::kMaxStages : 1;
   if (stages < 1 || stages > C::kMaxStages) return Status::invalid("cuda_sm80: backward pipeline depth must be 1 or 2");
   if (need(stages) > max_smem) {
@@ -84,7 +90,7 @@ Status sm80_backward_launch(BwdKernelArgs a, const BwdParams& p, cudaStream_t st
       FA_CUDA_TRY(cudaGetLastError());
     }
     if (n_key_blocks > 0 && p.batch > 0) {
-      auto kernel = cuda::sm80::bwd_dkdv_kernel<T, kD>;
+      auto kernel = cuda::sm80::bwd_dkdv_kernel<T, kD, kCompact>;
       FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, main_bytes));
       const dim3 grid(unsigned(n_key_blocks), unsigned(p.heads_kv), unsigned(p.batch));
       kernel<<<grid, kBwdThreads, main_bytes, stream>>>(a);
@@ -92,7 +98,7 @@ Status sm80_backward_launch(BwdKernelArgs a, const BwdParams& p, cudaStream_t st
     }
     if (p.deterministic) {
       if (n_query_blocks > 0 && p.batch > 0) {
-        auto kernel = cuda::sm80::bwd_dq_kernel<T, kD>;
+        auto kernel = cuda::sm80::bwd_dq_kernel<T, kD, kCompact>;
         FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_bytes));
         const dim3 grid(unsigned(n_query_blocks), unsigned(p.heads_q), unsigned(p.batch));
         kernel<<<grid, kBwdThreads, dq_bytes, stream>>>(a);
@@ -112,11 +118,23 @@ Status sm80_backward_launch(BwdKernelArgs a, const BwdParams& p, cudaStream_t st
 }
 
 
+// The regular tiles where one stage of them fits, else the compact tiles where the bucket has them (else the
+// regular launch reports what it needs).
+template <typename T, int kD>
+Status sm80_backward_tiles(const BwdKernelArgs& a, const BwdParams& p, cudaStream_t stream, int max_smem,
+                           int stages) {
+  if constexpr (cuda::sm80::kBwdHasCompactTiles<kD>) {
+    if (backward_smem_need<BwdConfig<kD>>(p, 1) > max_smem)
+      return sm80_backward_launch<T, kD, true>(a, p, stream, max_smem, stages);
+  }
+  return sm80_backward_launch<T, kD, false>(a, p, stream, max_smem, stages);
+}
+
 template <int kD>
 Status sm80_backward_bucket(const BwdKernelArgs& a, const BwdParams& p, cudaStream_t stream, int max_smem,
                             int stages) {
-  return p.dtype == DType::f16 ? sm80_backward_launch<__half, kD>(a, p, stream, max_smem, stages)
-                               : sm80_backward_launch<__nv_bfloat16, kD>(a, p, stream, max_smem, stages);
+  return p.dtype == DType::f16 ? sm80_backward_tiles<__half, kD>(a, p, stream, max_smem, stages)
+                               : sm80_backward_tiles<__nv_bfloat16, kD>(a, p, stream, max_smem, stages);
 }
 
 }  // namespace flashattn::detail
