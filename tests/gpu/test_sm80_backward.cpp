@@ -110,6 +110,15 @@ BackwardArgs views(Problem& p, bool varlen, const DeviceTensor* dev = nullptr) {
   return a;
 }
 
+// Device copies of a problem's tensors, in views()'s order.
+struct DeviceProblem {
+  DeviceTensor t[11];
+  explicit DeviceProblem(Problem& p) {
+    HostTensor* hs[] = {&p.q, &p.k, &p.v, &p.o, &p.lse, &p.dout, &p.dq, &p.dk, &p.dv, &p.cu_q, &p.cu_k};
+    for (int i = 0; i < 11; ++i) t[i] = DeviceTensor(*hs[i]);
+  }
+};
+
 AttentionOptions options(const BwdCase& c, Backend b) {
   AttentionOptions o;
   o.causal = c.causal;
@@ -278,9 +287,8 @@ void run_case(const BwdCase& c) {
 
   // GPU.
   lo.dq.poison(), lo.dk.poison(), lo.dv.poison();
-  HostTensor* hs[] = {&lo.q, &lo.k, &lo.v, &lo.o, &lo.lse, &lo.dout, &lo.dq, &lo.dk, &lo.dv, &lo.cu_q, &lo.cu_k};
-  DeviceTensor dev[11];
-  for (int i = 0; i < 11; ++i) dev[i] = DeviceTensor(*hs[i]);
+  DeviceProblem device(lo);
+  DeviceTensor* dev = device.t;
   const BackwardArgs ga = views(lo, c.varlen(), dev);
   Status st = run_gpu(c, ga);
   ASSERT_TRUE(st.ok()) << st.message;
@@ -327,6 +335,13 @@ BwdCase base(DType dt, int64_t sq, int64_t sk, int64_t d) {
 }
 
 class Sm80Backward : public ::testing::TestWithParam<DType> {};
+
+// The case as given, then in deterministic mode (the separate dQ kernel).
+void run_case_both_modes(BwdCase c) {
+  run_case(c);
+  c.deterministic = true;
+  run_case(c);
+}
 
 TEST_P(Sm80Backward, Lengths) {
   FA_REQUIRE_GPU();
@@ -450,9 +465,7 @@ TEST_P(Sm80Backward, TinyAllPaths) {
   for (int64_t d : {24, 128, 200}) {
     BwdCase c = base(GetParam(), 70, 90, d);
     c.hq = 2, c.hkv = 1, c.causal = d != 128, c.pad = d == 200 ? 3 : 0;
-    run_case(c);
-    c.deterministic = true;
-    run_case(c);
+    run_case_both_modes(c);
   }
   BwdCase c = base(GetParam(), 0, 0, 64);
   c.lens_q = {0, 33, 5};
@@ -470,9 +483,7 @@ TEST_P(Sm80Backward, SingleStagePipeline) {
   for (int64_t d : {64, 128, 256}) {
     BwdCase c = base(GetParam(), 300, 260, d);
     c.hq = 4, c.hkv = 2, c.stages = 1, c.causal = d == 128;
-    run_case(c);
-    c.deterministic = true;
-    run_case(c);
+    run_case_both_modes(c);
   }
   BwdCase c = base(GetParam(), 0, 0, 96);
   c.lens_q = {0, 70, 200};
@@ -490,9 +501,7 @@ TEST_P(Sm80Backward, ConsumerGpuSharedMemory) {
   for (int64_t d : {40, 64, 96, 128}) {
     BwdCase c = base(GetParam(), 150 + d, 260, d);
     c.hq = 4, c.hkv = 2, c.smem_limit = kConsumerGpuSmem, c.causal = d % 64 == 0;
-    run_case(c);
-    c.deterministic = true;
-    run_case(c);
+    run_case_both_modes(c);
   }
   BwdCase c = base(GetParam(), 0, 0, 128);
   c.lens_q = {0, 70, 200};
@@ -503,11 +512,9 @@ TEST_P(Sm80Backward, ConsumerGpuSharedMemory) {
   c = base(GetParam(), 64, 64, 256);
   c.smem_limit = kConsumerGpuSmem;
   Problem pb = make_problem(c, c.dtype);
-  HostTensor* hs[] = {&pb.q, &pb.k, &pb.v, &pb.o, &pb.lse, &pb.dout, &pb.dq, &pb.dk, &pb.dv, &pb.cu_q, &pb.cu_k};
-  DeviceTensor dev[11];
-  for (int i = 0; i < 11; ++i) dev[i] = DeviceTensor(*hs[i]);
+  const DeviceProblem device(pb);
   BwdParams params;
-  ASSERT_TRUE(make_backward_params(views(pb, false, dev), options(c, Backend::cuda_sm80), &params).ok());
+  ASSERT_TRUE(make_backward_params(views(pb, false, device.t), options(c, Backend::cuda_sm80), &params).ok());
   const Status st = detail::cuda_sm80_backward_staged(params, 0, c.smem_limit);
   EXPECT_EQ(st.code, ErrorCode::unsupported) << st.message;
   EXPECT_NE(st.message.find("needs"), std::string::npos) << st.message;

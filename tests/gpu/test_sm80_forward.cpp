@@ -412,11 +412,18 @@ TEST(Sm80ForwardRuns, Deterministic) {
 // Bad cases return a Status with the reason; nothing crashes.
 TEST(Sm80ForwardRuns, RejectsWhatItCannotRun) {
   FA_REQUIRE_GPU();
-  HostTensor q(DType::f32, {1, 16, 2, 64}), o(DType::f32, {1, 16, 2, 64});
-  DeviceTensor dq(q), dout(o);
-  ForwardArgs a;
-  a.q = a.k = a.v = dq.view(q);
-  a.out = dout.view(o);
+  // Self-attention arguments (Q = K = V) of the given shape on the GPU, with the tensors they view.
+  struct SelfAttention {
+    HostTensor q, o;
+    DeviceTensor dq, dout;
+    ForwardArgs args;
+    SelfAttention(DType t, std::vector<int64_t> shape) : q(t, shape), o(t, shape), dq(q), dout(o) {
+      args.q = args.k = args.v = dq.view(q);
+      args.out = dout.view(o);
+    }
+  };
+  SelfAttention f32(DType::f32, {1, 16, 2, 64});
+  const ForwardArgs& a = f32.args;
   AttentionOptions opt;
   opt.backend = Backend::cuda_sm80;
   Status st = attention_forward(a, opt);
@@ -440,13 +447,9 @@ TEST(Sm80ForwardRuns, RejectsWhatItCannotRun) {
   cudaFree(dbuf);
 
   // Less shared memory than even the compact d = 256 tile needs: unsupported, saying how much it needs.
-  HostTensor q256(DType::bf16, {1, 16, 2, 256}), o256(DType::bf16, {1, 16, 2, 256});
-  DeviceTensor dq256(q256), do256(o256);
-  ForwardArgs c;
-  c.q = c.k = c.v = dq256.view(q256);
-  c.out = do256.view(o256);
+  SelfAttention hd256(DType::bf16, {1, 16, 2, 256});
   FwdParams p;
-  ASSERT_TRUE(make_forward_params(c, opt, &p).ok());
+  ASSERT_TRUE(make_forward_params(hd256.args, opt, &p).ok());
   st = detail::cuda_sm80_forward_limited(p, 64 * 1024);
   EXPECT_EQ(st.code, ErrorCode::unsupported) << st.message;
   EXPECT_NE(st.message.find("needs 96 KB"), std::string::npos) << st.message;
