@@ -195,16 +195,29 @@ __device__ __forceinline__ void store_acc(const float (&acc)[MI][NI][4], float m
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// The (query head h, workspace row r) that one warp of the row-wise kernels owns, with the row's batch entry b
+// and position i for addressing the tensors. Padded: r = b * seqlen_q + i. Varlen: r is the packed row, b = 0.
+struct WarpRow {
+  int h, lane;
+  int64_t r, b, i;
+};
+__device__ __forceinline__ bool warp_row(const BwdKernelArgs& a, WarpRow* w) {
+  const int64_t warp_id = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (warp_id >= a.rows_q * a.heads_q) return false;
+  w->lane = threadIdx.x & 31;
+  w->h = int(warp_id % a.heads_q);
+  w->r = warp_id / a.heads_q;
+  w->b = a.cu_seqlens_q ? 0 : w->r / a.seqlen_q;
+  w->i = a.cu_seqlens_q ? w->r : w->r % a.seqlen_q;
+  return true;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdKernelArgs a) {
-  const int64_t warp_id = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (warp_id >= a.rows_q * a.heads_q) return;
-  const int h = int(warp_id % a.heads_q);
-  const int64_t r = warp_id / a.heads_q;
-  // Padded: workspace row r = b * seqlen_q + i. Varlen: r is the packed row and the batch stride is 0.
-  const int64_t b = a.cu_seqlens_q ? 0 : r / a.seqlen_q;
-  const int64_t i = a.cu_seqlens_q ? r : r % a.seqlen_q;
+  WarpRow w;
+  if (!warp_row(a, &w)) return;
+  const int h = w.h, lane = w.lane;
+  const int64_t r = w.r, b = w.b, i = w.i;
   const T* o = static_cast<const T*>(a.o) + b * a.o_batch_stride + i * a.o_row_stride + h * a.o_head_stride;
   const T* d = static_cast<const T*>(a.dout) + b * a.do_batch_stride + i * a.do_row_stride + h * a.do_head_stride;
   float acc = 0.f;
@@ -220,13 +233,10 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdKernelArgs
 
 template <typename T>
 __global__ void __launch_bounds__(256) bwd_dq_convert_kernel(const BwdKernelArgs a) {
-  const int64_t warp_id = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (warp_id >= a.rows_q * a.heads_q) return;
-  const int h = int(warp_id % a.heads_q);
-  const int64_t r = warp_id / a.heads_q;
-  const int64_t b = a.cu_seqlens_q ? 0 : r / a.seqlen_q;
-  const int64_t i = a.cu_seqlens_q ? r : r % a.seqlen_q;
+  WarpRow w;
+  if (!warp_row(a, &w)) return;
+  const int h = w.h, lane = w.lane;
+  const int64_t r = w.r, b = w.b, i = w.i;
   T* dq = static_cast<T*>(a.dq) + b * a.dq_batch_stride + i * a.dq_row_stride + h * a.dq_head_stride;
   const float* src = a.dq_accum + (h * a.rows_q + r) * a.dq_accum_ld;
   for (int c = lane; c < a.head_dim; c += 32) dq[c] = to_elem<T>(src[c] * a.scale);
