@@ -25,5 +25,6 @@ Status cuda_sm90_backward(const BwdParams& p);
 int cuda_device_count_impl();
 int cuda_compute_capability_impl(int device_index);
 Status cuda_copy_to_host(void* dst, const void* src, size_t bytes, int device_index, void* stream);
+Status release_cached_memory_impl();  // the workspace pools' unused memory back to the driver
 
 }  // namespace flashattn::detail

@@ -16,5 +16,6 @@ Status cuda_sm90_backward(const BwdParams&) { return no_cuda(); }
 int cuda_device_count_impl() { return 0; }
 int cuda_compute_capability_impl(int) { return 0; }
 Status cuda_copy_to_host(void*, const void*, size_t, int, void*) { return no_cuda(); }
+Status release_cached_memory_impl() { return Status::success(); }  // no CUDA: nothing is held
 
 }  // namespace flashattn::detail

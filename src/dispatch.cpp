@@ -131,6 +131,7 @@ bool built_with_cuda() {
 }
 
 int cuda_device_count() { return detail::cuda_device_count_impl(); }
+Status release_cached_memory() { return detail::release_cached_memory_impl(); }
 int cuda_compute_capability(int device_index) { return detail::cuda_compute_capability_impl(device_index); }
 const char* version() { return FLASHATTN_VERSION; }
 

@@ -85,6 +85,13 @@ BackendChoice choose_backend(const FwdParams& params, Backend requested, bool ba
 Status run_forward(const FwdParams& params, Backend backend = Backend::automatic);
 Status run_backward(const BwdParams& params, Backend backend = Backend::automatic);
 
+// The CUDA backends take their scratch memory (the backward's workspace, O(b·h·s·d) floats; a few bytes for
+// the Hopper forward) from one pool per device that the library keeps between calls, so repeated calls do not
+// map memory again; the pool holds at most the largest workspace used so far. This waits for each device's
+// work and returns the pools' unused memory to the driver (like torch.cuda.empty_cache()). Success without
+// CUDA.
+Status release_cached_memory();
+
 // Build information.
 bool built_with_cuda();
 int cuda_device_count();            // 0 without CUDA or without a device

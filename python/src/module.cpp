@@ -279,6 +279,10 @@ NB_MODULE(_C, m) {
   m.def("cuda_device_count", &flashattn::cuda_device_count, "CUDA devices visible (0 without CUDA).");
   m.def("cuda_compute_capability", &flashattn::cuda_compute_capability, "device_index"_a,
         "major * 10 + minor of a CUDA device, or 0.");
+  m.def(
+      "release_cached_memory", [] { throw_if_failed(flashattn::release_cached_memory()); },
+      "Waits for each device's work and returns the unused memory of the library's CUDA workspace pools to the "
+      "driver (like torch.cuda.empty_cache()).");
   m.def("version", &flashattn::version, "The library version.");
   m.attr("__version__") = flashattn::version();
 }

@@ -54,6 +54,23 @@ def test_current_stream_is_honoured(dtype):
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
+def test_workspace_pool_reuse_and_release(dtype):
+    """The backward's workspace comes from the library's pool: repeated calls (some after release_cached_memory)
+    give bitwise the same outputs and deterministic gradients."""
+    # 32 heads x 2 x 4 query blocks of hd 64: more tiles than an H200 has SMs, so the forward claims tiles.
+    q, k, v = (torch.randn(2, 700, 32, 64, dtype=dtype, device="cuda", requires_grad=True) for _ in range(3))
+    dout = torch.randn(2, 700, 32, 64, dtype=dtype, device="cuda")
+    grads = []
+    for release in (False, False, True, False):
+        out = flashattn.flash_attn_func(q, k, v, causal=True, deterministic=True)
+        grads.append((out.detach().clone(),) + torch.autograd.grad(out, (q, k, v), dout))
+        if release:
+            flashattn.release_cached_memory()
+    for g in grads[1:]:
+        for a, b in zip(grads[0], g):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_cuda_graph_capture(dtype):
     q, k, v = (torch.randn(2, 80, 4, 64, dtype=dtype, device="cuda", requires_grad=True) for _ in range(3))
     dout = torch.randn(2, 80, 4, 64, dtype=dtype, device="cuda")

@@ -2,8 +2,8 @@
 // of which instantiates it for fp16 and bf16 so that the buckets compile in parallel. On params.stream:
 //   1. memset dq_accum (non-deterministic mode)     2. bwd_preprocess_kernel (D = rowsum(dO∘O), LSE·log2e)
 //   3. bwd_dkdv_kernel (dK, dV; dQ atomics)          4. bwd_dq_convert_kernel, or bwd_dq_kernel (deterministic)
-// The workspace (D, LSE·log2e, and dq_accum unless deterministic) is taken with cudaMallocAsync and released with
-// cudaFreeAsync on the same stream, so the whole call is capturable in a CUDA graph.
+// The workspace (D, LSE·log2e, and dq_accum unless deterministic) comes from the library's stream-ordered pool
+// (cuda/workspace.h) and goes back to it on the same stream, so the whole call is capturable in a CUDA graph.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,6 +13,7 @@
 #include "backend.h"
 #include "cuda/check.h"
 #include "cuda/sm80/backward_args.cuh"
+#include "cuda/workspace.h"
 
 namespace flashattn::detail {
 
@@ -76,7 +77,10 @@ Status sm80_backward_launch(BwdKernelArgs a, const BwdParams& p, cudaStream_t st
   const size_t accum_elems = p.deterministic ? 0 : row_elems * size_t(kD);
   const size_t ws_bytes = (2 * row_padded + accum_elems) * sizeof(float);
   void* ws = nullptr;
-  if (ws_bytes > 0) FA_CUDA_TRY(cudaMallocAsync(&ws, ws_bytes, stream));
+  if (ws_bytes > 0) {
+    Status got = workspace_alloc(&ws, ws_bytes, p.device.index, stream);
+    if (!got.ok()) return got;
+  }
   a.dsum = static_cast<float*>(ws);
   a.lse_log2 = a.dsum + row_padded;
   a.dq_accum = accum_elems ? a.lse_log2 + row_padded : nullptr;
@@ -111,7 +115,7 @@ Status sm80_backward_launch(BwdKernelArgs a, const BwdParams& p, cudaStream_t st
     return Status::success();
   }();
   if (ws) {
-    Status freed = cuda_status(cudaFreeAsync(ws, stream), "cudaFreeAsync(backward workspace)");
+    Status freed = workspace_free(ws, stream);
     if (st.ok()) st = freed;
   }
   return st;

@@ -42,6 +42,7 @@
 #include "cuda/sm90/forward_tiles.cuh"
 #include "cuda/sm90/primitives_sm90.cuh"
 #include "cuda/sm90/tensor_map.h"
+#include "cuda/workspace.h"
 
 namespace flashattn::cuda::sm90 {
 namespace {
@@ -186,12 +187,13 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   auto kernel = cuda::sm90::forward_kernel<T, Cfg, kOverlap>;
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  // A persistent grid claims tiles from a counter: 4 bytes from the stream-ordered pool, zeroed and freed on
+  // A persistent grid claims tiles from a counter: 4 bytes of workspace (cuda/workspace.h), zeroed and freed on
   // the stream (capturable in a CUDA graph, and private to this call, so concurrent calls cannot interfere).
   a.tile_counter = nullptr;
   if (ctas < num_tiles) {
     void* counter = nullptr;
-    FA_CUDA_TRY(cudaMallocAsync(&counter, sizeof(unsigned), stream));
+    Status got = workspace_alloc(&counter, sizeof(unsigned), p.device.index, stream);
+    if (!got.ok()) return got;
     a.tile_counter = static_cast<unsigned*>(counter);
   }
   Status st = cuda_status(a.tile_counter ? cudaMemsetAsync(a.tile_counter, 0, sizeof(unsigned), stream)
@@ -202,7 +204,7 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
     st = cuda_status(cudaGetLastError(), "cuda_sm90 forward launch");
   }
   if (a.tile_counter) {
-    Status freed = cuda_status(cudaFreeAsync(a.tile_counter, stream), "cudaFreeAsync(sm90 tile counter)");
+    Status freed = workspace_free(a.tile_counter, stream);
     if (st.ok()) st = freed;
   }
   return st;
