@@ -149,3 +149,5 @@ if [ "${SM90_SKIP_SANITIZER:-0}" != 1 ]; then
 fi
 
 grep -E "^\[  (PASSED|FAILED) " "$OUT/tests.log" | tail -3
+# The device tool returns only a few files per call: the logs travel as one archive.
+(cd "$OUT" && tar czf logs.tgz --remove-files ./*.log 2>/dev/null)

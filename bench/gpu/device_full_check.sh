@@ -2,7 +2,7 @@
 # One device call that checks the whole project on a GPU: builds everything (library, CLI, C++ suites, Python
 # module) with 16 cores, runs every GPU test, memcheck on small cases, the Python suite on CUDA, the
 # side-by-side benchmark against PyTorch SDPA and the long-sequence memory check through the CLI.
-# Logs and results go to $OUT; a short summary is printed last.
+# Results go to $OUT (summary.txt, bench.*, the logs in logs.tgz); the summary is printed last.
 #
 #   bash bench/gpu/device_full_check.sh          (carry .gtest-src when the device has no googletest)
 #   FULL_QUICK=1   benchmark only S in {2k, 16k};  FULL_MEMCHECK=0 skips compute-sanitizer;
@@ -63,5 +63,9 @@ grep -E "RACECHECK SUMMARY|^\[  (PASSED|FAILED) " "$OUT/racecheck.log" | tee -a 
 fi
 
 echo "done ($(elapsed))" | tee -a "$summary"
+
+# The device tool returns only a few files per call: the logs travel as one archive beside the summary and the
+# benchmark's outputs.
+(cd "$OUT" && tar czf logs.tgz --remove-files ./*.log cli_128k.txt 2>/dev/null)
 
 echo; echo "================ SUMMARY"; cat "$summary"
