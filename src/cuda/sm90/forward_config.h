@@ -52,7 +52,8 @@ struct ForwardConfig {
   static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * kElemBytes;
   static_assert(kKVTileBytes % 1024 == 0, "sm90 forward: every tile starts on a 1024-byte swizzle atom");
-  // q_full, q_empty, k_full[], v_full[], empty[], empty_v[]; the tile ring's slots, tile_full[], tile_empty[].
+  // q_full, q_empty, k_full[], v_full[], empty[], empty_v[]; the tile ring's slots (4 bytes each, rounded up to
+  // 8 here), tile_full[], tile_empty[].
   static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages) + 8 * 3 * kTileRing;
   static constexpr int kAlignSlack = 1024;                     // the dynamic window rounded up to a swizzle atom
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVTileBytes + kBarrierBytes + kAlignSlack;

@@ -68,8 +68,9 @@ struct SharedStorage {
   __device__ uint64_t* empty_v() const { return empty() + Cfg::kStages; }
   // Persistent grid: kTileRing claimed tile numbers; full = the slot holds the next number, empty = every
   // reader has taken it.
+  static constexpr int kTileSlotWords = (kTileRing * int(sizeof(int)) + 7) / 8;  // the slots, in 8-byte words
   __device__ int* tile_slot() const { return reinterpret_cast<int*>(empty_v() + Cfg::kStages); }
-  __device__ uint64_t* tile_full() const { return reinterpret_cast<uint64_t*>(empty_v() + Cfg::kStages) + 1; }
+  __device__ uint64_t* tile_full() const { return empty_v() + Cfg::kStages + kTileSlotWords; }
   __device__ uint64_t* tile_empty() const { return tile_full() + kTileRing; }
 };
 
