@@ -1,4 +1,4 @@
-// Pieces shared by the GPU timing programs (forward_bench.cu, backward_bench.cu): error check, random bf16
+// Pieces shared by the GPU timing programs (forward_bench.cu, backward_bench.cu, bench_sm90_forward.cu): error check, random bf16
 // inputs generated on the device, and contiguous [b, s, h, d] views.
 #pragma once
 

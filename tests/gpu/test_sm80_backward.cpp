@@ -336,6 +336,14 @@ BwdCase base(DType dt, int64_t sq, int64_t sk, int64_t d) {
 
 class Sm80Backward : public ::testing::TestWithParam<DType> {};
 
+// Three varlen sequences: one with no queries, one with both, one with no keys (shared by the pipeline-path tests).
+BwdCase varlen_with_empty_sequences(DType t, int64_t d) {
+  BwdCase c = base(t, 0, 0, d);
+  c.lens_q = {0, 70, 200};
+  c.lens_k = {9, 130, 0};
+  return c;
+}
+
 // The case as given, then in deterministic mode (the separate dQ kernel).
 void run_case_both_modes(BwdCase c) {
   run_case(c);
@@ -485,9 +493,7 @@ TEST_P(Sm80Backward, SingleStagePipeline) {
     c.hq = 4, c.hkv = 2, c.stages = 1, c.causal = d == 128;
     run_case_both_modes(c);
   }
-  BwdCase c = base(GetParam(), 0, 0, 96);
-  c.lens_q = {0, 70, 200};
-  c.lens_k = {9, 130, 0};
+  BwdCase c = varlen_with_empty_sequences(GetParam(), 96);
   c.stages = 1, c.wl = 30, c.pad = 3;
   run_case(c);
 }
@@ -503,9 +509,7 @@ TEST_P(Sm80Backward, ConsumerGpuSharedMemory) {
     c.hq = 4, c.hkv = 2, c.smem_limit = kConsumerGpuSmem, c.causal = d % 64 == 0;
     run_case_both_modes(c);
   }
-  BwdCase c = base(GetParam(), 0, 0, 128);
-  c.lens_q = {0, 70, 200};
-  c.lens_k = {9, 130, 0};
+  BwdCase c = varlen_with_empty_sequences(GetParam(), 128);
   c.smem_limit = kConsumerGpuSmem, c.wl = 30, c.softcap = 5, c.pad = 3;
   run_case(c);
 

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -121,8 +122,6 @@ TEST_P(Sm90Forward, MatchesReference) {
     ASSERT_TRUE(st.ok()) << st.message;
   }
 
-  // The sm90 kernel called directly on each grid (dispatch runs the planned one): every case runs both the
-  // one-CTA-per-tile and the persistent tile sequence.
   o.poison();
   lse.poison();
   DeviceTensor dq(q), dk(k), dv(v), dout(o), dlse(lse);
@@ -146,13 +145,18 @@ TEST_P(Sm90Forward, MatchesReference) {
   ASSERT_TRUE(st.ok()) << st.message;
   st = detail::sm90_forward_supports(p);
   ASSERT_TRUE(st.ok()) << st.message;
-  for (detail::Sm90Grid grid : detail::kSm90Grids) {
-    SCOPED_TRACE(std::string("grid ") + detail::sm90_grid_name(grid));
+  // Each grid through the kernel's entry point, then once through the public entry point with automatic
+  // dispatch, which must pick cuda_sm90.
+  ASSERT_EQ(choose_backend(p, Backend::automatic, false).backend, Backend::cuda_sm90);
+  for (int run = 0; run <= int(std::size(detail::kSm90Grids)); ++run) {
+    const bool dispatched = run == int(std::size(detail::kSm90Grids));
+    SCOPED_TRACE(dispatched ? std::string("attention_forward (automatic)")
+                            : std::string("grid ") + detail::sm90_grid_name(detail::kSm90Grids[run]));
     o.poison();
     lse.poison();
     dout.upload(o);
     dlse.upload(lse);
-    st = detail::sm90_forward_run(p, grid);
+    st = dispatched ? attention_forward(a, opt) : detail::sm90_forward_run(p, detail::kSm90Grids[run]);
     ASSERT_TRUE(st.ok()) << st.message;
     FA_CUDA_CHECK(cudaDeviceSynchronize());
     dout.download(o);
@@ -224,51 +228,6 @@ TEST(Sm90ForwardSupport, ReportsWhyItDeclines) {
 
 namespace flashattn::test {
 namespace {
-
-// The public entry point with automatic backend choice runs the sm90 kernel on Hopper end to end.
-TEST(Sm90ForwardSupport, DispatchedForwardMatchesReference) {
-  FA_REQUIRE_GPU();
-  if (flashattn::cuda_compute_capability(0) != 90) GTEST_SKIP() << "needs compute capability 9.0";
-  HostTensor q(DType::bf16, {2, 300, 4, 128}), k(DType::bf16, {2, 300, 2, 128}), v(DType::bf16, {2, 300, 2, 128});
-  HostTensor o(DType::bf16, {2, 300, 4, 128}), lse(DType::f32, {2, 4, 300});
-  std::mt19937_64 rng(99);
-  q.fill_normal(rng);
-  k.fill_normal(rng);
-  v.fill_normal(rng);
-  HostTensor o_ref = o, lse_ref = lse;
-  AttentionOptions opt;
-  opt.causal = true;
-  {
-    ForwardArgs a;
-    a.q = q.view();
-    a.k = k.view();
-    a.v = v.view();
-    a.out = o_ref.view();
-    a.lse = lse_ref.view();
-    AttentionOptions ro = opt;
-    ro.backend = Backend::cpu_reference;
-    ASSERT_TRUE(attention_forward(a, ro).ok());
-  }
-  o.poison();
-  lse.poison();
-  DeviceTensor dq(q), dk(k), dv(v), dout(o), dlse(lse);
-  ForwardArgs a;
-  a.q = dq.view(q);
-  a.k = dk.view(k);
-  a.v = dv.view(v);
-  a.out = dout.view(o);
-  a.lse = dlse.view(lse);
-  FwdParams p;
-  ASSERT_TRUE(make_forward_params(a, opt, &p).ok());
-  ASSERT_EQ(choose_backend(p, Backend::automatic, false).backend, Backend::cuda_sm90);
-  const Status st = attention_forward(a, opt);
-  ASSERT_TRUE(st.ok()) << st.message;
-  FA_CUDA_CHECK(cudaDeviceSynchronize());
-  dout.download(o);
-  dlse.download(lse);
-  EXPECT_LT(relative_error(o.values(), o_ref.values()), 2 * unit_roundoff(DType::bf16));
-  EXPECT_LT(max_abs_error(lse.values(), lse_ref.values()), 1e-3);
-}
 
 // On Hopper, dispatch routes supported forwards to cuda_sm90 and says why it passes over it otherwise.
 TEST(Sm90ForwardSupport, DispatchPicksSm90OnHopper) {

@@ -15,35 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.cuh"
 #include "cuda/sm90/forward_sm90.h"
 #include "flashattn/flashattn.h"
-
-namespace {
-
-#define CHECK_CUDA(x)                                                                       \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "%s failed: %s\n", #x, cudaGetErrorString(e_));                  \
-      std::exit(1);                                                                         \
-    }                                                                                       \
-  } while (0)
-
-// Deterministic bf16 values in about [-2, 2): random data, never zeros (zeros run faster than real data).
-void fill_random_bf16(std::vector<uint16_t>& h, uint64_t seed) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (auto& v : h) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    const float f = float(int32_t(x >> 40) % 4096) / 1024.f;  // [-4, 4) in steps of 1/1024
-    uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    v = uint16_t((bits + 0x8000u) >> 16);
-  }
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   int iters = 20;
@@ -56,23 +30,19 @@ int main(int argc, char** argv) {
   }
   constexpr int64_t kTokens = 16384, kModelDim = 2048;
   const size_t elems = size_t(kTokens) * kModelDim;
-  std::vector<uint16_t> host(elems);
   void *q, *k, *v, *o;
   float* lse;
-  CHECK_CUDA(cudaMalloc(&q, elems * 2));
-  CHECK_CUDA(cudaMalloc(&k, elems * 2));
-  CHECK_CUDA(cudaMalloc(&v, elems * 2));
-  CHECK_CUDA(cudaMalloc(&o, elems * 2));
-  CHECK_CUDA(cudaMalloc(&lse, size_t(kTokens) * (kModelDim / 64) * sizeof(float)));
-  fill_random_bf16(host, 1);
-  CHECK_CUDA(cudaMemcpy(q, host.data(), elems * 2, cudaMemcpyHostToDevice));
-  fill_random_bf16(host, 2);
-  CHECK_CUDA(cudaMemcpy(k, host.data(), elems * 2, cudaMemcpyHostToDevice));
-  fill_random_bf16(host, 3);
-  CHECK_CUDA(cudaMemcpy(v, host.data(), elems * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMalloc(&q, elems * 2));
+  CHECK(cudaMalloc(&k, elems * 2));
+  CHECK(cudaMalloc(&v, elems * 2));
+  CHECK(cudaMalloc(&o, elems * 2));
+  CHECK(cudaMalloc(&lse, size_t(kTokens) * (kModelDim / 64) * sizeof(float)));
+  uint32_t seed = 1;
+  for (void* t : {q, k, v}) fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(t), elems, seed++);
+  CHECK(cudaGetLastError());
   cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
 
   std::printf(csv ? "grid,hd,seqlen,causal,ms,tflops\n" : "%20s %4s %6s %6s %9s %8s\n", "grid", "hd", "seqlen",
               "causal", "ms", "TFLOP/s");
@@ -82,14 +52,14 @@ int main(int argc, char** argv) {
     for (int64_t s : {2048, 4096, 8192, 16384})
       for (bool causal : {false, true}) {
         const int64_t b = kTokens / s, h = kModelDim / hd;
-        const int64_t shape[4] = {b, s, h, hd}, lse_shape[3] = {b, h, s};
-        flashattn::Device dev{flashattn::DeviceType::cuda, 0};
+        const int64_t lse_shape[3] = {b, h, s};
         flashattn::ForwardArgs a;
-        a.q = flashattn::make_contiguous_view(q, flashattn::DType::bf16, dev, 4, shape);
-        a.k = flashattn::make_contiguous_view(k, flashattn::DType::bf16, dev, 4, shape);
-        a.v = flashattn::make_contiguous_view(v, flashattn::DType::bf16, dev, 4, shape);
-        a.out = flashattn::make_contiguous_view(o, flashattn::DType::bf16, dev, 4, shape);
-        a.lse = flashattn::make_contiguous_view(lse, flashattn::DType::f32, dev, 3, lse_shape);
+        a.q = view4(q, b, s, h, hd);
+        a.k = view4(k, b, s, h, hd);
+        a.v = view4(v, b, s, h, hd);
+        a.out = view4(o, b, s, h, hd);
+        a.lse = flashattn::make_contiguous_view(lse, flashattn::DType::f32,
+                                                flashattn::Device{flashattn::DeviceType::cuda, 0}, 3, lse_shape);
         flashattn::AttentionOptions opt;
         opt.causal = causal;
         flashattn::FwdParams p;
@@ -104,18 +74,18 @@ int main(int argc, char** argv) {
                                           std::to_string(int(causal)))
           continue;
         for (int w = 0; w < 3; ++w) st = flashattn::detail::sm90_forward_run(p, grid);
-        CHECK_CUDA(cudaDeviceSynchronize());
+        CHECK(cudaDeviceSynchronize());
         std::vector<float> ms;
         for (int it = 0; it < iters && st.ok(); ++it) {
-          CHECK_CUDA(cudaEventRecord(start));
+          CHECK(cudaEventRecord(start));
           st = flashattn::detail::sm90_forward_run(p, grid);
-          CHECK_CUDA(cudaEventRecord(stop));
-          CHECK_CUDA(cudaEventSynchronize(stop));
+          CHECK(cudaEventRecord(stop));
+          CHECK(cudaEventSynchronize(stop));
           float t = 0;
-          CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
+          CHECK(cudaEventElapsedTime(&t, start, stop));
           ms.push_back(t);
         }
-        CHECK_CUDA(cudaGetLastError());
+        CHECK(cudaGetLastError());
         if (!st.ok()) {
           std::printf("hd %lld S %lld: %s\n", (long long)hd, (long long)s, st.message.c_str());
           continue;
