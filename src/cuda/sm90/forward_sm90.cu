@@ -132,10 +132,10 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   const int64_t m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int64_t num_tiles = m_blocks * p.heads_q * p.batch;
   if (num_tiles == 0) return Status::success();
-  const int64_t kMaxGrid = 2147483647;
   const bool persistent = grid == Sm90Grid::persistent || (grid == Sm90Grid::planned && Plan::kPersistent);
+  // num_tiles < 2^30 (sm90_forward_supports): a CTA per tile always fits the grid.
   const int64_t ctas = persistent ? std::min<int64_t>(num_tiles, device_attribute(cudaDevAttrMultiProcessorCount, 1))
-                                  : std::min<int64_t>(num_tiles, kMaxGrid);
+                                  : num_tiles;
   // In varlen the batch dimension has extent 1 and is never stepped; any valid stride will do.
   auto batch_stride = [&](int64_t s, int64_t row_stride, int64_t rows) {
     return varlen ? row_stride * std::max<int64_t>(rows, 1) : s;
