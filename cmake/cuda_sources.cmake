@@ -11,6 +11,7 @@ set(FLASHATTN_CUDA_SOURCES
   src/cuda/sm80/backward_hd64.cu
   src/cuda/sm80/backward_hd128.cu
   src/cuda/sm80/backward_hd256.cu
+  src/cuda/sm80/backward_rows.cu
   src/cuda/sm90/unavailable.cpp
 )
 
@@ -18,7 +19,8 @@ set(FLASHATTN_CUDA_SOURCES
 # object library for exactly that target, whatever CMAKE_CUDA_ARCHITECTURES says. They use CCCL's cuda::ptx
 # bulk tensor copies to shared::cta (CUDA >= 12.8); older toolkits build src/cuda/sm90/unavailable.cpp instead.
 if(CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.8)
-  add_library(flashattn_sm90a OBJECT ${CMAKE_CURRENT_LIST_DIR}/../src/cuda/sm90/forward_sm90.cu)
+  add_library(flashattn_sm90a OBJECT ${CMAKE_CURRENT_LIST_DIR}/../src/cuda/sm90/forward_sm90.cu
+              ${CMAKE_CURRENT_LIST_DIR}/../src/cuda/sm90/backward_sm90.cu)
   set_target_properties(flashattn_sm90a PROPERTIES CUDA_ARCHITECTURES 90a-real POSITION_INDEPENDENT_CODE ON)
   target_include_directories(flashattn_sm90a PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../include
                              ${CMAKE_CURRENT_LIST_DIR}/../src)

@@ -11,6 +11,7 @@ Status cuda_sm80_supports(const FwdParams&, bool) { return no_cuda(); }
 Status cuda_sm80_forward(const FwdParams&) { return no_cuda(); }
 Status cuda_sm80_backward(const BwdParams&) { return no_cuda(); }
 Status cuda_sm90_supports(const FwdParams&, bool) { return no_cuda(); }
+Status cuda_sm90_backward_supports(const BwdParams&) { return no_cuda(); }
 Status cuda_sm90_forward(const FwdParams&) { return no_cuda(); }
 Status cuda_sm90_backward(const BwdParams&) { return no_cuda(); }
 int cuda_device_count_impl() { return 0; }

@@ -32,7 +32,9 @@ namespace {
 
 bool on_cpu(const FwdParams& p) { return p.device.type == DeviceType::cpu; }
 
-Status supports(Backend b, const FwdParams& p, bool backward) {
+// bwd: the backward's params where the caller has them (they say more than the forward's: dout's layout, the
+// deterministic mode).
+Status supports(Backend b, const FwdParams& p, bool backward, const BwdParams* bwd) {
   switch (b) {
     case Backend::cpu_reference:
     case Backend::cpu_flash:
@@ -43,19 +45,17 @@ Status supports(Backend b, const FwdParams& p, bool backward) {
       return detail::cuda_sm80_supports(p, backward);
     case Backend::cuda_sm90:
       if (on_cpu(p)) return Status::unsupported("cuda_sm90 runs on CUDA tensors; these are on the CPU");
-      return detail::cuda_sm90_supports(p, backward);
+      return bwd ? detail::cuda_sm90_backward_supports(*bwd) : detail::cuda_sm90_supports(p, backward);
     case Backend::automatic: break;
   }
   return Status::invalid("backend: not a concrete backend");
 }
 
-}  // namespace
-
-BackendChoice choose_backend(const FwdParams& p, Backend requested, bool backward) {
+BackendChoice choose(const FwdParams& p, Backend requested, bool backward, const BwdParams* bwd) {
   BackendChoice c;
   if (requested != Backend::automatic) {
     c.backend = requested;
-    c.status = supports(requested, p, backward);
+    c.status = supports(requested, p, backward, bwd);
     c.reason = c.status.ok() ? std::string("requested explicitly") : c.status.message;
     return c;
   }
@@ -67,7 +67,7 @@ BackendChoice choose_backend(const FwdParams& p, Backend requested, bool backwar
   // CUDA: fastest first; record why each faster backend was passed over.
   std::string passed_over;
   for (Backend b : {Backend::cuda_sm90, Backend::cuda_sm80}) {
-    Status s = supports(b, p, backward);
+    Status s = supports(b, p, backward, bwd);
     if (s.ok()) {
       c.backend = b;
       c.reason = std::string(backend_name(b)) + " supports this call" +
@@ -81,6 +81,14 @@ BackendChoice choose_backend(const FwdParams& p, Backend requested, bool backwar
   c.reason = c.status.message;
   return c;
 }
+
+}  // namespace
+
+BackendChoice choose_backend(const FwdParams& p, Backend requested, bool backward) {
+  return choose(p, requested, backward, nullptr);
+}
+
+BackendChoice choose_backend(const BwdParams& p, Backend requested) { return choose(p, requested, true, &p); }
 
 Status run_forward(const FwdParams& p, Backend requested) {
   const BackendChoice c = choose_backend(p, requested, false);
@@ -96,7 +104,7 @@ Status run_forward(const FwdParams& p, Backend requested) {
 }
 
 Status run_backward(const BwdParams& p, Backend requested) {
-  const BackendChoice c = choose_backend(p, requested, true);
+  const BackendChoice c = choose_backend(p, requested);
   if (!c.status.ok()) return c.status;
   switch (c.backend) {
     case Backend::cpu_reference: return detail::cpu_reference_backward(p);

@@ -391,7 +391,7 @@ int run_command(const std::vector<std::string>& args) {
       std::fprintf(stderr, "flashattn run: %s\n", st.message.c_str());
       return 2;
     }
-    choice_bwd = choose_backend(bp, o.attn.backend, true);
+    choice_bwd = choose_backend(bp, o.attn.backend);
     run.reset_peak();
     st = run_backward(bp, o.attn.backend);
     run.synchronize();

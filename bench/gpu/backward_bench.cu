@@ -1,4 +1,4 @@
-// Times the sm80 backward through the public API on the issue-3 shapes: B·S = 16k tokens, H·D = 2048, bf16,
+// Times the CUDA backward through the public API on the issue-3 shapes: B·S = 16k tokens, H·D = 2048, bf16,
 // head dims 64/128/256, causal and not. FLOPs 2.5 × 4·B·H·S²·D, half for causal. Inputs are random (never
 // zeros); O is random and the LSE is the value a random-score row would have (log of its visible key count
 // + 1/2), so P has realistic magnitudes without depending on the forward kernel. Median of per-call event
@@ -6,6 +6,8 @@
 //
 //   nvcc -O2 -std=c++17 -arch=sm_90 -Iinclude bench/gpu/backward_bench.cu <build>/libflashattn.a \
 //     -Xcompiler -fopenmp -o backward_bench && ./backward_bench [S ...]
+// FA_BWD_BACKEND=cuda_sm80 (default) | cuda_sm90 | auto picks the backend; calls it does not support are listed
+// as such.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -28,9 +30,9 @@ __global__ void fill_lse(float* lse, int64_t rows, int64_t s, bool causal) {
   }
 }
 
-double time_backward(const BwdParams& p, int reps) {
+double time_backward(const BwdParams& p, Backend backend, int reps) {
   for (int i = 0; i < 2; ++i) {
-    Status st = run_backward(p, Backend::cuda_sm80);
+    Status st = run_backward(p, backend);
     if (!st.ok()) {
       std::fprintf(stderr, "%s\n", st.message.c_str());
       std::exit(1);
@@ -41,7 +43,7 @@ double time_backward(const BwdParams& p, int reps) {
   for (auto& e : ev) CHECK(cudaEventCreate(&e));
   for (int i = 0; i < reps; ++i) {
     CHECK(cudaEventRecord(ev[2 * i]));
-    run_backward(p, Backend::cuda_sm80);
+    run_backward(p, backend);
     CHECK(cudaEventRecord(ev[2 * i + 1]));
   }
   CHECK(cudaDeviceSynchronize());
@@ -57,6 +59,12 @@ int main(int argc, char** argv) {
   std::vector<int64_t> seqs;
   for (int i = 1; i < argc; ++i) seqs.push_back(std::atoll(argv[i]));
   if (seqs.empty()) seqs = {1024, 4096, 16384};
+  Backend backend = Backend::cuda_sm80;
+  const char* backend_env = std::getenv("FA_BWD_BACKEND");
+  if (backend_env && !parse_backend(backend_env, &backend)) {
+    std::fprintf(stderr, "FA_BWD_BACKEND: unknown backend %s\n", backend_env);
+    return 2;
+  }
   const int64_t tokens = 16384, hidden = 2048;
   const size_t n = size_t(tokens * hidden);  // elements of each of q, k, v, o, dout, dq, dk, dv (all shapes)
   void* buf[8];
@@ -68,7 +76,8 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&lse, size_t(tokens) * 256 * 4));
   CHECK(cudaGetLastError());
 
-  std::printf("| S | B | H | D | causal | mode | ms | TFLOP/s |\n|---|---|---|---|---|---|---|---|\n");
+  std::printf("backend %s\n| S | B | H | D | causal | mode | ms | TFLOP/s |\n|---|---|---|---|---|---|---|---|\n",
+              backend_name(backend));
   for (int64_t d : {64, 128, 256}) {
     for (int64_t s : seqs) {
       for (bool causal : {false, true}) {
@@ -86,14 +95,21 @@ int main(int argc, char** argv) {
           AttentionOptions opt;
           opt.causal = causal;
           opt.deterministic = det;
-          opt.backend = Backend::cuda_sm80;
+          opt.backend = backend;
           BwdParams p;
           Status st = make_backward_params(a, opt, &p);
           if (!st.ok()) {
             std::fprintf(stderr, "%s\n", st.message.c_str());
             return 1;
           }
-          const double ms = time_backward(p, det ? 5 : 20);
+          const BackendChoice choice = choose_backend(p, backend);
+          if (!choice.status.ok()) {
+            std::printf("| %lld | %lld | %lld | %lld | %d | %s | unsupported: %s | |\n", (long long)s, (long long)b,
+                        (long long)h, (long long)d, int(causal), det ? "deterministic" : "atomic dQ",
+                        choice.status.message.c_str());
+            continue;
+          }
+          const double ms = time_backward(p, backend, det ? 5 : 20);
           const double flops = 2.5 * 4.0 * b * h * double(s) * double(s) * d / (causal ? 2 : 1);
           std::printf("| %lld | %lld | %lld | %lld | %d | %s | %.3f | %.1f |\n", (long long)s, (long long)b,
                       (long long)h, (long long)d, int(causal), det ? "deterministic" : "atomic dQ", ms,

@@ -21,7 +21,7 @@ for f in /tmp/build-bwd/CMakeFiles/flashattn.dir/src/cuda/sm80/backward_hd*.o; d
   echo "== $f"; cuobjdump --dump-resource-usage "$f" | grep -E "Function|REG"
 done > "$OUT/resources.txt" 2>&1
 t=/tmp/build-bwd/tests/flashattn_gpu_tests
-timeout 240 $t --gtest_filter="${BWD_TESTS:-*Sm80Backward*}" > "$OUT/tests.log" 2>&1; echo "tests rc=$?" >> "$OUT/tests.log"
+timeout 240 $t --gtest_filter="${BWD_TESTS:-*GpuBackward*}" > "$OUT/tests.log" 2>&1; echo "tests rc=$?" >> "$OUT/tests.log"
 san=$OUT/sanitizer.log
 timeout 120 compute-sanitizer --tool memcheck $t --gtest_filter='*TinyAllPaths/bfloat16' > "$san" 2>&1
 timeout 120 compute-sanitizer --tool racecheck $t --gtest_filter='*TinyAllPaths/float16' >> "$san" 2>&1

@@ -78,8 +78,10 @@ Status attention_backward(const BackwardArgs& args, const AttentionOptions& opti
 Status make_forward_params(const ForwardArgs& args, const AttentionOptions& options, FwdParams* params);
 Status make_backward_params(const BackwardArgs& args, const AttentionOptions& options, BwdParams* params);
 
-// The backend choice for already validated params (`backward` selects for the backward pass).
+// The backend choice for already validated params (`backward` selects for the backward pass, judged from the
+// forward's params: dout laid out like out, not deterministic), and for a backward's own params.
 BackendChoice choose_backend(const FwdParams& params, Backend requested, bool backward);
+BackendChoice choose_backend(const BwdParams& params, Backend requested);
 
 // Run validated params on a backend (automatic allowed). No validation beyond backend support.
 Status run_forward(const FwdParams& params, Backend backend = Backend::automatic);

@@ -202,7 +202,7 @@ std::string backward(const In& dout, const In& q, const In& k, const In& v, cons
     flashattn::BwdParams p;
     st = flashattn::make_backward_params(a, o, &p);
     if (st.ok()) {
-      const flashattn::BackendChoice c = flashattn::choose_backend(p, o.backend, true);
+      const flashattn::BackendChoice c = flashattn::choose_backend(p, o.backend);
       st = c.status.ok() ? flashattn::run_backward(p, c.backend) : c.status;
       ran = c.backend;
     }

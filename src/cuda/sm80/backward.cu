@@ -10,9 +10,10 @@
 #include "cuda/sm80/backward_launch.cuh"
 
 namespace flashattn::detail {
-namespace {
 
 using cuda::sm80::BwdKernelArgs;
+
+namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -23,7 +24,10 @@ bool aligned(const void* p, int64_t bytes, int64_t elem_size, std::initializer_l
   return true;
 }
 
-BwdKernelArgs make_args(const BwdParams& p, int64_t rows_q) {
+}  // namespace
+
+BwdKernelArgs sm80_backward_args(const BwdParams& p) {
+  const int64_t rows_q = p.is_varlen() ? p.total_q : p.batch * p.seqlen_q;
   BwdKernelArgs a{};
   a.q = p.q, a.k = p.k, a.v = p.v, a.o = p.o, a.dout = p.dout, a.lse = p.lse;
   a.dq = p.dq, a.dk = p.dk, a.dv = p.dv;
@@ -49,6 +53,8 @@ BwdKernelArgs make_args(const BwdParams& p, int64_t rows_q) {
   a.causal = p.causal;
   a.window_left = p.window_left, a.window_right = p.window_right;
   a.rows_q = rows_q;
+  a.ws_head_stride = rows_q;
+  a.ws_seq_align = 1;
   a.accumulate_dq = !p.deterministic;
 
   constexpr int64_t e = 2;  // bytes per fp16 / bf16 element
@@ -61,8 +67,6 @@ BwdKernelArgs make_args(const BwdParams& p, int64_t rows_q) {
   a.pair_dv = aligned(p.dv, 4, e, {p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride});
   return a;
 }
-
-}  // namespace
 
 Status cuda_sm80_backward(const BwdParams& p) { return cuda_sm80_backward_staged(p, 0); }
 
@@ -80,8 +84,7 @@ Status cuda_sm80_backward_staged(const BwdParams& p, int stages, int smem_limit)
   FA_CUDA_TRY(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device.index));
   if (smem_limit > 0 && smem_limit < max_smem) max_smem = smem_limit;
 
-  const int64_t rows_q = p.is_varlen() ? p.total_q : p.batch * p.seqlen_q;
-  const BwdKernelArgs a = make_args(p, rows_q);
+  const BwdKernelArgs a = sm80_backward_args(p);
   auto stream = static_cast<cudaStream_t>(p.stream);
   // The smallest compiled bucket holding both head dims; columns past d (d_v) are zero-filled in the kernels.
   const int64_t d = p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/hd.h"
 #include "common/mask.h"
 
 namespace flashattn::cuda::sm80 {
@@ -43,13 +44,15 @@ struct BwdKernelArgs {
   bool causal;
   int64_t window_left, window_right;
 
-  // Workspace: D = rowsum(dO o O) and lse_log2, [heads_q][rows_q] each, and the fp32 dQ accumulator
-  // [heads_q][rows_q][dq_accum_ld].
+  // Workspace: D = rowsum(dO o O) and lse_log2, [heads_q][ws_head_stride] each, and the fp32 dQ accumulator
+  // [heads_q][ws_head_stride][dq_accum_ld] (rows_q of each head's ws_head_stride rows are used).
   // rows_q is batch * seqlen_q (padded) or total_q (varlen); a sequence's rows start at ws_row0 (below).
   float* dsum;
   float* lse_log2;  // [heads_q][rows_q]: LSE * log2(e), +inf for rows that saw no key
   float* dq_accum;
   int64_t rows_q;
+  int64_t ws_head_stride;  // rows per head in dsum, lse_log2 and dq_accum: rows_q, or more for alignment
+  int ws_seq_align;        // each sequence's rows start at a multiple of this in the workspace (ws_sequence_start)
   int dq_accum_ld;
   bool accumulate_dq;  // false in deterministic mode: the dQ pass recomputes instead
   int stages;          // pipeline depth of the streamed tiles (Q/dO or K/V): 1 or 2
@@ -58,6 +61,15 @@ struct BwdKernelArgs {
   bool vec_q, vec_k, vec_v, vec_do;
   bool pair_dq, pair_dk, pair_dv;
 };
+
+// First workspace row of batch entry b whose rows start at row `start` of the tensors (packed or b * seqlen_q):
+// `start` itself with align 1 (the sm80 kernels), else rounded down to a multiple of `align` after b * align
+// rows of slack, so that every sequence starts aligned (the Hopper backward loads LSE and D with TMA, whose
+// box starts must be 16-byte aligned) and sequences do not overlap: entry b + 1 starts at least
+// align * (floor(len_b / align) + 1) > len_b rows later. Rows used: at most rows_q + batch * align.
+FA_HD int64_t ws_sequence_start(int64_t start, int64_t b, int align) {
+  return align == 1 ? start : (start + b * align) / align * align;
+}
 
 // Where batch entry b lives: packed offsets in varlen mode, b * seqlen otherwise.
 struct SeqExtent {
@@ -73,13 +85,13 @@ __device__ __forceinline__ SeqExtent seq_extent(const BwdKernelArgs& a, int b) {
     const int k0 = a.cu_seqlens_k[b], k1 = a.cu_seqlens_k[b + 1];
     e.start_q = q0;
     e.start_k = k0;
-    e.ws_row0 = q0;
+    e.ws_row0 = ws_sequence_start(q0, b, a.ws_seq_align);
     e.len_q = q1 - q0;
     e.len_k = k1 - k0;
   } else {
     e.start_q = 0;
     e.start_k = 0;
-    e.ws_row0 = int64_t(b) * a.seqlen_q;
+    e.ws_row0 = ws_sequence_start(int64_t(b) * a.seqlen_q, b, a.ws_seq_align);
     e.len_q = a.seqlen_q;
     e.len_k = a.seqlen_k;
   }

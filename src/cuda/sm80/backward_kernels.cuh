@@ -56,11 +56,11 @@ __device__ __forceinline__ T to_elem(float x) {
 // stored as +inf, which makes every exp2(s - lse) exactly 0, so such a row contributes nothing (no NaN from
 // -inf - -inf). Rows past the end of the sequence get the same treatment, so tails need no per-element test.
 __device__ __forceinline__ float lse_log2_of(const BwdKernelArgs& a, const SeqExtent& seq, int h, int row) {
-  return row < seq.len_q ? a.lse_log2[h * a.rows_q + seq.ws_row0 + row] : INFINITY;
+  return row < seq.len_q ? a.lse_log2[h * a.ws_head_stride + seq.ws_row0 + row] : INFINITY;
 }
 
 __device__ __forceinline__ float dsum_of(const BwdKernelArgs& a, const SeqExtent& seq, int h, int row) {
-  return row < seq.len_q ? a.dsum[h * a.rows_q + seq.ws_row0 + row] : 0.f;
+  return row < seq.len_q ? a.dsum[h * a.ws_head_stride + seq.ws_row0 + row] : 0.f;
 }
 
 // One query block against one key block, for one warp's S/dP sub-tile (rows row0.., keys col0.. of the tile
@@ -195,12 +195,25 @@ __device__ __forceinline__ void store_acc(const float (&acc)[MI][NI][4], float m
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// The (query head h, workspace row r) that one warp of the row-wise kernels owns, with the row's batch entry b
-// and position i for addressing the tensors. Padded: r = b * seqlen_q + i. Varlen: r is the packed row, b = 0.
+// The (query head h, query row r) that one warp of the row-wise kernels owns, with the row's batch entry b and
+// position i for addressing the tensors (padded: r = b * seqlen_q + i; varlen: r is the packed row, b = 0) and
+// its workspace row ws (ws_sequence_start; r itself when sequences are not realigned).
 struct WarpRow {
   int h, lane;
-  int64_t r, b, i;
+  int64_t r, b, i, ws;
 };
+// The batch entry whose packed rows hold row r: the last b with cu[b] <= r (empty entries share a start).
+__device__ __forceinline__ int batch_of_packed_row(const int32_t* cu, int batch, int64_t r) {
+  int lo = 0, hi = batch;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (cu[mid] <= r)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
 __device__ __forceinline__ bool warp_row(const BwdKernelArgs& a, WarpRow* w) {
   const int64_t warp_id = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   if (warp_id >= a.rows_q * a.heads_q) return false;
@@ -209,6 +222,15 @@ __device__ __forceinline__ bool warp_row(const BwdKernelArgs& a, WarpRow* w) {
   w->r = warp_id / a.heads_q;
   w->b = a.cu_seqlens_q ? 0 : w->r / a.seqlen_q;
   w->i = a.cu_seqlens_q ? w->r : w->r % a.seqlen_q;
+  w->ws = w->r;
+  if (a.ws_seq_align != 1) {
+    if (a.cu_seqlens_q) {
+      const int b = batch_of_packed_row(a.cu_seqlens_q, a.batch, w->r);
+      w->ws = ws_sequence_start(a.cu_seqlens_q[b], b, a.ws_seq_align) + (w->r - a.cu_seqlens_q[b]);
+    } else {
+      w->ws = ws_sequence_start(w->b * a.seqlen_q, w->b, a.ws_seq_align) + w->i;
+    }
+  }
   return true;
 }
 
@@ -217,7 +239,7 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdKernelArgs
   WarpRow w;
   if (!warp_row(a, &w)) return;
   const int h = w.h, lane = w.lane;
-  const int64_t r = w.r, b = w.b, i = w.i;
+  const int64_t r = w.ws, b = w.b, i = w.i;
   const T* o = static_cast<const T*>(a.o) + b * a.o_batch_stride + i * a.o_row_stride + h * a.o_head_stride;
   const T* d = static_cast<const T*>(a.dout) + b * a.do_batch_stride + i * a.do_row_stride + h * a.do_head_stride;
   float acc = 0.f;
@@ -225,9 +247,9 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdKernelArgs
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (lane == 0) {
-    a.dsum[h * a.rows_q + r] = acc;
+    a.dsum[h * a.ws_head_stride + r] = acc;
     const float lse = a.lse[b * a.lse_batch_stride + h * a.lse_head_stride + i];
-    a.lse_log2[h * a.rows_q + r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    a.lse_log2[h * a.ws_head_stride + r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
   }
 }
 
@@ -236,9 +258,9 @@ __global__ void __launch_bounds__(256) bwd_dq_convert_kernel(const BwdKernelArgs
   WarpRow w;
   if (!warp_row(a, &w)) return;
   const int h = w.h, lane = w.lane;
-  const int64_t r = w.r, b = w.b, i = w.i;
+  const int64_t r = w.ws, b = w.b, i = w.i;
   T* dq = static_cast<T*>(a.dq) + b * a.dq_batch_stride + i * a.dq_row_stride + h * a.dq_head_stride;
-  const float* src = a.dq_accum + (h * a.rows_q + r) * a.dq_accum_ld;
+  const float* src = a.dq_accum + (h * a.ws_head_stride + r) * a.dq_accum_ld;
   for (int c = lane; c < a.head_dim; c += 32) dq[c] = to_elem<T>(src[c] * a.scale);
 }
 
@@ -318,7 +340,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKerne
     }
     if (tid < 2 * kM) {
       // A row past the end reads row m0 (which exists) and is zero-filled.
-      const float* src = vec_src + h * a.rows_q + m0;
+      const float* src = vec_src + h * a.ws_head_stride + m0;
       const bool valid = m0 + vec_row < seq.len_q;
       cp_async_4(vec_dst + stage * kM, valid ? src : src - vec_row, valid);
     }
@@ -398,7 +420,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKerne
         warp_mma<T, kMiQ, kNiQ, kN / 16, false, true>(acc_dq, sdS + q_row0 * kLdN, kLdN, sK + q_col0, kLdD, lane);
         // The workspace rows are kD floats apart (backward_launch.cuh), a compile-time pitch: every reduction of
         // a lane addresses one base register plus an immediate offset.
-        float* dq_lane = a.dq_accum + (h * a.rows_q + seq.ws_row0 + m0 + q_row0) * kD + q_col0 +
+        float* dq_lane = a.dq_accum + (h * a.ws_head_stride + seq.ws_row0 + m0 + q_row0) * kD + q_col0 +
                          acc_row(0, 0, lane) * kD + acc_col(0, lane);
         const int rows_left = seq.len_q - m0 - q_row0 - acc_row(0, 0, lane);
 #pragma unroll

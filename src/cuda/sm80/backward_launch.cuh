@@ -2,6 +2,7 @@
 // of which instantiates it for fp16 and bf16 so that the buckets compile in parallel. On params.stream:
 //   1. memset dq_accum (non-deterministic mode)     2. bwd_preprocess_kernel (D = rowsum(dO∘O), LSE·log2e)
 //   3. bwd_dkdv_kernel (dK, dV; dQ atomics)          4. bwd_dq_convert_kernel, or bwd_dq_kernel (deterministic)
+// (2 and 4 through backward_rows.cu's launchers, which the Hopper backward shares.)
 // The workspace (D, LSE·log2e, and dq_accum unless deterministic) comes from the library's stream-ordered pool
 // (cuda/workspace.h) and goes back to it on the same stream, so the whole call is capturable in a CUDA graph.
 #pragma once
@@ -22,6 +23,14 @@ namespace flashattn::detail {
 // a shared-memory budget: 0 = the device's, less to run the tiles of a smaller GPU (tests: 99 KB).
 Status cuda_sm80_backward_staged(const BwdParams& p, int stages, int smem_limit = 0);
 
+// BwdParams narrowed to the kernels' arguments (workspace pointers left null, ws_head_stride = rows_q).
+cuda::sm80::BwdKernelArgs sm80_backward_args(const BwdParams& p);
+
+// The row-wise kernels around a backward's main kernel (backward_rows.cu): D = rowsum(dO∘O) and LSE·log2e into
+// the workspace, and dQ = dq_accum·scale written as the dtype. Asynchronous on `stream`.
+Status sm80_backward_preprocess(const cuda::sm80::BwdKernelArgs& a, DType dtype, cudaStream_t stream);
+Status sm80_backward_dq_convert(const cuda::sm80::BwdKernelArgs& a, DType dtype, cudaStream_t stream);
+
 // One per head-dim bucket (both dtypes), defined in backward_hd<bucket>.cu.
 Status sm80_backward_hd64(const cuda::sm80::BwdKernelArgs& a, const BwdParams& p, cudaStream_t s, int max_smem,
                           int stages);
@@ -40,8 +49,6 @@ namespace flashattn::detail {
 using cuda::sm80::BwdConfig;
 using cuda::sm80::BwdKernelArgs;
 using cuda::sm80::kBwdThreads;
-
-inline unsigned blocks_for_warps(int64_t warps) { return unsigned((warps * 32 + 255) / 256); }
 
 // Shared memory one call needs with `stages` pipeline stages: the main kernel's, or the deterministic dQ
 // kernel's where that is larger.
@@ -88,11 +95,8 @@ Status sm80_backward_launch(BwdKernelArgs a, const BwdParams& p, cudaStream_t st
 
   Status st = [&]() -> Status {
     if (accum_elems) FA_CUDA_TRY(cudaMemsetAsync(a.dq_accum, 0, accum_elems * sizeof(float), stream));
-    const int64_t row_warps = a.rows_q * p.heads_q;
-    if (row_warps > 0) {
-      cuda::sm80::bwd_preprocess_kernel<T><<<blocks_for_warps(row_warps), 256, 0, stream>>>(a);
-      FA_CUDA_TRY(cudaGetLastError());
-    }
+    Status pre = sm80_backward_preprocess(a, p.dtype, stream);
+    if (!pre.ok()) return pre;
     if (n_key_blocks > 0 && p.batch > 0) {
       auto kernel = cuda::sm80::bwd_dkdv_kernel<T, kD, kCompact>;
       FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, main_bytes));
@@ -108,11 +112,9 @@ Status sm80_backward_launch(BwdKernelArgs a, const BwdParams& p, cudaStream_t st
         kernel<<<grid, kBwdThreads, dq_bytes, stream>>>(a);
         FA_CUDA_TRY(cudaGetLastError());
       }
-    } else if (row_warps > 0) {
-      cuda::sm80::bwd_dq_convert_kernel<T><<<blocks_for_warps(row_warps), 256, 0, stream>>>(a);
-      FA_CUDA_TRY(cudaGetLastError());
+      return Status::success();
     }
-    return Status::success();
+    return sm80_backward_dq_convert(a, p.dtype, stream);
   }();
   if (ws) {
     Status freed = workspace_free(ws, stream);

@@ -147,21 +147,4 @@ __device__ __forceinline__ void load_full_tile(T* smem, int ld, const T* gmem, i
   }
 }
 
-// dQ accumulation into fp32 global memory: dst[0] += x, dst[1] += y where `pred`, as one vector reduction
-// where the hardware has it (sm_90: red.global.add.v2.f32), else two scalar ones. The test is a predicate on the
-// reduction itself rather than a branch around it, so a tile's reductions stay in one block of straight-line
-// code that the compiler can interleave with the surrounding mma.sync.
-__device__ __forceinline__ void atomic_add_pair_if(float* dst, float x, float y, bool pred) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n @p red.global.add.v2.f32 [%0], {%1, %2};\n}\n" ::"l"(dst),
-      "f"(x), "f"(y), "r"(int(pred)));
-#else
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n @p red.global.add.f32 [%0], %1;\n @p red.global.add.f32 [%0+4], "
-      "%2;\n}\n" ::"l"(dst),
-      "f"(x), "f"(y), "r"(int(pred)));
-#endif
-}
-
 }  // namespace flashattn::cuda::sm80

@@ -75,6 +75,8 @@ __device__ __forceinline__ void fence_registers(uint32_t (&r)[kN]) {
   for (int i = 0; i < kN; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
+#define FA_SM90_ACC_REGS_16 "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" "}"
 #define FA_SM90_ACC_REGS_32 "{" \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" "}"
@@ -107,6 +109,7 @@ __device__ __forceinline__ void fence_registers(uint32_t (&r)[kN]) {
 #define FA_SM90_D8(d, i) \
   "+f"(d[(i) + 0]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]), "+f"(d[(i) + 5]), \
       "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
+#define FA_SM90_D16(d) FA_SM90_D8(d, 0), FA_SM90_D8(d, 8)
 #define FA_SM90_D32(d, i) FA_SM90_D8(d, (i)), FA_SM90_D8(d, (i) + 8), FA_SM90_D8(d, (i) + 16), FA_SM90_D8(d, (i) + 24)
 #define FA_SM90_D64(d) FA_SM90_D32(d, 0), FA_SM90_D32(d, 32)
 #define FA_SM90_D40(d) FA_SM90_D32(d, 0), FA_SM90_D8(d, 32)
@@ -115,55 +118,65 @@ __device__ __forceinline__ void fence_registers(uint32_t (&r)[kN]) {
 
 // Operand numbers follow the accumulators: SS takes (desc_a, desc_b, accumulate, trans_b), RS takes
 // (a0..a3, desc_b, accumulate, trans_b). `accumulate` = 0 overwrites D (the first product of a sum).
-#define FA_SM90_WGMMA_SS(N, TYPE, ACC, DA, DB, SCALE, TRANS)                                            \
+#define FA_SM90_WGMMA_SS(N, TYPE, ACC, DA, DB, SCALE, TRANS, TRANSA)                                    \
   "{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE ", 0;\n"                                                     \
-  "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TYPE "." TYPE " " ACC ", " DA ", " DB ", p, 1, 1, 0, " \
-  TRANS ";\n}\n"
+  "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TYPE "." TYPE " " ACC ", " DA ", " DB ", p, 1, 1, "    \
+  TRANSA ", " TRANS ";\n}\n"
 #define FA_SM90_WGMMA_RS(N, TYPE, ACC, A, DB, SCALE, TRANS)                                       \
   "{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE ", 0;\n"                                              \
   "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TYPE "." TYPE " " ACC ", " A ", " DB ", p, 1, 1, " \
   TRANS ";\n}\n"
 
-// D(64 x N) (+)= A(64 x 16, shared, K-major) * B(16 x N, shared; K-major if kTransB == 0, N-major if 1).
-template <typename T, int N, int kTransB>
+// D(64 x N) (+)= A(64 x 16, shared; K-major if kTransA == 0, M-major if 1) * B(16 x N, shared; K-major if
+// kTransB == 0, N-major if 1). The M-major A serves products whose left operand is stored transposed (the
+// backward's dQ = dS K, with dS kept as dSᵀ).
+template <typename T, int N, int kTransB, int kTransA = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  static_assert(N == 64 || N == 80 || N == 128 || N == 176 || N == 256, "wgmma_ss: N must be 64, 80, 128, 176 or 256");
+  static_assert(N == 32 || N == 64 || N == 80 || N == 128 || N == 176 || N == 256,
+                "wgmma_ss: N must be 32, 64, 80, 128, 176 or 256");
   const uint32_t acc = accumulate ? 1u : 0u;
-  if constexpr (N == 80) {
+  if constexpr (N == 32) {
     if constexpr (ElementTraits<T>::is_bf16)
-      asm volatile(FA_SM90_WGMMA_SS("80", "bf16", FA_SM90_ACC_REGS_40, "%40", "%41", "%42", "%43")
-                   : FA_SM90_D40(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB));
+      asm volatile(FA_SM90_WGMMA_SS("32", "bf16", FA_SM90_ACC_REGS_16, "%16", "%17", "%18", "%19", "%20")
+                   : FA_SM90_D16(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
     else
-      asm volatile(FA_SM90_WGMMA_SS("80", "f16", FA_SM90_ACC_REGS_40, "%40", "%41", "%42", "%43")
-                   : FA_SM90_D40(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB));
+      asm volatile(FA_SM90_WGMMA_SS("32", "f16", FA_SM90_ACC_REGS_16, "%16", "%17", "%18", "%19", "%20")
+                   : FA_SM90_D16(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
+  } else if constexpr (N == 80) {
+    if constexpr (ElementTraits<T>::is_bf16)
+      asm volatile(FA_SM90_WGMMA_SS("80", "bf16", FA_SM90_ACC_REGS_40, "%40", "%41", "%42", "%43", "%44")
+                   : FA_SM90_D40(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
+    else
+      asm volatile(FA_SM90_WGMMA_SS("80", "f16", FA_SM90_ACC_REGS_40, "%40", "%41", "%42", "%43", "%44")
+                   : FA_SM90_D40(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
   } else if constexpr (N == 176) {
     if constexpr (ElementTraits<T>::is_bf16)
-      asm volatile(FA_SM90_WGMMA_SS("176", "bf16", FA_SM90_ACC_REGS_88, "%88", "%89", "%90", "%91")
-                   : FA_SM90_D88(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB));
+      asm volatile(FA_SM90_WGMMA_SS("176", "bf16", FA_SM90_ACC_REGS_88, "%88", "%89", "%90", "%91", "%92")
+                   : FA_SM90_D88(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
     else
-      asm volatile(FA_SM90_WGMMA_SS("176", "f16", FA_SM90_ACC_REGS_88, "%88", "%89", "%90", "%91")
-                   : FA_SM90_D88(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB));
+      asm volatile(FA_SM90_WGMMA_SS("176", "f16", FA_SM90_ACC_REGS_88, "%88", "%89", "%90", "%91", "%92")
+                   : FA_SM90_D88(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
   } else if constexpr (N == 64) {
     if constexpr (ElementTraits<T>::is_bf16)
-      asm volatile(FA_SM90_WGMMA_SS("64", "bf16", FA_SM90_ACC_REGS_32, "%32", "%33", "%34", "%35")
-                   : FA_SM90_D32(d, 0) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB));
+      asm volatile(FA_SM90_WGMMA_SS("64", "bf16", FA_SM90_ACC_REGS_32, "%32", "%33", "%34", "%35", "%36")
+                   : FA_SM90_D32(d, 0) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
     else
-      asm volatile(FA_SM90_WGMMA_SS("64", "f16", FA_SM90_ACC_REGS_32, "%32", "%33", "%34", "%35")
-                   : FA_SM90_D32(d, 0) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB));
+      asm volatile(FA_SM90_WGMMA_SS("64", "f16", FA_SM90_ACC_REGS_32, "%32", "%33", "%34", "%35", "%36")
+                   : FA_SM90_D32(d, 0) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
   } else if constexpr (N == 128) {
     if constexpr (ElementTraits<T>::is_bf16)
-      asm volatile(FA_SM90_WGMMA_SS("128", "bf16", FA_SM90_ACC_REGS_64, "%64", "%65", "%66", "%67")
-                   : FA_SM90_D64(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB));
+      asm volatile(FA_SM90_WGMMA_SS("128", "bf16", FA_SM90_ACC_REGS_64, "%64", "%65", "%66", "%67", "%68")
+                   : FA_SM90_D64(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
     else
-      asm volatile(FA_SM90_WGMMA_SS("128", "f16", FA_SM90_ACC_REGS_64, "%64", "%65", "%66", "%67")
-                   : FA_SM90_D64(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB));
+      asm volatile(FA_SM90_WGMMA_SS("128", "f16", FA_SM90_ACC_REGS_64, "%64", "%65", "%66", "%67", "%68")
+                   : FA_SM90_D64(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
   } else {
     if constexpr (ElementTraits<T>::is_bf16)
-      asm volatile(FA_SM90_WGMMA_SS("256", "bf16", FA_SM90_ACC_REGS_128, "%128", "%129", "%130", "%131")
-                   : FA_SM90_D128(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB));
+      asm volatile(FA_SM90_WGMMA_SS("256", "bf16", FA_SM90_ACC_REGS_128, "%128", "%129", "%130", "%131", "%132")
+                   : FA_SM90_D128(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
     else
-      asm volatile(FA_SM90_WGMMA_SS("256", "f16", FA_SM90_ACC_REGS_128, "%128", "%129", "%130", "%131")
-                   : FA_SM90_D128(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB));
+      asm volatile(FA_SM90_WGMMA_SS("256", "f16", FA_SM90_ACC_REGS_128, "%128", "%129", "%130", "%131", "%132")
+                   : FA_SM90_D128(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
   }
 }
 
@@ -286,6 +299,12 @@ __device__ __forceinline__ void fence_async_shared() { ::cuda::ptx::fence_proxy_
 __device__ __forceinline__ void tma_load_4d(void* smem_dst, const void* map, int c0, int c1, int c2, int c3,
                                             uint64_t* bar) {
   const int32_t coords[4] = {c0, c1, c2, c3};
+  ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_shared, ::cuda::ptx::space_global, smem_dst, map, coords,
+                                    bar);
+}
+
+__device__ __forceinline__ void tma_load_2d(void* smem_dst, const void* map, int c0, int c1, uint64_t* bar) {
+  const int32_t coords[2] = {c0, c1};
   ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_shared, ::cuda::ptx::space_global, smem_dst, map, coords,
                                     bar);
 }

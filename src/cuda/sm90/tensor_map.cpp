@@ -61,4 +61,25 @@ Status make_tensor_map_sw128(CUtensorMap* map, const void* base, DType dtype, co
   return Status::success();
 }
 
+Status make_tensor_map_f32_rows(CUtensorMap* map, const float* base, int64_t rows, int64_t heads,
+                                int64_t head_stride, int box_rows) {
+  if ((reinterpret_cast<uintptr_t>(base) & 15) != 0)
+    return Status::unsupported("cuda_sm90: row-value base address not 16-byte aligned");
+  if (head_stride % 4 != 0) return Status::unsupported("cuda_sm90: row-value head stride not a multiple of 16 bytes");
+  if (box_rows < 1 || box_rows > 256) return Status::unsupported("cuda_sm90: TMA box rows must be in 1..256");
+  Status st;
+  PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn(&st);
+  if (!fn) return st;
+  const cuuint64_t gdim[2] = {cuuint64_t(rows < 1 ? 1 : rows), cuuint64_t(heads < 1 ? 1 : heads)};
+  const cuuint64_t gstride[1] = {cuuint64_t(head_stride) * sizeof(float)};
+  const cuuint32_t box[2] = {cuuint32_t(box_rows), 1};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(base), gdim, gstride, box,
+                        elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                        CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return Status::device("cuda_sm90: cuTensorMapEncodeTiled (fp32 rows) failed with CUresult " + std::to_string(int(r)));
+  return Status::success();
+}
+
 }  // namespace flashattn::detail

@@ -19,4 +19,10 @@ namespace flashattn::detail {
 Status make_tensor_map_sw128(CUtensorMap* map, const void* base, DType dtype, const int64_t dims[4],
                              const int64_t strides[3], int box_rows);
 
+// A rank-2 map over per-row fp32 values stored [heads][head_stride] (the backward's LSE and D), for boxes of
+// `box_rows` consecutive rows of one head, unswizzled. Requires a 16-byte aligned base and head_stride a multiple
+// of 4; rows past `rows` arrive as zeros.
+Status make_tensor_map_f32_rows(CUtensorMap* map, const float* base, int64_t rows, int64_t heads,
+                                int64_t head_stride, int box_rows);
+
 }  // namespace flashattn::detail

@@ -1,4 +1,6 @@
-// GPU tests of the sm80 backward (src/cuda/sm80/backward*.cu[h]) against the CPU reference.
+// GPU tests of the CUDA backward against the CPU reference: the sm80 kernels (src/cuda/sm80/backward*.cu[h])
+// forced, and whatever dispatch picks (on Hopper the sm90 kernel, src/cuda/sm90/backward_sm90.cu, for the calls
+// it supports; each such case also checks that dispatch did pick it).
 //
 // O and LSE come from the CPU reference forward (so these tests do not depend on the GPU forward). The oracle
 // is the reference backward in float64 on the same rounded inputs. The tolerance follows FlashAttention's
@@ -12,6 +14,7 @@
 #include <cstring>
 #include <random>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include "common/host_tensor.h"
@@ -35,6 +38,7 @@ struct BwdCase {
   bool deterministic = false;
   int stages = 0;  // pipeline depth forced on the kernels (0: what the device's shared memory allows)
   int smem_limit = 0;  // > 0: run as if a block could use only this much shared memory (compact tiles)
+  Backend backend = Backend::cuda_sm80;  // or automatic: what dispatch picks
   uint64_t seed = 1;
 
   bool varlen() const { return !lens_q.empty(); }
@@ -43,7 +47,7 @@ struct BwdCase {
     os << dtype_name(dtype) << " b" << batch << " sq" << sq << " sk" << sk << " h" << hq << "/" << hkv << " d" << d
        << "/" << dv << (causal ? " causal" : "") << " win(" << wl << "," << wr << ")" << " cap" << softcap
        << (bhsd ? " bhsd" : "") << " pad" << pad << (varlen() ? " varlen" : "") << (deterministic ? " det" : "") << " stages" << stages
-       << " smem" << smem_limit;
+       << " smem" << smem_limit << " " << backend_name(backend);
     return os.str();
   }
 };
@@ -245,8 +249,23 @@ Err error_of(const HostTensor& x, const HostTensor& ref) {
   return e;
 }
 
+// Whether dispatch must pick the Hopper backward for the case (backward_sm90.cu's preconditions).
+bool sm90_expected(const BwdCase& c) {
+  return c.backend == Backend::automatic && cuda_compute_capability(0) == 90 && c.d == c.dv &&
+         (c.d == 64 || c.d == 128) && !c.deterministic && c.pad % 8 == 0;
+}
+
 Status run_gpu(const BwdCase& c, const BackwardArgs& ga) {
-  if (c.stages == 0 && c.smem_limit == 0) return attention_backward(ga, options(c, Backend::cuda_sm80));
+  if (c.stages == 0 && c.smem_limit == 0) {
+    if (sm90_expected(c)) {
+      BwdParams params;
+      Status st = make_backward_params(ga, options(c, c.backend), &params);
+      if (!st.ok()) return st;
+      const BackendChoice choice = choose_backend(params, c.backend);
+      EXPECT_EQ(choice.backend, Backend::cuda_sm90) << choice.reason;
+    }
+    return attention_backward(ga, options(c, c.backend));
+  }
   BwdParams params;
   Status st = make_backward_params(ga, options(c, Backend::cuda_sm80), &params);
   return st.ok() ? detail::cuda_sm80_backward_staged(params, c.stages, c.smem_limit) : st;
@@ -327,17 +346,25 @@ void run_case(const BwdCase& c) {
   }
 }
 
-BwdCase base(DType dt, int64_t sq, int64_t sk, int64_t d) {
+// The suite's parameter: dtype, and the sm80 kernels forced or what dispatch picks.
+using Path = std::tuple<DType, Backend>;
+
+BwdCase base(const Path& path, int64_t sq, int64_t sk, int64_t d) {
   BwdCase c;
-  c.dtype = dt, c.sq = sq, c.sk = sk, c.d = d, c.dv = d;
+  c.dtype = std::get<0>(path), c.backend = std::get<1>(path);
+  c.sq = sq, c.sk = sk, c.d = d, c.dv = d;
   c.seed = uint64_t(sq * 1000003 + sk * 131 + d);
   return c;
 }
 
-class Sm80Backward : public ::testing::TestWithParam<DType> {};
+class GpuBackward : public ::testing::TestWithParam<Path> {
+ protected:
+  // Tests of the sm80 kernels' own machinery (pipeline depth, shared-memory budget) run only where it is forced.
+  bool sm80_forced() const { return std::get<1>(GetParam()) == Backend::cuda_sm80; }
+};
 
 // Three varlen sequences: one with no queries, one with both, one with no keys (shared by the pipeline-path tests).
-BwdCase varlen_with_empty_sequences(DType t, int64_t d) {
+BwdCase varlen_with_empty_sequences(const Path& t, int64_t d) {
   BwdCase c = base(t, 0, 0, d);
   c.lens_q = {0, 70, 200};
   c.lens_k = {9, 130, 0};
@@ -351,7 +378,7 @@ void run_case_both_modes(BwdCase c) {
   run_case(c);
 }
 
-TEST_P(Sm80Backward, Lengths) {
+TEST_P(GpuBackward, Lengths) {
   FA_REQUIRE_GPU();
   for (int64_t s : {1, 2, 17, 127, 1000}) {
     BwdCase c = base(GetParam(), s, s, 64);
@@ -362,7 +389,7 @@ TEST_P(Sm80Backward, Lengths) {
   }
 }
 
-TEST_P(Sm80Backward, LongSequences) {
+TEST_P(GpuBackward, LongSequences) {
   FA_REQUIRE_GPU();
   BwdCase c = base(GetParam(), 2048, 2048, 128);
   c.hq = c.hkv = 1;
@@ -374,7 +401,7 @@ TEST_P(Sm80Backward, LongSequences) {
   run_case(c);
 }
 
-TEST_P(Sm80Backward, CausalUnequalLengths) {
+TEST_P(GpuBackward, CausalUnequalLengths) {
   FA_REQUIRE_GPU();
   // sq > sk: the first sq - sk rows see no key (LSE = -inf, dQ = 0).
   for (auto [sq, sk] : {std::pair<int64_t, int64_t>{300, 1000}, {1000, 300}, {129, 7}, {7, 129}}) {
@@ -384,7 +411,7 @@ TEST_P(Sm80Backward, CausalUnequalLengths) {
   }
 }
 
-TEST_P(Sm80Backward, GroupedQueryAttention) {
+TEST_P(GpuBackward, GroupedQueryAttention) {
   FA_REQUIRE_GPU();
   for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{4, 2}, {8, 1}, {2, 2}}) {
     BwdCase c = base(GetParam(), 200, 333, 64);
@@ -392,11 +419,12 @@ TEST_P(Sm80Backward, GroupedQueryAttention) {
     run_case(c);
     c.causal = true;
     c.d = c.dv = 128;
+    c.batch = 2;  // padded batch entries past the first: their own rows of every tensor and of the workspace
     run_case(c);
   }
 }
 
-TEST_P(Sm80Backward, HeadDims) {
+TEST_P(GpuBackward, HeadDims) {
   FA_REQUIRE_GPU();
   for (auto [d, dv] : {std::pair<int64_t, int64_t>{1, 1}, {8, 8}, {33, 33}, {40, 72}, {96, 96}, {128, 128},
                        {160, 96}, {100, 200}, {256, 256}, {256, 17}}) {
@@ -406,7 +434,7 @@ TEST_P(Sm80Backward, HeadDims) {
   }
 }
 
-TEST_P(Sm80Backward, LayoutsAndMisalignedStrides) {
+TEST_P(GpuBackward, LayoutsAndMisalignedStrides) {
   FA_REQUIRE_GPU();
   for (int64_t pad : {0, 8, 3}) {
     for (bool bhsd : {false, true}) {
@@ -420,7 +448,7 @@ TEST_P(Sm80Backward, LayoutsAndMisalignedStrides) {
   run_case(c);
 }
 
-TEST_P(Sm80Backward, WindowsAndSoftcap) {
+TEST_P(GpuBackward, WindowsAndSoftcap) {
   FA_REQUIRE_GPU();
   BwdCase c = base(GetParam(), 500, 600, 64);
   c.wl = 50, c.wr = 10;
@@ -437,7 +465,7 @@ TEST_P(Sm80Backward, WindowsAndSoftcap) {
   run_case(c);
 }
 
-TEST_P(Sm80Backward, VarlenWithEmptySequences) {
+TEST_P(GpuBackward, VarlenWithEmptySequences) {
   FA_REQUIRE_GPU();
   BwdCase c = base(GetParam(), 0, 0, 64);
   c.lens_q = {0, 17, 300, 1, 0, 129, 5};
@@ -450,7 +478,7 @@ TEST_P(Sm80Backward, VarlenWithEmptySequences) {
   run_case(c);
 }
 
-TEST_P(Sm80Backward, Deterministic) {
+TEST_P(GpuBackward, Deterministic) {
   FA_REQUIRE_GPU();
   for (int64_t d : {64, 128, 256}) {
     BwdCase c = base(GetParam(), 300, 400, d);
@@ -468,7 +496,7 @@ TEST_P(Sm80Backward, Deterministic) {
 
 // Small shapes touching every kernel path (each bucket, tails, masks, GQA, varlen, misaligned rows,
 // deterministic): the case the compute-sanitizer runs use.
-TEST_P(Sm80Backward, TinyAllPaths) {
+TEST_P(GpuBackward, TinyAllPaths) {
   FA_REQUIRE_GPU();
   for (int64_t d : {24, 128, 200}) {
     BwdCase c = base(GetParam(), 70, 90, d);
@@ -486,8 +514,9 @@ TEST_P(Sm80Backward, TinyAllPaths) {
 
 // The one-stage pipeline (what devices with less shared memory than Hopper, e.g. the A100, run), forced here
 // so that any GPU covers it: every bucket, tails, masks, GQA, varlen, deterministic.
-TEST_P(Sm80Backward, SingleStagePipeline) {
+TEST_P(GpuBackward, SingleStagePipeline) {
   FA_REQUIRE_GPU();
+  if (!sm80_forced()) GTEST_SKIP() << "sm80 pipeline depth: run with the sm80 kernels forced";
   for (int64_t d : {64, 128, 256}) {
     BwdCase c = base(GetParam(), 300, 260, d);
     c.hq = 4, c.hkv = 2, c.stages = 1, c.causal = d == 128;
@@ -501,8 +530,9 @@ TEST_P(Sm80Backward, SingleStagePipeline) {
 // GPUs with 99 KB of shared memory per block (compute capability 8.6 / 8.9), forced here: the hd64 and hd128
 // buckets run their compact tiles (every head dim up to 128, tails, masks, GQA, varlen, deterministic); hd256
 // reports unsupported with what it needs.
-TEST_P(Sm80Backward, ConsumerGpuSharedMemory) {
+TEST_P(GpuBackward, ConsumerGpuSharedMemory) {
   FA_REQUIRE_GPU();
+  if (!sm80_forced()) GTEST_SKIP() << "sm80 shared-memory budget: run with the sm80 kernels forced";
   constexpr int kConsumerGpuSmem = 99 * 1024;
   for (int64_t d : {40, 64, 96, 128}) {
     BwdCase c = base(GetParam(), 150 + d, 260, d);
@@ -524,8 +554,13 @@ TEST_P(Sm80Backward, ConsumerGpuSharedMemory) {
   EXPECT_NE(st.message.find("needs"), std::string::npos) << st.message;
 }
 
-INSTANTIATE_TEST_SUITE_P(DTypes, Sm80Backward, ::testing::Values(DType::f16, DType::bf16),
-                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
+INSTANTIATE_TEST_SUITE_P(Paths, GpuBackward,
+                         ::testing::Combine(::testing::Values(DType::f16, DType::bf16),
+                                            ::testing::Values(Backend::cuda_sm80, Backend::automatic)),
+                         [](const ::testing::TestParamInfo<Path>& i) {
+                           return std::string(dtype_name(std::get<0>(i.param))) + "_" +
+                                  backend_name(std::get<1>(i.param));
+                         });
 
 }  // namespace
 }  // namespace flashattn::test

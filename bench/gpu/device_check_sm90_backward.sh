@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One device call for the Hopper backward (src/cuda/sm90/backward_sm90.cu): build (sm_90 + sm_90a, all cores),
+# the backward GPU tests through dispatch (which must pick cuda_sm90 where it supports the call) and with the
+# sm80 kernels forced, compute-sanitizer memcheck / racecheck / synccheck on the tiny cases, resource usage, and
+# the timing program on both backends. Logs go to $OUT (logs.tgz); a summary is printed last. Needs googletest:
+# the system's, or sources in .gtest-src (carried).
+#   BWD_TESTS=<gtest filter> narrows the tests; BWD_SEQS="1024 16384" the benchmark lengths;
+#   BWD_SANITIZE=0 skips compute-sanitizer.
+set -uo pipefail
+OUT=${OUT:-/tmp/bwd90-out}
+mkdir -p "$OUT"
+log=$OUT/build.log
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$log" 2>&1
+source bench/gpu/device_common.sh
+prefix=$(gtest_prefix_flag)
+t0=$(date +%s)
+build_tree . /tmp/build-bwd90 -DFLASHATTN_BUILD_CLI=OFF $prefix -- flashattn_gpu_tests >> "$log" 2>&1
+echo "build rc=$? in $(( $(date +%s) - t0 )) s" >> "$log"
+nvcc -O2 -std=c++17 -arch=sm_90 -Iinclude bench/gpu/backward_bench.cu /tmp/build-bwd90/libflashattn.a \
+  -Xcompiler -fopenmp -o /tmp/backward_bench >> "$log" 2>&1 &
+bench_pid=$!
+cuobjdump --dump-resource-usage /tmp/build-bwd90/CMakeFiles/flashattn_sm90a.dir/src/cuda/sm90/backward_sm90.cu.o \
+  > "$OUT/resources.txt" 2>&1
+t=/tmp/build-bwd90/tests/flashattn_gpu_tests
+timeout ${BWD_TEST_TIMEOUT:-240} $t --gtest_filter="${BWD_TESTS:-*GpuBackward*}" > "$OUT/tests.log" 2>&1
+echo "tests rc=$?" >> "$OUT/tests.log"
+san=$OUT/sanitizer.log
+: > "$san"
+if [ "${BWD_SANITIZE:-1}" = 1 ]; then
+  for tool in memcheck racecheck synccheck; do
+    timeout 100 compute-sanitizer --tool $tool $t --gtest_filter='*GpuBackward.TinyAllPaths/bfloat16_auto' >> "$san" 2>&1
+  done
+fi
+wait $bench_pid
+for b in cuda_sm90 cuda_sm80; do
+  FA_BWD_BACKEND=$b timeout 150 /tmp/backward_bench ${BWD_SEQS:-1024 4096 16384} >> "$OUT/bench.txt" 2>&1
+done
+echo "==== summary"; head -2 "$log"; grep "build rc" "$log"; grep -E "error" "$log" | head -10
+grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|tests rc|^\[==========\]" "$OUT/tests.log" | head -40
+grep -E "Failure|Expected|Which is|error \(emulation|Value of|Actual" "$OUT/tests.log" | head -16
+grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^\[  (PASSED|FAILED) " "$san"
+grep -E "REG|STACK|LOCAL" "$OUT/resources.txt" | head -8
+cat "$OUT/bench.txt"
+(cd "$OUT" && tar czf logs.tgz --remove-files ./*.log 2>/dev/null)

@@ -1,0 +1,57 @@
+// Every tile-size decision of the Hopper backward, in one place.
+//
+// A CTA owns kBlockN = 128 keys of one (batch, KV head): two consumer warpgroups of 64 keys each (the M of one
+// wgmma) hold their keys' dK and dV in registers for the CTA's lifetime, while kBlockM = 64-row blocks of Q, dO
+// and their LSE and D stream through a kStages-deep ring for every query head of the KV group.
+//   hd  64: K, V 16 KB each; Q, dO 2 stages x 8 KB each; dSᵀ 2 x 16 KB; LSE, D 1 KB: 98 KB.
+//   hd 128: K, V 32 KB each; Q, dO 2 x 16 KB each; dSᵀ 2 x 16 KB; LSE, D 1 KB: 161 KB.
+// dQ = dS K (64 x hd per query block) is split between the consumer warpgroups by columns: each takes hd / 2
+// columns over all 128 keys (both warpgroups' dSᵀ needed, one named barrier), so each dQ element gets one
+// atomic addition per key block. Splitting by keys instead (each warpgroup its own 64 keys, no exchange) was
+// measured at hd 64 first: twice the atomics, 258 TFLOP/s at 16k (bench/results/sm90-backward.md).
+// kBlockM = 128 at hd 64 was tried first: Sᵀ, dPᵀ and their fragments did not fit beside dK and dV (ptxas
+// serialised the wgmmas and spilled 136 bytes).
+// Registers per consumer thread at hd 128: dK and dV 64 each, Sᵀ and dPᵀ 32 each, dQ 32: 224 of the 240 a
+// consumer gets (2 consumers: 128 * 24 + 256 * 240 = 64512 of 65536).
+// hd 256 would need dK and dV in 256 registers alone: not on this path (cuda_sm80 runs it).
+#pragma once
+
+#include "cuda/sm90/forward_config.h"
+
+namespace flashattn::cuda::sm90 {
+
+template <int kHeadDim_>
+struct BackwardConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "sm90 backward: head dim 64 or 128");
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kBlockN = kConsumerWarpgroups * kWgmmaRows;  // keys per CTA
+  static constexpr int kBlockM = 64;                                  // queries per streamed block
+  static constexpr int kStages = 2;
+  static constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
+  static constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpgroupThreads / 32;
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+  static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters) <= 65536,
+                "sm90 backward: register budgets over the 64K-register file");
+
+  // dQ's split (above): each consumer warpgroup's columns.
+  static constexpr int kDqTileCols = kHeadDim / kConsumerWarpgroups;
+
+  static constexpr int kElemBytes = 2;
+  static constexpr int kKVBytes = kBlockN * kHeadDim * kElemBytes;   // K or V
+  static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;    // one stage of Q or dO
+  static constexpr int kDsBytes = kBlockN * kBlockM * kElemBytes;    // one dSᵀ buffer
+  static constexpr int kRowValueBytes = kBlockM * 4;                 // one stage of LSE or D (fp32)
+  static constexpr int kStageTxBytes = 2 * kQBytes + 2 * kRowValueBytes;  // what one stage's TMA delivers
+  static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0 && kDsBytes % 1024 == 0,
+                "sm90 backward: every tile starts on a 1024-byte swizzle atom");
+  // kv_full, full[], empty[].
+  static constexpr int kBarrierBytes = 8 * (1 + 2 * kStages);
+  static constexpr int kAlignSlack = 1024;
+  static constexpr int kSmemBytes = 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes +
+                                    2 * kStages * kRowValueBytes + kBarrierBytes + kAlignSlack;
+  static_assert(kSmemBytes <= 227 * 1024, "sm90 backward: over the 227 KB shared-memory limit");
+};
+
+}  // namespace flashattn::cuda::sm90

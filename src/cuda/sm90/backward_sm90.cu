@@ -1,0 +1,645 @@
+// Hopper backward: dQ, dK, dV of O = softmax(Q Kᵀ · scale) V from the forward's LSE, fp16/bf16 in, fp32
+// accumulation, for head dims 64 and 128 (d_v == d), with causal / sliding-window masks, softcap, GQA, varlen and
+// arbitrary tails. P is recomputed from the LSE tile by tile and never reaches global memory.
+//
+// Launch sequence on the call's stream (the row-wise kernels are the sm80 backward's, backward_rows.cu):
+//   memset dq_accum; bwd_preprocess_kernel (D = rowsum(dO∘O), LSE·log2e); backward_kernel (below);
+//   bwd_dq_convert_kernel (dQ = dq_accum · scale as the dtype).
+//
+// backward_kernel: one CTA per (block of kBlockN = 128 keys, KV head, batch entry); key blocks with the most
+// visible queries (the first, under a causal mask) are launched first. It loops over the query heads of its KV
+// group and, for each, over the query blocks of kBlockM rows that see any of its keys (MaskSpec::
+// query_range_for_keys), so dK and dV of a KV head sum over its query heads in registers, without atomics.
+// Warp roles (384 threads):
+//   warpgroup 0  producer: gives registers away (setmaxnreg); one thread loads K and V once, then streams each
+//                query block's Q, dO (128-byte swizzled panels) and LSE·log2e, D (fp32 rows) through a
+//                kStages-deep ring with TMA (full/empty mbarriers).
+//   warpgroups 1, 2  consumers, 64 keys each (setmaxnreg). Per query block, in the transposed orientation so
+//                that the 64 keys are the wgmma's M and P, dS land in the A-operand register layout:
+//                  Sᵀ = K Qᵀ, dPᵀ = V dOᵀ          (wgmma SS, both issued before either is waited for)
+//                  Pᵀ = exp2(Sᵀ·scale·log2e − LSE·log2e), 0 where masked     (under dPᵀ's wgmma)
+//                  dV += Pᵀ dO                      (wgmma RS: Pᵀ from registers, dO N-major from the ring)
+//                  dSᵀ = Pᵀ∘(dPᵀ − D) [∘(1 − tanh²) with softcap] -> registers and shared memory (swizzled)
+//                  dK += dSᵀ Q                      (wgmma RS)
+//                  named barrier: both warpgroups' dSᵀ are in shared memory
+//                  dQ columns = dS K                (wgmma SS, dS read M-major from dSᵀ; each warpgroup half of
+//                                                    the columns) -> fp32 vector reductions into dq_accum
+//                dSᵀ is double-buffered, so one barrier per query block orders its writes and reads.
+//                Epilogue: dK · scale and dV written as the dtype from registers.
+// Shared memory and register budgets: backward_config.h (98-161 KB; 240 registers per consumer thread).
+// Preconditions (sm90_backward_supports): compute capability 9.0, fp16/bf16, d == d_v in {64, 128}, Q, K, V, dO
+// strides multiples of 8 elements with 16-byte aligned bases (TMA), dK/dV with even strides and 4-byte aligned
+// bases, not deterministic (dQ is summed with atomics; cuda_sm80 has the deterministic mode).
+// Rows past a sequence's end are loaded (zeros past the tensor, the next sequence's rows in varlen) but masked
+// (P = 0) and never written.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "backend.h"
+#include "common/mask.h"
+#include "cuda/check.h"
+#include "cuda/primitives.cuh"
+#include "cuda/sm80/backward_launch.cuh"
+#include "cuda/sm90/backward_config.h"
+#include "cuda/sm90/backward_sm90.h"
+#include "cuda/sm90/primitives_sm90.cuh"
+#include "cuda/sm90/swizzle.h"
+#include "cuda/sm90/tensor_map.h"
+#include "cuda/workspace.h"
+
+namespace flashattn::cuda::sm90 {
+namespace {
+
+// Named barrier on which both consumer warpgroups meet once their dSᵀ of a query block is in shared memory.
+constexpr int kDsReadyBarrier = 1;
+
+// What the kernel reads besides the tensor maps; lengths and strides in elements.
+struct BackwardKernelArgs {
+  void* dk;
+  void* dv;
+  int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
+  int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+  float* dq_accum;         // [heads_q][ws_head_stride][head_dim]
+  int64_t ws_head_stride;  // rows per head of the workspace arrays (a multiple of 4: TMA's 16-byte strides)
+  int ws_seq_align;        // sequences start at multiples of this in the workspace (sm80::ws_sequence_start)
+  const int32_t* cu_seqlens_q;  // null: padded batch
+  const int32_t* cu_seqlens_k;
+  int seqlen_q, seqlen_k;  // padded batch only
+  int heads_per_kv;        // GQA group size
+  float scale;             // softmax_scale: dK's factor (dQ's is applied by the conversion)
+  float scale_log2;        // softmax_scale · log2(e)
+  float softcap;           // 0 = off
+  float tanh_scale;        // softmax_scale / softcap
+  float softcap_log2;      // softcap · log2(e)
+  bool causal;
+  int window_left, window_right;
+};
+
+// One base pointer; every region a constant offset from it (backward_config.h has the sizes).
+template <typename Cfg>
+struct BackwardSmem {
+  uint8_t* base;
+
+  __device__ explicit BackwardSmem(uint8_t* raw) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(raw);
+    base = reinterpret_cast<uint8_t*>((p + kSwizzleAtomBytes - 1) & ~uintptr_t(kSwizzleAtomBytes - 1));
+  }
+  static constexpr int kVOffset = Cfg::kKVBytes;
+  static constexpr int kQOffset = 2 * Cfg::kKVBytes;
+  static constexpr int kDoOffset = kQOffset + Cfg::kStages * Cfg::kQBytes;
+  static constexpr int kDsOffset = kDoOffset + Cfg::kStages * Cfg::kQBytes;
+  static constexpr int kLseOffset = kDsOffset + 2 * Cfg::kDsBytes;
+  static constexpr int kDsumOffset = kLseOffset + Cfg::kStages * Cfg::kRowValueBytes;
+  static constexpr int kBarrierOffset = kDsumOffset + Cfg::kStages * Cfg::kRowValueBytes;
+
+  __device__ uint8_t* k() const { return base; }
+  __device__ uint8_t* v() const { return base + kVOffset; }
+  __device__ uint8_t* q(int stage) const { return base + kQOffset + stage * Cfg::kQBytes; }
+  __device__ uint8_t* dout(int stage) const { return base + kDoOffset + stage * Cfg::kQBytes; }
+  __device__ uint8_t* ds(int buffer) const { return base + kDsOffset + buffer * Cfg::kDsBytes; }
+  __device__ float* lse_log2(int stage) const {
+    return reinterpret_cast<float*>(base + kLseOffset + stage * Cfg::kRowValueBytes);
+  }
+  __device__ float* dsum(int stage) const {
+    return reinterpret_cast<float*>(base + kDsumOffset + stage * Cfg::kRowValueBytes);
+  }
+  __device__ uint64_t* kv_full() const { return reinterpret_cast<uint64_t*>(base + kBarrierOffset); }
+  __device__ uint64_t* full() const { return kv_full() + 1; }
+  __device__ uint64_t* empty() const { return full() + Cfg::kStages; }
+};
+
+// The (batch, KV head, key block) of a CTA and the query blocks that see any of its keys.
+struct KeyBlockWork {
+  int batch, kv_head, key0;  // key0: first key of the block, relative to the sequence
+  int q_row0, k_row0;        // first row of this sequence in the Q / K tensors' row dimension
+  int ws_row0;               // first row of this sequence in the workspace arrays
+  int batch_coord;           // TMA batch coordinate (0 in varlen)
+  int seqlen_q, seqlen_k;
+  int m_begin, m_end;        // query blocks [m_begin, m_end)
+  MaskSpec mask;
+};
+
+template <typename Cfg>
+__device__ KeyBlockWork key_block_work(const BackwardKernelArgs& a) {
+  KeyBlockWork w;
+  w.key0 = blockIdx.x * Cfg::kBlockN;
+  w.kv_head = blockIdx.y;
+  w.batch = blockIdx.z;
+  if (a.cu_seqlens_q) {
+    w.q_row0 = a.cu_seqlens_q[w.batch];
+    w.k_row0 = a.cu_seqlens_k[w.batch];
+    w.seqlen_q = a.cu_seqlens_q[w.batch + 1] - w.q_row0;
+    w.seqlen_k = a.cu_seqlens_k[w.batch + 1] - w.k_row0;
+    w.ws_row0 = int(sm80::ws_sequence_start(w.q_row0, w.batch, a.ws_seq_align));
+    w.batch_coord = 0;
+  } else {
+    w.q_row0 = w.k_row0 = 0;
+    w.seqlen_q = a.seqlen_q;
+    w.seqlen_k = a.seqlen_k;
+    w.ws_row0 = int(sm80::ws_sequence_start(int64_t(w.batch) * a.seqlen_q, w.batch, a.ws_seq_align));
+    w.batch_coord = w.batch;
+  }
+  w.mask = MaskSpec::make(w.seqlen_q, w.seqlen_k, a.causal, a.window_left, a.window_right);
+  w.m_begin = w.m_end = 0;
+  if (w.key0 < w.seqlen_k && w.seqlen_q > 0) {
+    int64_t lo, hi;
+    w.mask.query_range_for_keys(w.key0, min(w.key0 + Cfg::kBlockN, w.seqlen_k), &lo, &hi);
+    if (hi > lo) {
+      w.m_begin = int(lo / Cfg::kBlockM);
+      w.m_end = int((hi + Cfg::kBlockM - 1) / Cfg::kBlockM);
+    }
+  }
+  return w;
+}
+
+// ---- producer: one thread loads K and V, then streams Q, dO, LSE, D per (query head, query block) ----
+template <typename Cfg>
+__device__ void produce(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, int heads_per_kv, const CUtensorMap* tm_q,
+                        const CUtensorMap* tm_k, const CUtensorMap* tm_v, const CUtensorMap* tm_do,
+                        const CUtensorMap* tm_lse, const CUtensorMap* tm_dsum) {
+  constexpr int kPanels = Cfg::kHeadDim / kPanelCols;
+  mbarrier_arrive_expect_tx(sm.kv_full(), 2 * Cfg::kKVBytes);
+#pragma unroll
+  for (int p = 0; p < kPanels; ++p) {
+    tma_load_4d(sm.k() + p * Cfg::kBlockN * kSwizzleBytes, tm_k, p * kPanelCols, w.k_row0 + w.key0, w.kv_head,
+                w.batch_coord, sm.kv_full());
+    tma_load_4d(sm.v() + p * Cfg::kBlockN * kSwizzleBytes, tm_v, p * kPanelCols, w.k_row0 + w.key0, w.kv_head,
+                w.batch_coord, sm.kv_full());
+  }
+  RingPosition<Cfg::kStages> pos;
+  for (int g = 0; g < heads_per_kv; ++g) {
+    const int head = w.kv_head * heads_per_kv + g;
+    for (int m = w.m_begin; m < w.m_end; ++m) {
+      mbarrier_wait(&sm.empty()[pos.index], pos.phase ^ 1u);
+      uint64_t* full = &sm.full()[pos.index];
+      mbarrier_arrive_expect_tx(full, Cfg::kStageTxBytes);
+      const int row = w.q_row0 + m * Cfg::kBlockM;
+#pragma unroll
+      for (int p = 0; p < kPanels; ++p) {
+        tma_load_4d(sm.q(pos.index) + p * Cfg::kBlockM * kSwizzleBytes, tm_q, p * kPanelCols, row, head,
+                    w.batch_coord, full);
+        tma_load_4d(sm.dout(pos.index) + p * Cfg::kBlockM * kSwizzleBytes, tm_do, p * kPanelCols, row, head,
+                    w.batch_coord, full);
+      }
+      tma_load_2d(sm.lse_log2(pos.index), tm_lse, w.ws_row0 + m * Cfg::kBlockM, head, full);
+      tma_load_2d(sm.dsum(pos.index), tm_dsum, w.ws_row0 + m * Cfg::kBlockM, head, full);
+      pos.advance();
+    }
+  }
+}
+
+// ---- consumer: one warpgroup, 64 keys ----
+template <typename T, typename Cfg>
+struct BackwardConsumer {
+  static constexpr int kD = Cfg::kHeadDim;
+  static constexpr int kM = Cfg::kBlockM;
+  static constexpr int kN = Cfg::kBlockN;
+  using Scores = float[kM / 2];                 // Sᵀ or dPᵀ: 64 keys x kM queries, accumulator layout
+  using Fragments = uint32_t[kM / kWgmmaK][4];  // Pᵀ or dSᵀ as the A operand, 16 queries per fragment
+
+  const BackwardSmem<Cfg>& sm;
+  const KeyBlockWork& w;
+  const BackwardKernelArgs& a;
+  int wg, warp, lane, quad;
+  int key_local[2];        // this thread's two keys (accumulator rows), inside the CTA's block
+  int query_lo[2], query_hi[2];  // the queries that see them, relative to the sequence start
+  float dk[kD / 2], dv[kD / 2];
+
+  __device__ BackwardConsumer(const BackwardSmem<Cfg>& sm_, const KeyBlockWork& w_, const BackwardKernelArgs& a_,
+                              int wg_)
+      : sm(sm_), w(w_), a(a_), wg(wg_) {
+    const int t = threadIdx.x % kWarpgroupThreads;
+    warp = t / 32;
+    lane = t % 32;
+    quad = lane % 4;
+    key_local[0] = wg * kWgmmaRows + 16 * warp + lane / 4;
+    key_local[1] = key_local[0] + 8;
+    for (int r = 0; r < 2; ++r) {
+      const int key = w.key0 + key_local[r];
+      int64_t lo = 0, hi = 0;
+      if (key < w.seqlen_k) w.mask.query_range_for_keys(key, key + 1, &lo, &hi);
+      query_lo[r] = int(lo);
+      query_hi[r] = int(hi);
+    }
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.f;
+  }
+
+  // A tile needs per-element masking unless every (query, key) of it is visible and inside both sequences.
+  __device__ bool needs_mask(int m) const {
+    const int row_begin = m * kM, row_end = row_begin + kM;
+    if (row_end > w.seqlen_q || w.key0 + kN > w.seqlen_k) return true;
+    return !w.mask.tile_fully_visible(row_begin, row_end, w.key0, w.key0 + kN);
+  }
+
+  // D(64 x kM) = rows key_local of `keys` times `queries`ᵀ, both K-major over the head dim: Sᵀ = K Qᵀ, dPᵀ = V dOᵀ.
+  __device__ void issue_transposed_scores(Scores& d, const uint8_t* keys, const uint8_t* queries) {
+    const uint32_t key_addr = smem_address(keys) + wg * kWgmmaRows * kSwizzleBytes;
+    const uint32_t query_addr = smem_address(queries);
+#pragma unroll
+    for (int kk = 0; kk < kD / kWgmmaK; ++kk) {
+      const uint32_t step = (kk % 4) * kWgmmaK * 2;
+      wgmma_ss<T, kM, 0>(d, make_desc_k_major(key_addr + (kk / 4) * kN * kSwizzleBytes + step),
+                         make_desc_k_major(query_addr + (kk / 4) * kM * kSwizzleBytes + step), kk > 0);
+    }
+    wgmma_commit();
+  }
+
+  // acc(64 x kD) += fragments(64 x kM) * rows(kM x kD), rows N-major from a staged Q or dO tile.
+  __device__ static void issue_accumulate(float (&acc)[kD / 2], const Fragments& f, const uint8_t* rows) {
+    const uint32_t addr = smem_address(rows);
+#pragma unroll
+    for (int kk = 0; kk < kM / kWgmmaK; ++kk)
+      wgmma_rs<T, kD, 1>(acc, f[kk], make_desc_mn_major(addr + kk * kWgmmaK * kSwizzleBytes, kM * kSwizzleBytes),
+                         true);
+    wgmma_commit();
+  }
+
+  // The fragment slot of the accumulator pair (4j + 2r, 4j + 2r + 1): keys row r, queries 8j + 2·quad, +1
+  // (primitives_sm90.cuh's accumulator_to_a_fragment, one pair at a time).
+  __device__ static uint32_t& slot(Fragments& f, int j, int r) { return f[j / 2][(j % 2) * 2 + r]; }
+
+  // Pᵀ from Sᵀ in place (p, or p·(1 − tanh²) under softcap: the factor dS needs), and its 16-bit fragments.
+  template <bool kSoftcap>
+  __device__ void probabilities(Scores& s, Fragments& pf, const float* lse_log2, int m, bool masked) const {
+#pragma unroll
+    for (int j = 0; j < kM / 8; ++j) {
+      const int col = 8 * j + 2 * quad;
+      const float2 lse = *reinterpret_cast<const float2*>(lse_log2 + col);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float p[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[4 * j + 2 * r + e];
+          const float lse_e = e == 0 ? lse.x : lse.y;
+          float dscale = 1.f;
+          if constexpr (kSoftcap) {
+            const float t = tanhf(x * a.tanh_scale);  // as the forward computes it
+            p[e] = exp2_approx(t * a.softcap_log2 - lse_e);
+            dscale = 1.f - t * t;
+          } else {
+            p[e] = exp2_approx(x * a.scale_log2 - lse_e);
+          }
+          const int query = m * kM + col + e;
+          if (masked && (query < query_lo[r] || query >= query_hi[r])) p[e] = 0.f;
+          x = kSoftcap ? p[e] * dscale : p[e];
+        }
+        slot(pf, j, r) = pack_pair<T>(p[0], p[1]);
+      }
+    }
+  }
+
+  // dSᵀ = Pᵀ∘(dPᵀ − D) into fragments and into the shared dSᵀ buffer (queries contiguous, 128-byte swizzled:
+  // the M-major A operand of dQ = dS K).
+  __device__ void score_grads(const Scores& pd, const Scores& dp, Fragments& dsf, const float* dsum,
+                              uint8_t* ds_tile) const {
+#pragma unroll
+    for (int j = 0; j < kM / 8; ++j) {
+      const int col = 8 * j + 2 * quad;
+      const float2 d = *reinterpret_cast<const float2*>(dsum + col);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = 4 * j + 2 * r;
+        const uint32_t bits = pack_pair<T>(pd[i] * (dp[i] - d.x), pd[i + 1] * (dp[i + 1] - d.y));
+        slot(dsf, j, r) = bits;
+        *reinterpret_cast<uint32_t*>(ds_tile + swizzled_offset(key_local[r], col, kN)) = bits;
+      }
+    }
+  }
+
+  // This warpgroup's 64 x kDqTileCols piece of dQ = dS K: its columns over every key.
+  __device__ int dq_col0() const { return wg * Cfg::kDqTileCols; }
+
+  __device__ void issue_dq(float (&dq)[Cfg::kDqTileCols / 2], const uint8_t* ds_tile) const {
+    // dS (queries x keys) is stored as dSᵀ, queries contiguous: M-major, one 64-query panel. K's columns are N:
+    // N-major, one panel per 64 columns of head dim (a 32-column piece starts 64 bytes into its panel's rows;
+    // the swizzle applies to the address, as for the K-major k-steps). Both step 16 keys = 16 rows per k-step.
+    const uint32_t a_addr = smem_address(ds_tile);
+    const uint32_t b_addr = smem_address(sm.k()) + (dq_col0() / kPanelCols) * kN * kSwizzleBytes +
+                            (dq_col0() % kPanelCols) * Cfg::kElemBytes;
+#pragma unroll
+    for (int kk = 0; kk < kN / kWgmmaK; ++kk)
+      wgmma_ss<T, Cfg::kDqTileCols, 1, 1>(dq, make_desc_mn_major(a_addr + kk * kWgmmaK * kSwizzleBytes, kN * kSwizzleBytes),
+                                          make_desc_mn_major(b_addr + kk * kWgmmaK * kSwizzleBytes, kN * kSwizzleBytes),
+                                          kk > 0);
+    wgmma_commit();
+  }
+
+  __device__ void accumulate_dq(const float (&dq)[Cfg::kDqTileCols / 2], int head, int m) const {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int query = m * kM + 16 * warp + lane / 4 + 8 * r;
+      const bool inside = query < w.seqlen_q;
+      float* dst = a.dq_accum + (int64_t(head) * a.ws_head_stride + w.ws_row0 + query) * kD + dq_col0() + 2 * quad;
+#pragma unroll
+      for (int j = 0; j < Cfg::kDqTileCols / 8; ++j)
+        atomic_add_pair_if(dst + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1], inside);
+    }
+  }
+
+  __device__ void release(int stage) const {
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&sm.empty()[stage]);
+  }
+
+  // One query block of one query head.
+  template <bool kSoftcap>
+  __device__ void step(int head, int m, int stage, int ds_buffer) {
+    const uint8_t* q_tile = sm.q(stage);
+    const uint8_t* do_tile = sm.dout(stage);
+    Scores s, dp;
+    wgmma_fence();
+    issue_transposed_scores(s, sm.k(), q_tile);
+    issue_transposed_scores(dp, sm.v(), do_tile);
+    wgmma_wait<1>();
+    fence_registers(s);
+    Fragments pf;
+    probabilities<kSoftcap>(s, pf, sm.lse_log2(stage), m, needs_mask(m));
+    wgmma_fence();
+    issue_accumulate(dv, pf, do_tile);
+    wgmma_wait<1>();  // dPᵀ has landed; dV may still run
+    fence_registers(dp);
+    Fragments dsf;
+    uint8_t* ds_tile = sm.ds(ds_buffer);
+    score_grads(s, dp, dsf, sm.dsum(stage), ds_tile);
+    wgmma_fence();
+    issue_accumulate(dk, dsf, q_tile);
+    fence_async_shared();
+    named_barrier_sync(kDsReadyBarrier, Cfg::kConsumerWarpgroups * kWarpgroupThreads);
+    float dq[Cfg::kDqTileCols / 2];
+    issue_dq(dq, ds_tile);
+    wgmma_wait<0>();
+    fence_registers(dq);
+    fence_registers(dk);
+    fence_registers(dv);
+    release(stage);
+    accumulate_dq(dq, head, m);
+  }
+
+  __device__ void epilogue() const {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = w.key0 + key_local[r];
+      if (key >= w.seqlen_k) continue;
+      const int64_t row = int64_t(w.k_row0) + key;
+      const bool varlen = a.cu_seqlens_q != nullptr;
+      T* dk_row = static_cast<T*>(a.dk) + row * a.dk_row_stride + int64_t(w.kv_head) * a.dk_head_stride +
+                  (varlen ? 0 : int64_t(w.batch) * a.dk_batch_stride);
+      T* dv_row = static_cast<T*>(a.dv) + row * a.dv_row_stride + int64_t(w.kv_head) * a.dv_head_stride +
+                  (varlen ? 0 : int64_t(w.batch) * a.dv_batch_stride);
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j) {
+        const int col = 8 * j + 2 * quad;
+        *reinterpret_cast<uint32_t*>(dk_row + col) =
+            pack_pair<T>(dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale);
+        *reinterpret_cast<uint32_t*>(dv_row + col) = pack_pair<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+      }
+    }
+  }
+};
+
+template <typename T, typename Cfg, bool kSoftcap>
+__device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int heads_per_kv) {
+  mbarrier_wait(c.sm.kv_full(), 0);
+  RingPosition<Cfg::kStages> pos;
+  int ds_buffer = 0;
+  for (int g = 0; g < heads_per_kv; ++g) {
+    const int head = w.kv_head * heads_per_kv + g;
+    for (int m = w.m_begin; m < w.m_end; ++m) {
+      mbarrier_wait(&c.sm.full()[pos.index], pos.phase);
+      c.template step<kSoftcap>(head, m, pos.index, ds_buffer);
+      ds_buffer ^= 1;
+      pos.advance();
+    }
+  }
+}
+
+template <typename T, typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    backward_kernel(const __grid_constant__ BackwardKernelArgs args, const __grid_constant__ CUtensorMap tm_q,
+                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
+                    const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_lse,
+                    const __grid_constant__ CUtensorMap tm_dsum) {
+  extern __shared__ uint8_t smem_raw[];
+  BackwardSmem<Cfg> sm(smem_raw);
+  const KeyBlockWork w = key_block_work<Cfg>(args);
+  if (w.key0 >= w.seqlen_k) return;  // a varlen sequence shorter than this block: the whole CTA leaves
+  if (threadIdx.x == 0) {
+    mbarrier_init(sm.kv_full(), 1);
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      mbarrier_init(&sm.full()[s], 1);
+      mbarrier_init(&sm.empty()[s], Cfg::kConsumerWarps);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+
+  // No query sees these keys (or there are none): dK = dV = 0, written without loading anything.
+  const bool has_work = w.m_end > w.m_begin;
+  const int wg = threadIdx.x / kWarpgroupThreads;
+  if (wg == 0) {
+    setmaxnreg_decrease<Cfg::kProducerRegisters>();
+    if (threadIdx.x == 0 && has_work) {
+      tma_prefetch_map(&tm_q);
+      tma_prefetch_map(&tm_do);
+      produce<Cfg>(sm, w, args.heads_per_kv, &tm_q, &tm_k, &tm_v, &tm_do, &tm_lse, &tm_dsum);
+    }
+  } else {
+    setmaxnreg_increase<Cfg::kConsumerRegisters>();
+    BackwardConsumer<T, Cfg> c(sm, w, args, wg - 1);
+    if (has_work) {
+      if (args.softcap > 0.f)
+        consume<T, Cfg, true>(c, w, args.heads_per_kv);
+      else
+        consume<T, Cfg, false>(c, w, args.heads_per_kv);
+    }
+    c.epilogue();
+  }
+}
+
+}  // namespace
+}  // namespace flashattn::cuda::sm90
+
+namespace flashattn::detail {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+bool stride_ok(int64_t s) { return s % 8 == 0; }  // 16 bytes of 16-bit elements: TMA's stride unit
+bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0; }
+
+template <typename T, int kHeadDim>
+Status launch(const BwdParams& p) {
+  using Cfg = cuda::sm90::BackwardConfig<kHeadDim>;
+  const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  const bool varlen = p.is_varlen();
+  cuda::sm80::BwdKernelArgs rows = sm80_backward_args(p);
+  // Rows of the Q / dO and K / V tensor maps: one sequence's (padded batch) or every sequence's (varlen).
+  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
+  // Workspace: D, LSE·log2e [heads_q][ws_head_stride] and dq_accum [heads_q][ws_head_stride][d]. TMA boxes must
+  // start 16-byte aligned, so every sequence starts at a multiple of 4 rows (sm80::ws_sequence_start, which
+  // needs up to batch * 4 rows of slack) and the head stride is a multiple of 4 (at least 4 rows, so the maps
+  // over D and LSE always have a base).
+  constexpr int kWsAlign = 4;
+  const int64_t ws_rows = rows.rows_q + int64_t(p.batch) * kWsAlign;
+  const int64_t ws_head_stride = std::max<int64_t>((ws_rows + kWsAlign - 1) / kWsAlign * kWsAlign, kWsAlign);
+  const size_t row_elems = size_t(p.heads_q) * size_t(ws_head_stride);
+  const size_t ws_bytes = (2 * row_elems + row_elems * kHeadDim) * sizeof(float);
+  void* ws = nullptr;
+  if (ws_bytes > 0) {
+    Status got = workspace_alloc(&ws, ws_bytes, p.device.index, stream);
+    if (!got.ok()) return got;
+  }
+  rows.ws_head_stride = ws_head_stride;
+  rows.ws_seq_align = kWsAlign;
+  rows.dsum = static_cast<float*>(ws);
+  rows.lse_log2 = rows.dsum + row_elems;
+  rows.dq_accum = rows.lse_log2 + row_elems;
+  rows.dq_accum_ld = kHeadDim;
+  rows.accumulate_dq = true;
+
+  Status st = [&]() -> Status {
+    if (ws_bytes == 0) return Status::success();
+    // Zeroed whole: dq_accum is summed into, and the slack rows between sequences, which the tiles past a
+    // sequence's end load, must hold finite D values (their P is 0, but 0 · (dP − NaN) is not).
+    FA_CUDA_TRY(cudaMemsetAsync(ws, 0, ws_bytes, stream));
+    Status pre = sm80_backward_preprocess(rows, p.dtype, stream);
+    if (!pre.ok()) return pre;
+    const int64_t key_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+    if (key_blocks > 0 && p.batch > 0 && p.heads_kv > 0 && rows_k > 0) {
+      const int64_t batch_dim = varlen ? 1 : p.batch;
+      // In varlen the batch dimension has extent 1 and is never stepped; any valid stride will do.
+      auto batch_stride = [&](int64_t s, int64_t row_stride, int64_t n) {
+        return varlen ? row_stride * std::max<int64_t>(n, 1) : s;
+      };
+      // With no queries the loop never reads Q or dO, but their maps still need an address.
+      const void* q_base = rows_q > 0 ? p.q : p.k;
+      const void* do_base = rows_q > 0 ? p.dout : p.k;
+      CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_lse, tm_dsum;
+      {
+        const int64_t dims[4] = {kHeadDim, rows_q, p.heads_q, batch_dim};
+        const int64_t qs[3] = {p.q_row_stride, p.q_head_stride, batch_stride(p.q_batch_stride, p.q_row_stride, rows_q)};
+        Status m = make_tensor_map_sw128(&tm_q, q_base, p.dtype, dims, qs, Cfg::kBlockM);
+        if (!m.ok()) return m;
+        const int64_t ds[3] = {p.do_row_stride, p.do_head_stride,
+                               batch_stride(p.do_batch_stride, p.do_row_stride, rows_q)};
+        m = make_tensor_map_sw128(&tm_do, do_base, p.dtype, dims, ds, Cfg::kBlockM);
+        if (!m.ok()) return m;
+      }
+      {
+        const int64_t dims[4] = {kHeadDim, rows_k, p.heads_kv, batch_dim};
+        const int64_t ks[3] = {p.k_row_stride, p.k_head_stride, batch_stride(p.k_batch_stride, p.k_row_stride, rows_k)};
+        Status m = make_tensor_map_sw128(&tm_k, p.k, p.dtype, dims, ks, Cfg::kBlockN);
+        if (!m.ok()) return m;
+        const int64_t vs[3] = {p.v_row_stride, p.v_head_stride, batch_stride(p.v_batch_stride, p.v_row_stride, rows_k)};
+        m = make_tensor_map_sw128(&tm_v, p.v, p.dtype, dims, vs, Cfg::kBlockN);
+        if (!m.ok()) return m;
+      }
+      {
+        Status m = make_tensor_map_f32_rows(&tm_lse, rows.lse_log2, ws_head_stride, p.heads_q, ws_head_stride,
+                                            Cfg::kBlockM);
+        if (!m.ok()) return m;
+        m = make_tensor_map_f32_rows(&tm_dsum, rows.dsum, ws_head_stride, p.heads_q, ws_head_stride, Cfg::kBlockM);
+        if (!m.ok()) return m;
+      }
+      cuda::sm90::BackwardKernelArgs a{};
+      a.dk = p.dk;
+      a.dv = p.dv;
+      a.dk_batch_stride = p.dk_batch_stride, a.dk_row_stride = p.dk_row_stride, a.dk_head_stride = p.dk_head_stride;
+      a.dv_batch_stride = p.dv_batch_stride, a.dv_row_stride = p.dv_row_stride, a.dv_head_stride = p.dv_head_stride;
+      a.dq_accum = rows.dq_accum;
+      a.ws_head_stride = ws_head_stride;
+      a.ws_seq_align = kWsAlign;
+      a.cu_seqlens_q = p.cu_seqlens_q;
+      a.cu_seqlens_k = p.cu_seqlens_k;
+      a.seqlen_q = int(p.seqlen_q);
+      a.seqlen_k = int(p.seqlen_k);
+      a.heads_per_kv = int(p.heads_q / p.heads_kv);
+      a.scale = p.softmax_scale;
+      a.scale_log2 = p.softmax_scale * kLog2e;
+      a.softcap = p.softcap;
+      a.tanh_scale = p.softcap > 0.f ? p.softmax_scale / p.softcap : 0.f;
+      a.softcap_log2 = p.softcap * kLog2e;
+      a.causal = p.causal;
+      a.window_left = int(p.window_left);
+      a.window_right = int(p.window_right);
+
+      auto kernel = cuda::sm90::backward_kernel<T, Cfg>;
+      FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+      const dim3 grid(unsigned(key_blocks), unsigned(p.heads_kv), unsigned(p.batch));
+      kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a, tm_q, tm_k, tm_v, tm_do, tm_lse, tm_dsum);
+      FA_CUDA_TRY(cudaGetLastError());
+    }
+    return sm80_backward_dq_convert(rows, p.dtype, stream);
+  }();
+  if (ws) {
+    Status freed = workspace_free(ws, stream);
+    if (st.ok()) st = freed;
+  }
+  return st;
+}
+
+template <typename T>
+Status launch_head_dim(const BwdParams& p) {
+  return p.head_dim == 64 ? launch<T, 64>(p) : launch<T, 128>(p);
+}
+
+}  // namespace
+
+Status sm90_backward_supports(const FwdParams& p, const BwdParams* bwd) {
+  if (p.dtype != DType::f16 && p.dtype != DType::bf16)
+    return Status::unsupported(std::string("cuda_sm90: runs float16 and bfloat16; got ") + dtype_name(p.dtype));
+  const int cc = cuda_compute_capability_impl(p.device.index);
+  if (cc != 90)
+    return Status::unsupported("cuda_sm90: needs compute capability 9.0 (sm_90a code), device " +
+                               std::to_string(p.device.index) + " has " + std::to_string(cc / 10) + "." +
+                               std::to_string(cc % 10));
+  if (p.head_dim != p.head_dim_v)
+    return Status::unsupported("cuda_sm90: backward with head_dim_v != head_dim is not implemented (cuda_sm80 runs it)");
+  if (p.head_dim != 64 && p.head_dim != 128)
+    return Status::unsupported("cuda_sm90: backward head dim " + std::to_string(p.head_dim) +
+                               " (runs 64 and 128; cuda_sm80 runs the others)");
+  if (bwd && bwd->deterministic)
+    return Status::unsupported("cuda_sm90: the backward sums dQ with atomics; the deterministic mode runs on cuda_sm80");
+  if (bwd && bwd->lse == nullptr) return Status::invalid("lse: required by the backward");
+  const bool varlen = p.is_varlen();
+  // Without the backward's params, dO is taken to be laid out like O.
+  const int64_t do_row = bwd ? bwd->do_row_stride : p.o_row_stride, do_head = bwd ? bwd->do_head_stride : p.o_head_stride;
+  const int64_t do_batch = bwd ? bwd->do_batch_stride : p.o_batch_stride;
+  const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.k_row_stride, p.k_head_stride, p.v_row_stride,
+                             p.v_head_stride, do_row, do_head, varlen ? 0 : p.q_batch_stride,
+                             varlen ? 0 : p.k_batch_stride, varlen ? 0 : p.v_batch_stride, varlen ? 0 : do_batch};
+  for (int64_t s : strides)
+    if (!stride_ok(s))
+      return Status::unsupported("cuda_sm90: TMA needs every row/head/batch stride of q, k, v, dout to be a multiple of 8 elements");
+  if (!aligned(p.q, 16) || !aligned(p.k, 16) || !aligned(p.v, 16) || (bwd && !aligned(bwd->dout, 16)))
+    return Status::unsupported("cuda_sm90: TMA needs 16-byte aligned q, k, v, dout");
+  if (bwd) {
+    const int64_t out_strides[] = {bwd->dk_row_stride, bwd->dk_head_stride, bwd->dv_row_stride, bwd->dv_head_stride,
+                                   varlen ? 0 : bwd->dk_batch_stride, varlen ? 0 : bwd->dv_batch_stride};
+    for (int64_t s : out_strides)
+      if (s % 2 != 0) return Status::unsupported("cuda_sm90: the backward writes dk, dv in pairs: strides must be even");
+    if (!aligned(bwd->dk, 4) || !aligned(bwd->dv, 4))
+      return Status::unsupported("cuda_sm90: the backward writes dk, dv in pairs: 4-byte aligned bases needed");
+  }
+  const int64_t kInt32Max = 2147483647;
+  if (p.seqlen_q > kInt32Max || p.seqlen_k > kInt32Max || p.total_q > kInt32Max || p.total_k > kInt32Max)
+    return Status::unsupported("cuda_sm90: sequence lengths past 2^31");
+  if (p.heads_kv > 65535 || p.batch > 65535) return Status::unsupported("cuda_sm90: more than 65535 KV heads or batches");
+  return Status::success();
+}
+
+Status sm90_backward_run(const BwdParams& p) {
+  Status st = sm90_backward_supports(p, &p);
+  if (!st.ok()) return st;
+  DeviceGuard guard(p.device.index);
+  FA_CUDA_TRY(guard.status());
+  return p.dtype == DType::bf16 ? launch_head_dim<__nv_bfloat16>(p) : launch_head_dim<__half>(p);
+}
+
+}  // namespace flashattn::detail

@@ -1,0 +1,17 @@
+// Entry points of the Hopper backward (backward_sm90.cu). Dispatch reaches them through cuda_sm90_supports /
+// cuda_sm90_backward_supports / cuda_sm90_backward; the GPU tests run them through dispatch.
+#pragma once
+
+#include "flashattn/params.h"
+#include "flashattn/types.h"
+
+namespace flashattn::detail {
+
+// ok, or unsupported with the reason. `bwd` null: judged from the forward's params alone (what choose_backend
+// knows when asked about a backward without its gradients: dout laid out like out, not deterministic).
+Status sm90_backward_supports(const FwdParams& p, const BwdParams* bwd);
+
+// Runs validated params for which sm90_backward_supports is ok. Asynchronous on p.stream.
+Status sm90_backward_run(const BwdParams& p);
+
+}  // namespace flashattn::detail
