@@ -23,8 +23,8 @@ done > "$OUT/resources.txt" 2>&1
 t=/tmp/build-bwd/tests/flashattn_gpu_tests
 timeout 240 $t --gtest_filter="${BWD_TESTS:-*GpuBackward*}" > "$OUT/tests.log" 2>&1; echo "tests rc=$?" >> "$OUT/tests.log"
 san=$OUT/sanitizer.log
-timeout 120 compute-sanitizer --tool memcheck $t --gtest_filter='*TinyAllPaths/bfloat16' > "$san" 2>&1
-timeout 120 compute-sanitizer --tool racecheck $t --gtest_filter='*TinyAllPaths/float16' >> "$san" 2>&1
+timeout 120 compute-sanitizer --tool memcheck $t --gtest_filter='*TinyAllPaths/bfloat16*' > "$san" 2>&1
+timeout 120 compute-sanitizer --tool racecheck $t --gtest_filter='*TinyAllPaths/float16*' >> "$san" 2>&1
 wait $bench_pid
 timeout 150 /tmp/backward_bench ${BWD_SEQS:-1024 4096 16384} > "$OUT/bench.txt" 2>&1
 timeout 120 python3 bench/gpu/torch_flash_bwd.py ${BWD_SEQS:-1024 4096 16384} > "$OUT/torch.txt" 2>&1

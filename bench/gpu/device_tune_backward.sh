@@ -60,8 +60,8 @@ done >> "$log" 2>&1
 
 t=/tmp/build-bwd/tests/flashattn_gpu_tests
 timeout 200 $t --gtest_filter="${BWD_TESTS:-*GpuBackward*}" > "$OUT/tests.txt" 2>&1; echo "tests rc=$?" >> "$OUT/tests.txt"
-timeout 120 compute-sanitizer --tool racecheck $t --gtest_filter='*TinyAllPaths/float16' > "$OUT/san.txt" 2>&1
-[ -n "${BWD_MEMCHECK:-}" ] && timeout 120 compute-sanitizer --tool memcheck $t --gtest_filter='*TinyAllPaths/bfloat16' >> "$OUT/san.txt" 2>&1
+timeout 120 compute-sanitizer --tool racecheck $t --gtest_filter='*TinyAllPaths/float16*' > "$OUT/san.txt" 2>&1
+[ -n "${BWD_MEMCHECK:-}" ] && timeout 120 compute-sanitizer --tool memcheck $t --gtest_filter='*TinyAllPaths/bfloat16*' >> "$OUT/san.txt" 2>&1
 wait $var_pid
 cat /tmp/variants.txt >> "$log"
 

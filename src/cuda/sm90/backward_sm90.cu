@@ -330,12 +330,12 @@ struct BackwardConsumer {
     wgmma_commit();
   }
 
-  __device__ void accumulate_dq(const float (&dq)[Cfg::kDqTileCols / 2], int head, int m) const {
+  __device__ void accumulate_dq(const float (&dq)[Cfg::kDqTileCols / 2], float* head_rows, int m) const {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int query = m * kM + 16 * warp + lane / 4 + 8 * r;
       const bool inside = query < w.seqlen_q;
-      float* dst = a.dq_accum + (int64_t(head) * a.ws_head_stride + w.ws_row0 + query) * kD + dq_col0() + 2 * quad;
+      float* dst = head_rows + int64_t(query) * kD + dq_col0() + 2 * quad;
 #pragma unroll
       for (int j = 0; j < Cfg::kDqTileCols / 8; ++j)
         atomic_add_pair_if(dst + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1], inside);
@@ -348,8 +348,9 @@ struct BackwardConsumer {
   }
 
   // One query block of one query head.
+  // head_rows: this query head's sequence in dq_accum.
   template <bool kSoftcap>
-  __device__ void step(int head, int m, int stage, int ds_buffer) {
+  __device__ void step(float* head_rows, int m, int stage, int ds_buffer) {
     const uint8_t* q_tile = sm.q(stage);
     const uint8_t* do_tile = sm.dout(stage);
     Scores s, dp;
@@ -378,7 +379,7 @@ struct BackwardConsumer {
     fence_registers(dk);
     fence_registers(dv);
     release(stage);
-    accumulate_dq(dq, head, m);
+    accumulate_dq(dq, head_rows, m);
   }
 
   __device__ void epilogue() const {
@@ -410,9 +411,10 @@ __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int 
   int ds_buffer = 0;
   for (int g = 0; g < heads_per_kv; ++g) {
     const int head = w.kv_head * heads_per_kv + g;
+    float* head_rows = c.a.dq_accum + (int64_t(head) * c.a.ws_head_stride + w.ws_row0) * Cfg::kHeadDim;
     for (int m = w.m_begin; m < w.m_end; ++m) {
       mbarrier_wait(&c.sm.full()[pos.index], pos.phase);
-      c.template step<kSoftcap>(head, m, pos.index, ds_buffer);
+      c.template step<kSoftcap>(head_rows, m, pos.index, ds_buffer);
       ds_buffer ^= 1;
       pos.advance();
     }
