@@ -229,7 +229,8 @@ TEST(Sm90ForwardSupport, ReportsWhyItDeclines) {
 namespace flashattn::test {
 namespace {
 
-// On Hopper, dispatch routes supported forwards to cuda_sm90 and says why it passes over it otherwise.
+// On Hopper, dispatch routes supported forwards and backwards to cuda_sm90 and says why it passes over it
+// otherwise.
 TEST(Sm90ForwardSupport, DispatchPicksSm90OnHopper) {
   FA_REQUIRE_GPU();
   if (flashattn::cuda_compute_capability(0) != 90) GTEST_SKIP() << "needs compute capability 9.0";
@@ -248,12 +249,30 @@ TEST(Sm90ForwardSupport, DispatchPicksSm90OnHopper) {
   BackendChoice c = choose_backend(p, Backend::automatic, false);
   EXPECT_EQ(c.backend, Backend::cuda_sm90) << c.reason;
   c = choose_backend(p, Backend::automatic, true);
-  EXPECT_NE(c.backend, Backend::cuda_sm90) << c.reason;
-  EXPECT_NE(c.reason.find("cuda_sm90 passed over"), std::string::npos) << c.reason;
+  EXPECT_EQ(c.backend, Backend::cuda_sm90) << c.reason;
+  // The backward's own params: dout laid out like out runs on cuda_sm90; the deterministic mode does not.
+  BwdParams bp;
+  static_cast<FwdParams&>(bp) = p;
+  bp.dout = p.o, bp.dq = const_cast<void*>(p.q), bp.dk = const_cast<void*>(p.k), bp.dv = const_cast<void*>(p.v);
+  bp.do_batch_stride = p.o_batch_stride, bp.do_row_stride = p.o_row_stride, bp.do_head_stride = p.o_head_stride;
+  bp.dq_batch_stride = p.q_batch_stride, bp.dq_row_stride = p.q_row_stride, bp.dq_head_stride = p.q_head_stride;
+  bp.dk_batch_stride = p.k_batch_stride, bp.dk_row_stride = p.k_row_stride, bp.dk_head_stride = p.k_head_stride;
+  bp.dv_batch_stride = p.v_batch_stride, bp.dv_row_stride = p.v_row_stride, bp.dv_head_stride = p.v_head_stride;
+  float lse_stand_in = 0.f;  // only its presence is checked
+  bp.lse = &lse_stand_in;
+  c = choose_backend(bp, Backend::automatic);
+  EXPECT_EQ(c.backend, Backend::cuda_sm90) << c.reason;
+  bp.deterministic = true;
+  c = choose_backend(bp, Backend::automatic);
+  EXPECT_EQ(c.backend, Backend::cuda_sm80) << c.reason;
+  EXPECT_NE(c.reason.find("deterministic"), std::string::npos) << c.reason;
   ASSERT_TRUE(params_for(96, &p).ok());
-  c = choose_backend(p, Backend::automatic, false);
-  EXPECT_NE(c.backend, Backend::cuda_sm90) << c.reason;
-  EXPECT_NE(c.reason.find("head dim 96"), std::string::npos) << c.reason;
+  for (bool backward : {false, true}) {
+    c = choose_backend(p, Backend::automatic, backward);
+    EXPECT_NE(c.backend, Backend::cuda_sm90) << c.reason;
+    EXPECT_NE(c.reason.find("cuda_sm90 passed over"), std::string::npos) << c.reason;
+    EXPECT_NE(c.reason.find("head dim 96"), std::string::npos) << c.reason;
+  }
 }
 
 }  // namespace
