@@ -5,7 +5,7 @@
 # the timing program on both backends. Logs go to $OUT (logs.tgz); a summary is printed last. Needs googletest:
 # the system's, or sources in .gtest-src (carried).
 #   BWD_TESTS=<gtest filter> narrows the tests; BWD_SEQS="1024 16384" the benchmark lengths;
-#   BWD_SANITIZE=0 skips compute-sanitizer.
+#   BWD_SANITIZE=0 skips compute-sanitizer; BWD_BACKENDS="cuda_sm90" times only the listed backends.
 set -uo pipefail
 OUT=${OUT:-/tmp/bwd90-out}
 mkdir -p "$OUT"
@@ -32,7 +32,7 @@ if [ "${BWD_SANITIZE:-1}" = 1 ]; then
   done
 fi
 wait $bench_pid
-for b in cuda_sm90 cuda_sm80; do
+for b in ${BWD_BACKENDS:-cuda_sm90 cuda_sm80}; do
   FA_BWD_BACKEND=$b timeout 150 /tmp/backward_bench ${BWD_SEQS:-1024 4096 16384} >> "$OUT/bench.txt" 2>&1
 done
 echo "==== summary"; head -2 "$log"; grep "build rc" "$log"; grep -E "error" "$log" | head -10

@@ -347,17 +347,21 @@ struct BackwardConsumer {
     if (lane == 0) mbarrier_arrive(&sm.empty()[stage]);
   }
 
-  // One query block of one query head.
-  // head_rows: this query head's sequence in dq_accum.
+  // Sᵀ and dPᵀ of the query block staged in `stage`, issued as two commit groups.
+  __device__ void issue_scores(Scores& s, Scores& dp, int stage) {
+    wgmma_fence();
+    issue_transposed_scores(s, sm.k(), sm.q(stage));
+    issue_transposed_scores(dp, sm.v(), sm.dout(stage));
+  }
+
+  // The rest of one query block once its Sᵀ and dPᵀ are issued: P, dV, dS, dK, then dQ issued (not waited for).
+  // On return the wgmma groups in flight are dV, dK and dQ, in that order.
   template <bool kSoftcap>
-  __device__ void step(float* head_rows, int m, int stage, int ds_buffer) {
+  __device__ void gradients(Scores& s, Scores& dp, float (&dq)[Cfg::kDqTileCols / 2], int m, int stage,
+                            int ds_buffer) {
     const uint8_t* q_tile = sm.q(stage);
     const uint8_t* do_tile = sm.dout(stage);
-    Scores s, dp;
-    wgmma_fence();
-    issue_transposed_scores(s, sm.k(), q_tile);
-    issue_transposed_scores(dp, sm.v(), do_tile);
-    wgmma_wait<1>();
+    wgmma_wait<1>();  // Sᵀ has landed; dPᵀ may still run
     fence_registers(s);
     Fragments pf;
     probabilities<kSoftcap>(s, pf, sm.lse_log2(stage), m, needs_mask(m));
@@ -372,14 +376,7 @@ struct BackwardConsumer {
     issue_accumulate(dk, dsf, q_tile);
     fence_async_shared();
     named_barrier_sync(kDsReadyBarrier, Cfg::kConsumerWarpgroups * kWarpgroupThreads);
-    float dq[Cfg::kDqTileCols / 2];
     issue_dq(dq, ds_tile);
-    wgmma_wait<0>();
-    fence_registers(dq);
-    fence_registers(dk);
-    fence_registers(dv);
-    release(stage);
-    accumulate_dq(dq, head_rows, m);
   }
 
   __device__ void epilogue() const {
@@ -404,20 +401,32 @@ struct BackwardConsumer {
   }
 };
 
+// The query blocks of every query head of the group. A block's stage is released as soon as dV and dK have
+// landed (dQ reads only dSᵀ and K), before dQ is waited for: +6-10% at hd 128 over releasing after dQ
+// (bench/results/sm90-backward.md, v4). Issuing the next block's Sᵀ and dPᵀ behind dQ instead of waiting was
+// slower at hd 64 (324 -> 262 TFLOP/s at 16k) and spilled at hd 128 (v4).
 template <typename T, typename Cfg, bool kSoftcap>
 __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int heads_per_kv) {
   mbarrier_wait(c.sm.kv_full(), 0);
+  const int blocks_per_head = w.m_end - w.m_begin;
+  const int blocks = heads_per_kv * blocks_per_head;
   RingPosition<Cfg::kStages> pos;
-  int ds_buffer = 0;
-  for (int g = 0; g < heads_per_kv; ++g) {
-    const int head = w.kv_head * heads_per_kv + g;
+  for (int i = 0; i < blocks; ++i) {
+    const int head = w.kv_head * heads_per_kv + i / blocks_per_head, m = w.m_begin + i % blocks_per_head;
+    typename BackwardConsumer<T, Cfg>::Scores s, dp;
+    mbarrier_wait(&c.sm.full()[pos.index], pos.phase);
+    c.issue_scores(s, dp, pos.index);
+    float dq[Cfg::kDqTileCols / 2];
+    c.template gradients<kSoftcap>(s, dp, dq, m, pos.index, i % 2);
+    wgmma_wait<1>();  // dV and dK have landed: this stage's Q and dO are no longer read
+    fence_registers(c.dk);
+    fence_registers(c.dv);
+    c.release(pos.index);
+    pos.advance();
+    wgmma_wait<0>();
+    fence_registers(dq);
     float* head_rows = c.a.dq_accum + (int64_t(head) * c.a.ws_head_stride + w.ws_row0) * Cfg::kHeadDim;
-    for (int m = w.m_begin; m < w.m_end; ++m) {
-      mbarrier_wait(&c.sm.full()[pos.index], pos.phase);
-      c.template step<kSoftcap>(head_rows, m, pos.index, ds_buffer);
-      ds_buffer ^= 1;
-      pos.advance();
-    }
+    c.accumulate_dq(dq, head_rows, m);
   }
 }
 
