@@ -84,8 +84,19 @@ BackendChoice choose(const FwdParams& p, Backend requested, bool backward, const
 
 }  // namespace
 
-BackendChoice choose_backend(const FwdParams& p, Backend requested, bool backward) {
-  return choose(p, requested, backward, nullptr);
+BackendChoice choose_backend(const FwdParams& p, Backend requested, bool backward, bool deterministic) {
+  if (!backward) return choose(p, requested, false, nullptr);
+  // The backward these params would make: gradients and dout laid out like the tensors they belong to.
+  BwdParams b;
+  static_cast<FwdParams&>(b) = p;
+  b.dout = p.o;
+  b.do_batch_stride = p.o_batch_stride, b.do_row_stride = p.o_row_stride, b.do_head_stride = p.o_head_stride;
+  b.dq = const_cast<void*>(p.q), b.dk = const_cast<void*>(p.k), b.dv = const_cast<void*>(p.v);
+  b.dq_batch_stride = p.q_batch_stride, b.dq_row_stride = p.q_row_stride, b.dq_head_stride = p.q_head_stride;
+  b.dk_batch_stride = p.k_batch_stride, b.dk_row_stride = p.k_row_stride, b.dk_head_stride = p.k_head_stride;
+  b.dv_batch_stride = p.v_batch_stride, b.dv_row_stride = p.v_row_stride, b.dv_head_stride = p.v_head_stride;
+  b.deterministic = deterministic;
+  return choose(b, requested, true, &b);
 }
 
 BackendChoice choose_backend(const BwdParams& p, Backend requested) { return choose(p, requested, true, &p); }

@@ -79,8 +79,9 @@ Status make_forward_params(const ForwardArgs& args, const AttentionOptions& opti
 Status make_backward_params(const BackwardArgs& args, const AttentionOptions& options, BwdParams* params);
 
 // The backend choice for already validated params (`backward` selects for the backward pass, judged from the
-// forward's params: dout laid out like out, not deterministic), and for a backward's own params.
-BackendChoice choose_backend(const FwdParams& params, Backend requested, bool backward);
+// forward's params: dout and the gradients laid out like out, q, k, v; `deterministic` as the backward's
+// option), and for a backward's own params.
+BackendChoice choose_backend(const FwdParams& params, Backend requested, bool backward, bool deterministic = false);
 BackendChoice choose_backend(const BwdParams& params, Backend requested);
 
 // Run validated params on a backend (automatic allowed). No validation beyond backend support.

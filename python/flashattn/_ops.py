@@ -269,13 +269,16 @@ def choose_backend(
     window_right: int = -1,
     softcap: float = 0.0,
     backward: bool = False,
+    deterministic: bool = False,
     backend: str = "auto",
 ) -> BackendChoice:
-    """Which backend `attention` would run for these arguments (backward=True: for the backward), and why."""
+    """Which backend `attention` would run for these arguments (backward=True: for the backward, with
+    `deterministic` as given to `attention`), and why."""
     _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     name, ok, reason = _C.choose_backend(
         _dl(q), _dl(k), _dl(v), None, _dl(cu_seqlens_q), _dl(cu_seqlens_k), int(max_seqlen_q), int(max_seqlen_k),
         softmax_scale=resolve_scale(softmax_scale, q.shape[-1]), causal=causal, window_left=window_left,
-        window_right=window_right, softcap=softcap, backward=backward, backend=backend, stream=_stream(q))
+        window_right=window_right, softcap=softcap, backward=backward, deterministic=deterministic, backend=backend,
+        stream=_stream(q))
     return BackendChoice(name, ok, reason)

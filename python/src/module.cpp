@@ -219,7 +219,8 @@ std::tuple<std::string, bool, std::string> choose_backend(const In& q, const In&
                                                           int64_t max_seqlen_q, int64_t max_seqlen_k,
                                                           double softmax_scale, bool causal, int64_t window_left,
                                                           int64_t window_right, double softcap, bool backward,
-                                                          const std::string& backend, uintptr_t stream) {
+                                                          bool deterministic, const std::string& backend,
+                                                          uintptr_t stream) {
   TensorView out_view;
   if (out) {
     out_view = to_view("out", *out);
@@ -235,14 +236,14 @@ std::tuple<std::string, bool, std::string> choose_backend(const In& q, const In&
   const flashattn::ForwardArgs a =
       forward_args(q, k, v, out_view, TensorView{}, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   const AttentionOptions o =
-      make_options(softmax_scale, causal, window_left, window_right, softcap, false, backend, 0, stream);
+      make_options(softmax_scale, causal, window_left, window_right, softcap, deterministic, backend, 0, stream);
   flashattn::BackendChoice c;
   Status st;
   {
     nb::gil_scoped_release release;
     flashattn::FwdParams p;
     st = flashattn::make_forward_params(a, o, &p);
-    if (st.ok()) c = flashattn::choose_backend(p, o.backend, backward);
+    if (st.ok()) c = flashattn::choose_backend(p, o.backend, backward, deterministic);
   }
   throw_if_failed(st);
   return {flashattn::backend_name(c.backend), c.status.ok(), c.reason};
@@ -272,7 +273,8 @@ NB_MODULE(_C, m) {
   m.def("choose_backend", &choose_backend, "q"_a, "k"_a, "v"_a, "out"_a.none() = nb::none(),
         "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
         "max_seqlen_k"_a = 0, nb::kw_only(), "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1,
-        "window_right"_a = -1, "softcap"_a = 0.0, "backward"_a = false, "backend"_a = "auto", "stream"_a = 0,
+        "window_right"_a = -1, "softcap"_a = 0.0, "backward"_a = false, "deterministic"_a = false,
+        "backend"_a = "auto", "stream"_a = 0,
         "The backend the dispatcher would run for this call: (name, supported, reason). Runs nothing.");
 
   m.def("built_with_cuda", &flashattn::built_with_cuda, "Whether this build contains the CUDA kernels.");

@@ -266,6 +266,9 @@ TEST(Sm90ForwardSupport, DispatchPicksSm90OnHopper) {
   c = choose_backend(bp, Backend::automatic);
   EXPECT_EQ(c.backend, Backend::cuda_sm80) << c.reason;
   EXPECT_NE(c.reason.find("deterministic"), std::string::npos) << c.reason;
+  c = choose_backend(p, Backend::automatic, true, /*deterministic=*/true);  // the same, from the forward's params
+  EXPECT_EQ(c.backend, Backend::cuda_sm80) << c.reason;
+  EXPECT_NE(c.reason.find("deterministic"), std::string::npos) << c.reason;
   ASSERT_TRUE(params_for(96, &p).ok());
   for (bool backward : {false, true}) {
     c = choose_backend(p, Backend::automatic, backward);

@@ -167,6 +167,8 @@ def test_default_path_is_automatic_dispatch():
     assert "CPU" in choice.reason
     forced = flashattn.choose_backend(q, q, q, backend="cpu_reference", backward=True)
     assert forced.backend == "cpu_reference" and forced.supported
+    deterministic = flashattn.choose_backend(q, q, q, backward=True, deterministic=True)
+    assert deterministic.backend == "cpu_flash" and deterministic.supported, deterministic
     cuda = flashattn.choose_backend(q, q, q, backend="cuda_sm80")
     assert not cuda.supported and "CPU" in cuda.reason
 

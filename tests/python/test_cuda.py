@@ -135,6 +135,18 @@ def test_device_mismatch_names_the_argument():
         flashattn.flash_attn_func(q, q.cpu(), q)
 
 
+@pytest.mark.skipif(not CUDA_AVAILABLE or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs compute capability 9.0")
+def test_backward_dispatch_on_hopper():
+    q = torch.randn(1, 64, 2, 128, dtype=torch.bfloat16, device="cuda")
+    choice = flashattn.choose_backend(q, q, q, backward=True)
+    assert choice.backend == "cuda_sm90" and choice.supported, choice
+    # The deterministic mode sums dQ in a fixed order: the sm80 kernels run it, and the reason says why.
+    choice = flashattn.choose_backend(q, q, q, backward=True, deterministic=True)
+    assert choice.backend == "cuda_sm80" and choice.supported, choice
+    assert "deterministic" in choice.reason
+
+
 def test_cpu_backend_on_cuda_tensors_is_unsupported():
     q = torch.randn(1, 4, 2, 64, dtype=torch.float16, device="cuda")
     with pytest.raises(NotImplementedError, match="cpu_reference runs on CPU tensors"):

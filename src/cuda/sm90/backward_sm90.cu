@@ -617,7 +617,6 @@ Status sm90_backward_supports(const FwdParams& p, const BwdParams* bwd) {
                                " (runs 64 and 128; cuda_sm80 runs the others)");
   if (bwd && bwd->deterministic)
     return Status::unsupported("cuda_sm90: the backward sums dQ with atomics; the deterministic mode runs on cuda_sm80");
-  if (bwd && bwd->lse == nullptr) return Status::invalid("lse: required by the backward");
   const bool varlen = p.is_varlen();
   // Without the backward's params, dO is taken to be laid out like O.
   const int64_t do_row = bwd ? bwd->do_row_stride : p.o_row_stride, do_head = bwd ? bwd->do_head_stride : p.o_head_stride;
@@ -646,6 +645,7 @@ Status sm90_backward_supports(const FwdParams& p, const BwdParams* bwd) {
 }
 
 Status sm90_backward_run(const BwdParams& p) {
+  if (p.lse == nullptr) return Status::invalid("lse: required by the backward");
   Status st = sm90_backward_supports(p, &p);
   if (!st.ok()) return st;
   DeviceGuard guard(p.device.index);

@@ -7,8 +7,8 @@
 
 namespace flashattn::detail {
 
-// ok, or unsupported with the reason. `bwd` null: judged from the forward's params alone (what choose_backend
-// knows when asked about a backward without its gradients: dout laid out like out, not deterministic).
+// ok, or unsupported with the reason. `bwd` null: judged from the forward's params alone (dout laid out like
+// out, not deterministic).
 Status sm90_backward_supports(const FwdParams& p, const BwdParams* bwd);
 
 // Runs validated params for which sm90_backward_supports is ok. Asynchronous on p.stream.
