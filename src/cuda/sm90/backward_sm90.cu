@@ -47,6 +47,7 @@
 #include "cuda/sm90/backward_config.h"
 #include "cuda/sm90/backward_sm90.h"
 #include "cuda/sm90/primitives_sm90.cuh"
+#include "cuda/sm90/support_checks.h"
 #include "cuda/sm90/swizzle.h"
 #include "cuda/sm90/tensor_map.h"
 #include "cuda/workspace.h"
@@ -479,10 +480,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 namespace flashattn::detail {
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
 
-bool stride_ok(int64_t s) { return s % 8 == 0; }  // 16 bytes of 16-bit elements: TMA's stride unit
-bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0; }
+using sm90_checks::aligned;
+using sm90_checks::tma_stride_ok;
 
 template <typename T, int kHeadDim>
 Status launch(const BwdParams& p) {
@@ -570,15 +570,12 @@ Status launch(const BwdParams& p) {
       a.cu_seqlens_k = p.cu_seqlens_k;
       a.seqlen_q = int(p.seqlen_q);
       a.seqlen_k = int(p.seqlen_k);
-      a.heads_per_kv = int(p.heads_q / p.heads_kv);
-      a.scale = p.softmax_scale;
-      a.scale_log2 = p.softmax_scale * kLog2e;
-      a.softcap = p.softcap;
-      a.tanh_scale = p.softcap > 0.f ? p.softmax_scale / p.softcap : 0.f;
-      a.softcap_log2 = p.softcap * kLog2e;
-      a.causal = p.causal;
-      a.window_left = int(p.window_left);
-      a.window_right = int(p.window_right);
+      a.heads_per_kv = rows.group;
+      // The score transforms exactly as the sm80 backward derives them (sm80_backward_args).
+      a.scale = rows.scale, a.scale_log2 = rows.scale_log2;
+      a.softcap = rows.softcap, a.tanh_scale = rows.tanh_scale, a.softcap_log2 = rows.softcap_log2;
+      a.causal = rows.causal;
+      a.window_left = int(rows.window_left), a.window_right = int(rows.window_right);
 
       auto kernel = cuda::sm90::backward_kernel<T, Cfg>;
       FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
@@ -603,15 +600,8 @@ Status launch_head_dim(const BwdParams& p) {
 }  // namespace
 
 Status sm90_backward_supports(const FwdParams& p, const BwdParams* bwd) {
-  if (p.dtype != DType::f16 && p.dtype != DType::bf16)
-    return Status::unsupported(std::string("cuda_sm90: runs float16 and bfloat16; got ") + dtype_name(p.dtype));
-  const int cc = cuda_compute_capability_impl(p.device.index);
-  if (cc != 90)
-    return Status::unsupported("cuda_sm90: needs compute capability 9.0 (sm_90a code), device " +
-                               std::to_string(p.device.index) + " has " + std::to_string(cc / 10) + "." +
-                               std::to_string(cc % 10));
-  if (p.head_dim != p.head_dim_v)
-    return Status::unsupported("cuda_sm90: backward with head_dim_v != head_dim is not implemented (cuda_sm80 runs it)");
+  Status common = sm90_checks::common(p);
+  if (!common.ok()) return common;
   if (p.head_dim != 64 && p.head_dim != 128)
     return Status::unsupported("cuda_sm90: backward head dim " + std::to_string(p.head_dim) +
                                " (runs 64 and 128; cuda_sm80 runs the others)");
@@ -625,7 +615,7 @@ Status sm90_backward_supports(const FwdParams& p, const BwdParams* bwd) {
                              p.v_head_stride, do_row, do_head, varlen ? 0 : p.q_batch_stride,
                              varlen ? 0 : p.k_batch_stride, varlen ? 0 : p.v_batch_stride, varlen ? 0 : do_batch};
   for (int64_t s : strides)
-    if (!stride_ok(s))
+    if (!tma_stride_ok(s))
       return Status::unsupported("cuda_sm90: TMA needs every row/head/batch stride of q, k, v, dout to be a multiple of 8 elements");
   if (!aligned(p.q, 16) || !aligned(p.k, 16) || !aligned(p.v, 16) || (bwd && !aligned(bwd->dout, 16)))
     return Status::unsupported("cuda_sm90: TMA needs 16-byte aligned q, k, v, dout");
@@ -637,9 +627,6 @@ Status sm90_backward_supports(const FwdParams& p, const BwdParams* bwd) {
     if (!aligned(bwd->dk, 4) || !aligned(bwd->dv, 4))
       return Status::unsupported("cuda_sm90: the backward writes dk, dv in pairs: 4-byte aligned bases needed");
   }
-  const int64_t kInt32Max = 2147483647;
-  if (p.seqlen_q > kInt32Max || p.seqlen_k > kInt32Max || p.total_q > kInt32Max || p.total_k > kInt32Max)
-    return Status::unsupported("cuda_sm90: sequence lengths past 2^31");
   if (p.heads_kv > 65535 || p.batch > 65535) return Status::unsupported("cuda_sm90: more than 65535 KV heads or batches");
   return Status::success();
 }

@@ -41,6 +41,7 @@
 #include "cuda/sm90/forward_sm90.h"
 #include "cuda/sm90/forward_tiles.cuh"
 #include "cuda/sm90/primitives_sm90.cuh"
+#include "cuda/sm90/support_checks.h"
 #include "cuda/sm90/tensor_map.h"
 #include "cuda/workspace.h"
 
@@ -110,8 +111,8 @@ namespace flashattn::detail {
 namespace {
 
 
-bool stride_ok(int64_t s) { return s % 8 == 0; }  // 16 bytes of 16-bit elements: TMA's stride unit
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+using sm90_checks::aligned;
+using sm90_checks::tma_stride_ok;
 
 // An attribute of the current device (the launcher runs under DeviceGuard), or `fallback` if it cannot be read.
 int device_attribute(cudaDeviceAttr attr, int fallback) {
@@ -230,15 +231,8 @@ Status launch_head_dim(const FwdParams& p, Sm90Grid grid) {
 }  // namespace
 
 Status sm90_forward_supports(const FwdParams& p) {
-  if (p.dtype != DType::f16 && p.dtype != DType::bf16)
-    return Status::unsupported(std::string("cuda_sm90: runs float16 and bfloat16; got ") + dtype_name(p.dtype));
-  const int cc = cuda_compute_capability_impl(p.device.index);
-  if (cc != 90)
-    return Status::unsupported("cuda_sm90: needs compute capability 9.0 (sm_90a code), device " +
-                               std::to_string(p.device.index) + " has " + std::to_string(cc / 10) + "." +
-                               std::to_string(cc % 10));
-  if (p.head_dim != p.head_dim_v)
-    return Status::unsupported("cuda_sm90: head_dim_v != head_dim is not implemented (cuda_sm80 runs it)");
+  Status common = sm90_checks::common(p);
+  if (!common.ok()) return common;
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)
     return Status::unsupported("cuda_sm90: head dim " + std::to_string(p.head_dim) + " (runs 64, 128, 256)");
   const bool varlen = p.is_varlen();
@@ -247,13 +241,10 @@ Status sm90_forward_supports(const FwdParams& p) {
                              varlen ? 0 : p.q_batch_stride, varlen ? 0 : p.k_batch_stride,
                              varlen ? 0 : p.v_batch_stride, varlen ? 0 : p.o_batch_stride};
   for (int64_t s : strides)
-    if (!stride_ok(s))
+    if (!tma_stride_ok(s))
       return Status::unsupported("cuda_sm90: TMA needs every row/head/batch stride to be a multiple of 8 elements");
-  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o))
+  if (!aligned(p.q, 16) || !aligned(p.k, 16) || !aligned(p.v, 16) || !aligned(p.o, 16))
     return Status::unsupported("cuda_sm90: TMA needs 16-byte aligned Q, K, V, O");
-  const int64_t kInt32Max = 2147483647;
-  if (p.seqlen_q > kInt32Max || p.seqlen_k > kInt32Max || p.total_q > kInt32Max || p.total_k > kInt32Max)
-    return Status::unsupported("cuda_sm90: sequence lengths past 2^31");
   if (p.heads_q > 65535 || p.batch > 65535) return Status::unsupported("cuda_sm90: more than 65535 heads or batches");
   // Tiles are numbered in int (the kernel adds the grid size to a tile number); counted at the smallest kBlockM.
   const int64_t kMaxTiles = int64_t(1) << 30;
