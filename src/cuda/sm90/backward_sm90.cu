@@ -480,7 +480,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 namespace flashattn::detail {
 namespace {
 
-
 using sm90_checks::aligned;
 using sm90_checks::tma_stride_ok;
 
