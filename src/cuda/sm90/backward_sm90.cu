@@ -3,8 +3,9 @@
 // arbitrary tails. P is recomputed from the LSE tile by tile and never reaches global memory.
 //
 // Launch sequence on the call's stream (the row-wise kernels are the sm80 backward's, backward_rows.cu):
-//   memset dq_accum; bwd_preprocess_kernel (D = rowsum(dO∘O), LSE·log2e); backward_kernel (below);
-//   bwd_dq_convert_kernel (dQ = dq_accum · scale as the dtype).
+//   memset of the workspace; bwd_preprocess_kernel (D = rowsum(dO∘O), LSE·log2e); backward_kernel (below);
+//   bwd_dq_convert_kernel (dQ = dq_accum · scale as the dtype). In the workspace every sequence starts on a
+//   16-byte boundary (sm80::ws_sequence_start), where TMA boxes of LSE and D must start.
 //
 // backward_kernel: one CTA per (block of kBlockN = 128 keys, KV head, batch entry); key blocks with the most
 // visible queries (the first, under a causal mask) are launched first. It loops over the query heads of its KV
@@ -24,7 +25,8 @@
 //                  named barrier: both warpgroups' dSᵀ are in shared memory
 //                  dQ columns = dS K                (wgmma SS, dS read M-major from dSᵀ; each warpgroup half of
 //                                                    the columns) -> fp32 vector reductions into dq_accum
-//                dSᵀ is double-buffered, so one barrier per query block orders its writes and reads.
+//                dSᵀ is double-buffered, so one barrier per query block orders its writes and reads. The block's
+//                Q/dO stage goes back to the producer once dV and dK have landed, before dQ is waited for.
 //                Epilogue: dK · scale and dV written as the dtype from registers.
 // Shared memory and register budgets: backward_config.h (98-161 KB; 240 registers per consumer thread).
 // Preconditions (sm90_backward_supports): compute capability 9.0, fp16/bf16, d == d_v in {64, 128}, Q, K, V, dO
