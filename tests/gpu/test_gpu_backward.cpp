@@ -33,6 +33,7 @@ struct BwdCase {
   int64_t wl = -1, wr = -1;
   double softcap = 0;
   bool bhsd = false;   // storage order [b, h, s, d] (a permuted view) instead of [b, s, h, d]
+  bool dout_own_layout = false;  // dout in the other storage order, 8 elements of row padding (unlike out)
   int64_t pad = 0;     // extra elements at the end of every row (odd values break 16-byte alignment)
   std::vector<int> lens_q, lens_k;  // varlen when non-empty
   bool deterministic = false;
@@ -46,7 +47,7 @@ struct BwdCase {
     std::ostringstream os;
     os << dtype_name(dtype) << " b" << batch << " sq" << sq << " sk" << sk << " h" << hq << "/" << hkv << " d" << d
        << "/" << dv << (causal ? " causal" : "") << " win(" << wl << "," << wr << ")" << " cap" << softcap
-       << (bhsd ? " bhsd" : "") << " pad" << pad << (varlen() ? " varlen" : "") << (deterministic ? " det" : "") << " stages" << stages
+       << (bhsd ? " bhsd" : "") << (dout_own_layout ? " dout-own-layout" : "") << " pad" << pad << (varlen() ? " varlen" : "") << (deterministic ? " det" : "") << " stages" << stages
        << " smem" << smem_limit << " " << backend_name(backend);
     return os.str();
   }
@@ -84,7 +85,13 @@ Problem make_problem(const BwdCase& c, DType dt) {
   p.k = make_tensor(c, dt, rk, c.hkv, c.d);
   p.v = make_tensor(c, dt, rk, c.hkv, c.dv);
   p.o = make_tensor(c, dt, rq, c.hq, c.dv);
-  p.dout = make_tensor(c, dt, rq, c.hq, c.dv);
+  if (c.dout_own_layout) {
+    BwdCase other = c;
+    other.bhsd = !c.bhsd, other.pad = 8;
+    p.dout = make_tensor(other, dt, rq, c.hq, c.dv);
+  } else {
+    p.dout = make_tensor(c, dt, rq, c.hq, c.dv);
+  }
   p.dq = make_tensor(c, dt, rq, c.hq, c.d);
   p.dk = make_tensor(c, dt, rk, c.hkv, c.d);
   p.dv = make_tensor(c, dt, rk, c.hkv, c.dv);
@@ -446,6 +453,12 @@ TEST_P(GpuBackward, LayoutsAndMisalignedStrides) {
   BwdCase c = base(GetParam(), 77, 77, 33);  // odd head dim with an odd row pitch
   c.pad = 1;
   run_case(c);
+  // dout laid out unlike out (a gradient arriving transposed): its own strides for the loads and the tensor map.
+  for (int64_t d : {64, 128}) {
+    c = base(GetParam(), 150, 140, d);
+    c.hq = 4, c.hkv = 2, c.causal = d == 128, c.dout_own_layout = true;
+    run_case(c);
+  }
 }
 
 TEST_P(GpuBackward, WindowsAndSoftcap) {
