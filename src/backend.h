@@ -17,8 +17,8 @@ Status cuda_sm80_supports(const FwdParams& p, bool backward);
 Status cuda_sm80_forward(const FwdParams& p);
 Status cuda_sm80_backward(const BwdParams& p);
 
-Status cuda_sm90_supports(const FwdParams& p, bool backward);
-// The backward's support with everything the backward knows (dout's layout, deterministic mode).
+// The forward's support, and the backward's with everything the backward knows (dout's layout, deterministic mode).
+Status cuda_sm90_supports(const FwdParams& p);
 Status cuda_sm90_backward_supports(const BwdParams& p);
 Status cuda_sm90_forward(const FwdParams& p);
 Status cuda_sm90_backward(const BwdParams& p);

@@ -10,7 +10,7 @@ Status no_cuda() { return Status::unsupported("this build of flashattn has no CU
 Status cuda_sm80_supports(const FwdParams&, bool) { return no_cuda(); }
 Status cuda_sm80_forward(const FwdParams&) { return no_cuda(); }
 Status cuda_sm80_backward(const BwdParams&) { return no_cuda(); }
-Status cuda_sm90_supports(const FwdParams&, bool) { return no_cuda(); }
+Status cuda_sm90_supports(const FwdParams&) { return no_cuda(); }
 Status cuda_sm90_backward_supports(const BwdParams&) { return no_cuda(); }
 Status cuda_sm90_forward(const FwdParams&) { return no_cuda(); }
 Status cuda_sm90_backward(const BwdParams&) { return no_cuda(); }

@@ -32,9 +32,9 @@ namespace {
 
 bool on_cpu(const FwdParams& p) { return p.device.type == DeviceType::cpu; }
 
-// bwd: the backward's params where the caller has them (they say more than the forward's: dout's layout, the
-// deterministic mode).
-Status supports(Backend b, const FwdParams& p, bool backward, const BwdParams* bwd) {
+// bwd: the backward's params when choosing for the backward (they say more than the forward's: dout's layout,
+// the deterministic mode); null for the forward.
+Status supports(Backend b, const FwdParams& p, const BwdParams* bwd) {
   switch (b) {
     case Backend::cpu_reference:
     case Backend::cpu_flash:
@@ -42,20 +42,20 @@ Status supports(Backend b, const FwdParams& p, bool backward, const BwdParams* b
                        : Status::unsupported(std::string(backend_name(b)) + " runs on CPU tensors; these are on CUDA");
     case Backend::cuda_sm80:
       if (on_cpu(p)) return Status::unsupported("cuda_sm80 runs on CUDA tensors; these are on the CPU");
-      return detail::cuda_sm80_supports(p, backward);
+      return detail::cuda_sm80_supports(p, bwd != nullptr);
     case Backend::cuda_sm90:
       if (on_cpu(p)) return Status::unsupported("cuda_sm90 runs on CUDA tensors; these are on the CPU");
-      return bwd ? detail::cuda_sm90_backward_supports(*bwd) : detail::cuda_sm90_supports(p, backward);
+      return bwd ? detail::cuda_sm90_backward_supports(*bwd) : detail::cuda_sm90_supports(p);
     case Backend::automatic: break;
   }
   return Status::invalid("backend: not a concrete backend");
 }
 
-BackendChoice choose(const FwdParams& p, Backend requested, bool backward, const BwdParams* bwd) {
+BackendChoice choose(const FwdParams& p, Backend requested, const BwdParams* bwd) {
   BackendChoice c;
   if (requested != Backend::automatic) {
     c.backend = requested;
-    c.status = supports(requested, p, backward, bwd);
+    c.status = supports(requested, p, bwd);
     c.reason = c.status.ok() ? std::string("requested explicitly") : c.status.message;
     return c;
   }
@@ -67,7 +67,7 @@ BackendChoice choose(const FwdParams& p, Backend requested, bool backward, const
   // CUDA: fastest first; record why each faster backend was passed over.
   std::string passed_over;
   for (Backend b : {Backend::cuda_sm90, Backend::cuda_sm80}) {
-    Status s = supports(b, p, backward, bwd);
+    Status s = supports(b, p, bwd);
     if (s.ok()) {
       c.backend = b;
       c.reason = std::string(backend_name(b)) + " supports this call" +
@@ -85,7 +85,7 @@ BackendChoice choose(const FwdParams& p, Backend requested, bool backward, const
 }  // namespace
 
 BackendChoice choose_backend(const FwdParams& p, Backend requested, bool backward, bool deterministic) {
-  if (!backward) return choose(p, requested, false, nullptr);
+  if (!backward) return choose(p, requested, nullptr);
   // The backward these params would make: gradients and dout laid out like the tensors they belong to.
   BwdParams b;
   static_cast<FwdParams&>(b) = p;
@@ -96,10 +96,10 @@ BackendChoice choose_backend(const FwdParams& p, Backend requested, bool backwar
   b.dk_batch_stride = p.k_batch_stride, b.dk_row_stride = p.k_row_stride, b.dk_head_stride = p.k_head_stride;
   b.dv_batch_stride = p.v_batch_stride, b.dv_row_stride = p.v_row_stride, b.dv_head_stride = p.v_head_stride;
   b.deterministic = deterministic;
-  return choose(b, requested, true, &b);
+  return choose(b, requested, &b);
 }
 
-BackendChoice choose_backend(const BwdParams& p, Backend requested) { return choose(p, requested, true, &p); }
+BackendChoice choose_backend(const BwdParams& p, Backend requested) { return choose(p, requested, &p); }
 
 Status run_forward(const FwdParams& p, Backend requested) {
   const BackendChoice c = choose_backend(p, requested, false);

@@ -600,41 +600,37 @@ Status launch_head_dim(const BwdParams& p) {
 
 }  // namespace
 
-Status sm90_backward_supports(const FwdParams& p, const BwdParams* bwd) {
+Status sm90_backward_supports(const BwdParams& p) {
   Status common = sm90_checks::common(p);
   if (!common.ok()) return common;
   if (p.head_dim != 64 && p.head_dim != 128)
     return Status::unsupported("cuda_sm90: backward head dim " + std::to_string(p.head_dim) +
                                " (runs 64 and 128; cuda_sm80 runs the others)");
-  if (bwd && bwd->deterministic)
+  if (p.deterministic)
     return Status::unsupported("cuda_sm90: the backward sums dQ with atomics; the deterministic mode runs on cuda_sm80");
   const bool varlen = p.is_varlen();
-  // Without the backward's params, dO is taken to be laid out like O.
-  const int64_t do_row = bwd ? bwd->do_row_stride : p.o_row_stride, do_head = bwd ? bwd->do_head_stride : p.o_head_stride;
-  const int64_t do_batch = bwd ? bwd->do_batch_stride : p.o_batch_stride;
   const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.k_row_stride, p.k_head_stride, p.v_row_stride,
-                             p.v_head_stride, do_row, do_head, varlen ? 0 : p.q_batch_stride,
-                             varlen ? 0 : p.k_batch_stride, varlen ? 0 : p.v_batch_stride, varlen ? 0 : do_batch};
+                             p.v_head_stride, p.do_row_stride, p.do_head_stride, varlen ? 0 : p.q_batch_stride,
+                             varlen ? 0 : p.k_batch_stride, varlen ? 0 : p.v_batch_stride,
+                             varlen ? 0 : p.do_batch_stride};
   for (int64_t s : strides)
     if (!tma_stride_ok(s))
       return Status::unsupported("cuda_sm90: TMA needs every row/head/batch stride of q, k, v, dout to be a multiple of 8 elements");
-  if (!aligned(p.q, 16) || !aligned(p.k, 16) || !aligned(p.v, 16) || (bwd && !aligned(bwd->dout, 16)))
+  if (!aligned(p.q, 16) || !aligned(p.k, 16) || !aligned(p.v, 16) || !aligned(p.dout, 16))
     return Status::unsupported("cuda_sm90: TMA needs 16-byte aligned q, k, v, dout");
-  if (bwd) {
-    const int64_t out_strides[] = {bwd->dk_row_stride, bwd->dk_head_stride, bwd->dv_row_stride, bwd->dv_head_stride,
-                                   varlen ? 0 : bwd->dk_batch_stride, varlen ? 0 : bwd->dv_batch_stride};
-    for (int64_t s : out_strides)
-      if (s % 2 != 0) return Status::unsupported("cuda_sm90: the backward writes dk, dv in pairs: strides must be even");
-    if (!aligned(bwd->dk, 4) || !aligned(bwd->dv, 4))
-      return Status::unsupported("cuda_sm90: the backward writes dk, dv in pairs: 4-byte aligned bases needed");
-  }
+  const int64_t out_strides[] = {p.dk_row_stride, p.dk_head_stride, p.dv_row_stride, p.dv_head_stride,
+                                 varlen ? 0 : p.dk_batch_stride, varlen ? 0 : p.dv_batch_stride};
+  for (int64_t s : out_strides)
+    if (s % 2 != 0) return Status::unsupported("cuda_sm90: the backward writes dk, dv in pairs: strides must be even");
+  if (!aligned(p.dk, 4) || !aligned(p.dv, 4))
+    return Status::unsupported("cuda_sm90: the backward writes dk, dv in pairs: 4-byte aligned bases needed");
   if (p.heads_kv > 65535 || p.batch > 65535) return Status::unsupported("cuda_sm90: more than 65535 KV heads or batches");
   return Status::success();
 }
 
 Status sm90_backward_run(const BwdParams& p) {
   if (p.lse == nullptr) return Status::invalid("lse: required by the backward");
-  Status st = sm90_backward_supports(p, &p);
+  Status st = sm90_backward_supports(p);
   if (!st.ok()) return st;
   DeviceGuard guard(p.device.index);
   FA_CUDA_TRY(guard.status());

@@ -7,9 +7,8 @@
 
 namespace flashattn::detail {
 
-// ok, or unsupported with the reason. `bwd` null: judged from the forward's params alone (dout laid out like
-// out, not deterministic).
-Status sm90_backward_supports(const FwdParams& p, const BwdParams* bwd);
+// ok, or unsupported with the reason.
+Status sm90_backward_supports(const BwdParams& p);
 
 // Runs validated params for which sm90_backward_supports is ok. Asynchronous on p.stream.
 Status sm90_backward_run(const BwdParams& p);

@@ -7,11 +7,9 @@
 
 namespace flashattn::detail {
 
-Status cuda_sm90_supports(const FwdParams& p, bool backward) {
-  return backward ? sm90_backward_supports(p, nullptr) : sm90_forward_supports(p);
-}
+Status cuda_sm90_supports(const FwdParams& p) { return sm90_forward_supports(p); }
 
-Status cuda_sm90_backward_supports(const BwdParams& p) { return sm90_backward_supports(p, &p); }
+Status cuda_sm90_backward_supports(const BwdParams& p) { return sm90_backward_supports(p); }
 
 Status cuda_sm90_forward(const FwdParams& p) { return sm90_forward_run(p); }
 

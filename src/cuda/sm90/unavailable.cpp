@@ -12,7 +12,7 @@ Status not_built() {
 }
 }  // namespace
 
-Status cuda_sm90_supports(const FwdParams&, bool) { return not_built(); }
+Status cuda_sm90_supports(const FwdParams&) { return not_built(); }
 Status cuda_sm90_backward_supports(const BwdParams&) { return not_built(); }
 Status cuda_sm90_forward(const FwdParams&) { return not_built(); }
 Status cuda_sm90_backward(const BwdParams&) { return not_built(); }
