@@ -259,7 +259,7 @@ Err error_of(const HostTensor& x, const HostTensor& ref) {
 // Whether dispatch must pick the Hopper backward for the case (backward_sm90.cu's preconditions).
 bool sm90_expected(const BwdCase& c) {
   return c.backend == Backend::automatic && cuda_compute_capability(0) == 90 && c.d == c.dv &&
-         (c.d == 64 || c.d == 128) && !c.deterministic && c.pad % 8 == 0;
+         (c.d == 64 || c.d == 128 || c.d == 256) && !c.deterministic && c.pad % 8 == 0;
 }
 
 Status run_gpu(const BwdCase& c, const BackwardArgs& ga) {
@@ -439,6 +439,20 @@ TEST_P(GpuBackward, HeadDims) {
     c.dv = dv;
     run_case(c);
   }
+}
+
+// Head dim 256 through each mask, GQA, padded and varlen batches (on Hopper: the column-split sm90 kernel,
+// backward_config.h kColumnSplit, whose CTA owns 64 keys).
+TEST_P(GpuBackward, HeadDim256) {
+  FA_REQUIRE_GPU();
+  BwdCase c = base(GetParam(), 300, 333, 256);
+  c.batch = 2, c.hq = 4, c.hkv = 2, c.causal = true;
+  run_case(c);
+  c.causal = false, c.softcap = 3, c.wl = 40, c.wr = 7;
+  run_case(c);
+  c = varlen_with_empty_sequences(GetParam(), 256);
+  c.causal = true;
+  run_case(c);
 }
 
 TEST_P(GpuBackward, LayoutsAndMisalignedStrides) {

@@ -13,7 +13,12 @@
 // serialised the wgmmas and spilled 136 bytes).
 // Registers per consumer thread at hd 128: dK and dV 64 each, Sᵀ and dPᵀ 32 each, dQ 32: 224 of the 240 a
 // consumer gets (2 consumers: 128 * 24 + 256 * 240 = 64512 of 65536).
-// hd 256 would need dK and dV in 256 registers alone: not on this path (cuda_sm80 runs it).
+// hd 256 (kColumnSplit): dK and dV of 64 keys at 256 columns would take 256 registers per thread of one
+// warpgroup, so the CTA owns kBlockN = 64 keys and the two consumer warpgroups split dK, dV and dQ by columns
+// (128 each); each computes the block's Sᵀ, dPᵀ, P and dS itself over the whole head dim (40% more tensor work
+// than without the repetition, in exchange for no exchange of scores between warpgroups) and keeps its own dSᵀ
+// tile for dQ. Shared memory: K, V 32 KB each; Q, dO 2 x 32 KB each; dSᵀ 2 buffers x 2 warpgroups x 8 KB;
+// LSE, D 1 KB: 226 KB of 227.
 #pragma once
 
 #include "cuda/sm90/forward_config.h"
@@ -23,9 +28,12 @@ namespace flashattn::cuda::sm90 {
 template <int kHeadDim_>
 struct BackwardConfig {
   static constexpr int kHeadDim = kHeadDim_;
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "sm90 backward: head dim 64 or 128");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "sm90 backward: head dim 64, 128 or 256");
   static constexpr int kConsumerWarpgroups = 2;
-  static constexpr int kBlockN = kConsumerWarpgroups * kWgmmaRows;  // keys per CTA
+  // The warpgroups share the CTA's keys and split the gradients' columns (hd 256), or own 64 keys each.
+  static constexpr bool kColumnSplit = kHeadDim == 256;
+  static constexpr int kBlockN = kColumnSplit ? kWgmmaRows : kConsumerWarpgroups * kWgmmaRows;  // keys per CTA
+  static constexpr int kOutCols = kColumnSplit ? kHeadDim / kConsumerWarpgroups : kHeadDim;  // dK, dV columns per warpgroup
   static constexpr int kBlockM = 64;                                  // queries per streamed block
   static constexpr int kStages = 2;
   static constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
@@ -35,13 +43,18 @@ struct BackwardConfig {
   static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters) <= 65536,
                 "sm90 backward: register budgets over the 64K-register file");
 
-  // dQ's split (above): each consumer warpgroup's columns.
-  static constexpr int kDqTileCols = kHeadDim / kConsumerWarpgroups;
+  // dQ's split (above): each consumer warpgroup's columns, computed in kDqPieces pieces of kDqTileCols (at
+  // hd 256 one 64 x 128 accumulator beside dK and dV made ptxas serialise every wgmma; two 64 x 64 pieces, each
+  // summed into dq_accum before the next, fit).
+  static constexpr int kDqTileCols = kHeadDim == 256 ? 64 : kHeadDim / kConsumerWarpgroups;
+  static constexpr int kDqPieces = kHeadDim / kConsumerWarpgroups / kDqTileCols;
 
   static constexpr int kElemBytes = 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * kElemBytes;   // K or V
   static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;    // one stage of Q or dO
-  static constexpr int kDsBytes = kBlockN * kBlockM * kElemBytes;    // one dSᵀ buffer
+  static constexpr int kDsBytes = kBlockN * kBlockM * kElemBytes;    // one dSᵀ tile
+  // dSᵀ tiles per buffer: one the warpgroups share, or one each (kColumnSplit); two buffers.
+  static constexpr int kDsTiles = kColumnSplit ? kConsumerWarpgroups : 1;
   static constexpr int kRowValueBytes = kBlockM * 4;                 // one stage of LSE or D (fp32)
   static constexpr int kStageTxBytes = 2 * kQBytes + 2 * kRowValueBytes;  // what one stage's TMA delivers
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0 && kDsBytes % 1024 == 0,
@@ -49,7 +62,7 @@ struct BackwardConfig {
   // kv_full, full[], empty[].
   static constexpr int kBarrierBytes = 8 * (1 + 2 * kStages);
   static constexpr int kAlignSlack = 1024;
-  static constexpr int kSmemBytes = 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes +
+  static constexpr int kSmemBytes = 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsTiles * kDsBytes +
                                     2 * kStages * kRowValueBytes + kBarrierBytes + kAlignSlack;
   static_assert(kSmemBytes <= 227 * 1024, "sm90 backward: over the 227 KB shared-memory limit");
 };

@@ -1,5 +1,5 @@
 // Hopper backward: dQ, dK, dV of O = softmax(Q Kᵀ · scale) V from the forward's LSE, fp16/bf16 in, fp32
-// accumulation, for head dims 64 and 128 (d_v == d), with causal / sliding-window masks, softcap, GQA, varlen and
+// accumulation, for head dims 64, 128 and 256 (d_v == d), with causal / sliding-window masks, softcap, GQA, varlen and
 // arbitrary tails. P is recomputed from the LSE tile by tile and never reaches global memory.
 //
 // Launch sequence on the call's stream (the row-wise kernels are the sm80 backward's, backward_rows.cu):
@@ -7,7 +7,7 @@
 //   bwd_dq_convert_kernel (dQ = dq_accum · scale as the dtype). In the workspace every sequence starts on a
 //   16-byte boundary (sm80::ws_sequence_start), where TMA boxes of LSE and D must start.
 //
-// backward_kernel: one CTA per (block of kBlockN = 128 keys, KV head, batch entry); key blocks with the most
+// backward_kernel: one CTA per (block of kBlockN = 128 keys (64 at hd 256), KV head, batch entry); key blocks with the most
 // visible queries (the first, under a causal mask) are launched first. It loops over the query heads of its KV
 // group and, for each, over the query blocks of kBlockM rows that see any of its keys (MaskSpec::
 // query_range_for_keys), so dK and dV of a KV head sum over its query heads in registers, without atomics.
@@ -15,7 +15,8 @@
 //   warpgroup 0  producer: gives registers away (setmaxnreg); one thread loads K and V once, then streams each
 //                query block's Q, dO (128-byte swizzled panels) and LSE·log2e, D (fp32 rows) through a
 //                kStages-deep ring with TMA (full/empty mbarriers).
-//   warpgroups 1, 2  consumers, 64 keys each (setmaxnreg). Per query block, in the transposed orientation so
+//   warpgroups 1, 2  consumers, 64 keys each (setmaxnreg; at hd 256 the same 64 keys, half of dK/dV/dQ's columns
+//                each: backward_config.h, kColumnSplit). Per query block, in the transposed orientation so
 //                that the 64 keys are the wgmma's M and P, dS land in the A-operand register layout:
 //                  Sᵀ = K Qᵀ, dPᵀ = V dOᵀ          (wgmma SS, both issued before either is waited for)
 //                  Pᵀ = exp2(Sᵀ·scale·log2e − LSE·log2e), 0 where masked     (under dPᵀ's wgmma)
@@ -28,8 +29,8 @@
 //                dSᵀ is double-buffered, so one barrier per query block orders its writes and reads. The block's
 //                Q/dO stage goes back to the producer once dV and dK have landed, before dQ is waited for.
 //                Epilogue: dK · scale and dV written as the dtype from registers.
-// Shared memory and register budgets: backward_config.h (98-161 KB; 240 registers per consumer thread).
-// Preconditions (sm90_backward_supports): compute capability 9.0, fp16/bf16, d == d_v in {64, 128}, Q, K, V, dO
+// Shared memory and register budgets: backward_config.h (98-226 KB; 240 registers per consumer thread).
+// Preconditions (sm90_backward_supports): compute capability 9.0, fp16/bf16, d == d_v in {64, 128, 256}, Q, K, V, dO
 // strides multiples of 8 elements with 16-byte aligned bases (TMA), dK/dV with even strides and 4-byte aligned
 // bases, not deterministic (dQ is summed with atomics; cuda_sm80 has the deterministic mode).
 // Rows past a sequence's end are loaded (zeros past the tensor, the next sequence's rows in varlen) but masked
@@ -57,7 +58,8 @@
 namespace flashattn::cuda::sm90 {
 namespace {
 
-// Named barrier on which both consumer warpgroups meet once their dSᵀ of a query block is in shared memory.
+// Named barrier on which both consumer warpgroups meet once their dSᵀ of a query block is in shared memory (under
+// kColumnSplit each warpgroup waits only for its own warps, on barrier 1 + warpgroup).
 constexpr int kDsReadyBarrier = 1;
 
 // What the kernel reads besides the tensor maps; lengths and strides in elements.
@@ -95,7 +97,7 @@ struct BackwardSmem {
   static constexpr int kQOffset = 2 * Cfg::kKVBytes;
   static constexpr int kDoOffset = kQOffset + Cfg::kStages * Cfg::kQBytes;
   static constexpr int kDsOffset = kDoOffset + Cfg::kStages * Cfg::kQBytes;
-  static constexpr int kLseOffset = kDsOffset + 2 * Cfg::kDsBytes;
+  static constexpr int kLseOffset = kDsOffset + 2 * Cfg::kDsTiles * Cfg::kDsBytes;
   static constexpr int kDsumOffset = kLseOffset + Cfg::kStages * Cfg::kRowValueBytes;
   static constexpr int kBarrierOffset = kDsumOffset + Cfg::kStages * Cfg::kRowValueBytes;
 
@@ -103,7 +105,11 @@ struct BackwardSmem {
   __device__ uint8_t* v() const { return base + kVOffset; }
   __device__ uint8_t* q(int stage) const { return base + kQOffset + stage * Cfg::kQBytes; }
   __device__ uint8_t* dout(int stage) const { return base + kDoOffset + stage * Cfg::kQBytes; }
-  __device__ uint8_t* ds(int buffer) const { return base + kDsOffset + buffer * Cfg::kDsBytes; }
+  // dSᵀ tile of double-buffer slot `buffer` for consumer warpgroup `wg` (the same tile for both unless
+  // kColumnSplit).
+  __device__ uint8_t* ds(int buffer, int wg) const {
+    return base + kDsOffset + (buffer * Cfg::kDsTiles + (Cfg::kColumnSplit ? wg : 0)) * Cfg::kDsBytes;
+  }
   __device__ float* lse_log2(int stage) const {
     return reinterpret_cast<float*>(base + kLseOffset + stage * Cfg::kRowValueBytes);
   }
@@ -210,7 +216,10 @@ struct BackwardConsumer {
   int wg, warp, lane, quad;
   int key_local[2];        // this thread's two keys (accumulator rows), inside the CTA's block
   int query_lo[2], query_hi[2];  // the queries that see them, relative to the sequence start
-  float dk[kD / 2], dv[kD / 2];
+  // The warpgroup's first key inside the CTA's block and first dK/dV column (backward_config.h, kColumnSplit).
+  static constexpr int kOutCols = Cfg::kOutCols;
+  int key_row0, out_col0;
+  float dk[kOutCols / 2], dv[kOutCols / 2];
 
   __device__ BackwardConsumer(const BackwardSmem<Cfg>& sm_, const KeyBlockWork& w_, const BackwardKernelArgs& a_,
                               int wg_)
@@ -219,7 +228,9 @@ struct BackwardConsumer {
     warp = t / 32;
     lane = t % 32;
     quad = lane % 4;
-    key_local[0] = wg * kWgmmaRows + 16 * warp + lane / 4;
+    key_row0 = Cfg::kColumnSplit ? 0 : wg * kWgmmaRows;
+    out_col0 = Cfg::kColumnSplit ? wg * kOutCols : 0;
+    key_local[0] = key_row0 + 16 * warp + lane / 4;
     key_local[1] = key_local[0] + 8;
     for (int r = 0; r < 2; ++r) {
       const int key = w.key0 + key_local[r];
@@ -229,7 +240,7 @@ struct BackwardConsumer {
       query_hi[r] = int(hi);
     }
 #pragma unroll
-    for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.f;
+    for (int i = 0; i < kOutCols / 2; ++i) dk[i] = dv[i] = 0.f;
   }
 
   // A tile needs per-element masking unless every (query, key) of it is visible and inside both sequences.
@@ -241,24 +252,39 @@ struct BackwardConsumer {
 
   // D(64 x kM) = rows key_local of `keys` times `queries`ᵀ, both K-major over the head dim: Sᵀ = K Qᵀ, dPᵀ = V dOᵀ.
   __device__ void issue_transposed_scores(Scores& d, const uint8_t* keys, const uint8_t* queries) {
-    const uint32_t key_addr = smem_address(keys) + wg * kWgmmaRows * kSwizzleBytes;
+    const uint32_t key_addr = smem_address(keys) + key_row0 * kSwizzleBytes;
     const uint32_t query_addr = smem_address(queries);
+    if constexpr (Cfg::kColumnSplit) {
+      // 16 k-steps: the compiler would hoist every K and V descriptor out of the query-block loop and hold 64
+      // registers for them. One opaque base per operand, stepped by its start-address field (address / 16, far
+      // below the field's 2^14 limit in shared memory), costs an add per k-step instead.
+      uint64_t key_desc = make_desc_k_major(key_addr), query_desc = make_desc_k_major(query_addr);
+      asm volatile("" : "+l"(key_desc), "+l"(query_desc));
 #pragma unroll
-    for (int kk = 0; kk < kD / kWgmmaK; ++kk) {
-      const uint32_t step = (kk % 4) * kWgmmaK * 2;
-      wgmma_ss<T, kM, 0>(d, make_desc_k_major(key_addr + (kk / 4) * kN * kSwizzleBytes + step),
-                         make_desc_k_major(query_addr + (kk / 4) * kM * kSwizzleBytes + step), kk > 0);
+      for (int kk = 0; kk < kD / kWgmmaK; ++kk) {
+        const uint32_t step = (kk % 4) * kWgmmaK * 2;
+        wgmma_ss<T, kM, 0>(d, key_desc + (((kk / 4) * kN * kSwizzleBytes + step) >> 4),
+                           query_desc + (((kk / 4) * kM * kSwizzleBytes + step) >> 4), kk > 0);
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kD / kWgmmaK; ++kk) {
+        const uint32_t step = (kk % 4) * kWgmmaK * 2;
+        wgmma_ss<T, kM, 0>(d, make_desc_k_major(key_addr + (kk / 4) * kN * kSwizzleBytes + step),
+                           make_desc_k_major(query_addr + (kk / 4) * kM * kSwizzleBytes + step), kk > 0);
+      }
     }
     wgmma_commit();
   }
 
-  // acc(64 x kD) += fragments(64 x kM) * rows(kM x kD), rows N-major from a staged Q or dO tile.
-  __device__ static void issue_accumulate(float (&acc)[kD / 2], const Fragments& f, const uint8_t* rows) {
-    const uint32_t addr = smem_address(rows);
+  // acc(64 x kOutCols) += fragments(64 x kM) * rows(kM x this warpgroup's kOutCols columns), rows N-major from a
+  // staged Q or dO tile.
+  __device__ void issue_accumulate(float (&acc)[kOutCols / 2], const Fragments& f, const uint8_t* rows) const {
+    const uint32_t addr = smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes;
 #pragma unroll
     for (int kk = 0; kk < kM / kWgmmaK; ++kk)
-      wgmma_rs<T, kD, 1>(acc, f[kk], make_desc_mn_major(addr + kk * kWgmmaK * kSwizzleBytes, kM * kSwizzleBytes),
-                         true);
+      wgmma_rs<T, kOutCols, 1>(acc, f[kk],
+                               make_desc_mn_major(addr + kk * kWgmmaK * kSwizzleBytes, kM * kSwizzleBytes), true);
     wgmma_commit();
   }
 
@@ -315,16 +341,17 @@ struct BackwardConsumer {
     }
   }
 
-  // This warpgroup's 64 x kDqTileCols piece of dQ = dS K: its columns over every key.
-  __device__ int dq_col0() const { return wg * Cfg::kDqTileCols; }
+  // This warpgroup's 64 x kDqTileCols piece of dQ = dS K: its columns over every key of the block (both
+  // warpgroups' dSᵀ rows in the shared tile, or its own copy of all of them under kColumnSplit).
+  __device__ int dq_col0(int piece) const { return (wg * Cfg::kDqPieces + piece) * Cfg::kDqTileCols; }
 
-  __device__ void issue_dq(float (&dq)[Cfg::kDqTileCols / 2], const uint8_t* ds_tile) const {
+  __device__ void issue_dq(float (&dq)[Cfg::kDqTileCols / 2], const uint8_t* ds_tile, int piece = 0) const {
     // dS (queries x keys) is stored as dSᵀ, queries contiguous: M-major, one 64-query panel. K's columns are N:
     // N-major, one panel per 64 columns of head dim (a 32-column piece starts 64 bytes into its panel's rows;
     // the swizzle applies to the address, as for the K-major k-steps). Both step 16 keys = 16 rows per k-step.
     const uint32_t a_addr = smem_address(ds_tile);
-    const uint32_t b_addr = smem_address(sm.k()) + (dq_col0() / kPanelCols) * kN * kSwizzleBytes +
-                            (dq_col0() % kPanelCols) * Cfg::kElemBytes;
+    const uint32_t b_addr = smem_address(sm.k()) + (dq_col0(piece) / kPanelCols) * kN * kSwizzleBytes +
+                            (dq_col0(piece) % kPanelCols) * Cfg::kElemBytes;
 #pragma unroll
     for (int kk = 0; kk < kN / kWgmmaK; ++kk)
       wgmma_ss<T, Cfg::kDqTileCols, 1, 1>(dq, make_desc_mn_major(a_addr + kk * kWgmmaK * kSwizzleBytes, kN * kSwizzleBytes),
@@ -333,12 +360,13 @@ struct BackwardConsumer {
     wgmma_commit();
   }
 
-  __device__ void accumulate_dq(const float (&dq)[Cfg::kDqTileCols / 2], float* head_rows, int m) const {
+  __device__ void accumulate_dq(const float (&dq)[Cfg::kDqTileCols / 2], float* head_rows, int m,
+                                int piece = 0) const {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int query = m * kM + 16 * warp + lane / 4 + 8 * r;
       const bool inside = query < w.seqlen_q;
-      float* dst = head_rows + int64_t(query) * kD + dq_col0() + 2 * quad;
+      float* dst = head_rows + int64_t(query) * kD + dq_col0(piece) + 2 * quad;
 #pragma unroll
       for (int j = 0; j < Cfg::kDqTileCols / 8; ++j)
         atomic_add_pair_if(dst + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1], inside);
@@ -373,12 +401,21 @@ struct BackwardConsumer {
     wgmma_wait<1>();  // dPᵀ has landed; dV may still run
     fence_registers(dp);
     Fragments dsf;
-    uint8_t* ds_tile = sm.ds(ds_buffer);
+    uint8_t* ds_tile = sm.ds(ds_buffer, wg);
     score_grads(s, dp, dsf, sm.dsum(stage), ds_tile);
     wgmma_fence();
     issue_accumulate(dk, dsf, q_tile);
     fence_async_shared();
-    named_barrier_sync(kDsReadyBarrier, Cfg::kConsumerWarpgroups * kWarpgroupThreads);
+    if constexpr (Cfg::kColumnSplit) {
+      named_barrier_sync(kDsReadyBarrier + wg, kWarpgroupThreads);  // its own tile: its own warps wrote it
+      // dQ's 64 accumulators do not fit beside P's and dS's fragments (ptxas serialised every wgmma): let dV
+      // and dK land first.
+      wgmma_wait<0>();
+      fence_registers(dk);
+      fence_registers(dv);
+    } else {
+      named_barrier_sync(kDsReadyBarrier, Cfg::kConsumerWarpgroups * kWarpgroupThreads);
+    }
     issue_dq(dq, ds_tile);
   }
 
@@ -394,8 +431,8 @@ struct BackwardConsumer {
       T* dv_row = static_cast<T*>(a.dv) + row * a.dv_row_stride + int64_t(w.kv_head) * a.dv_head_stride +
                   (varlen ? 0 : int64_t(w.batch) * a.dv_batch_stride);
 #pragma unroll
-      for (int j = 0; j < kD / 8; ++j) {
-        const int col = 8 * j + 2 * quad;
+      for (int j = 0; j < kOutCols / 8; ++j) {
+        const int col = out_col0 + 8 * j + 2 * quad;
         *reinterpret_cast<uint32_t*>(dk_row + col) =
             pack_pair<T>(dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale);
         *reinterpret_cast<uint32_t*>(dv_row + col) = pack_pair<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
@@ -430,6 +467,14 @@ __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int 
     fence_registers(dq);
     float* head_rows = c.a.dq_accum + (int64_t(head) * c.a.ws_head_stride + w.ws_row0) * Cfg::kHeadDim;
     c.accumulate_dq(dq, head_rows, m);
+#pragma unroll
+    for (int piece = 1; piece < Cfg::kDqPieces; ++piece) {
+      wgmma_fence();  // dq was just read by the reductions
+      c.issue_dq(dq, c.sm.ds(i % 2, c.wg), piece);
+      wgmma_wait<0>();
+      fence_registers(dq);
+      c.accumulate_dq(dq, head_rows, m, piece);
+    }
   }
 }
 
@@ -595,7 +640,11 @@ Status launch(const BwdParams& p) {
 
 template <typename T>
 Status launch_head_dim(const BwdParams& p) {
-  return p.head_dim == 64 ? launch<T, 64>(p) : launch<T, 128>(p);
+  switch (p.head_dim) {
+    case 64: return launch<T, 64>(p);
+    case 128: return launch<T, 128>(p);
+    default: return launch<T, 256>(p);
+  }
 }
 
 }  // namespace
@@ -603,9 +652,9 @@ Status launch_head_dim(const BwdParams& p) {
 Status sm90_backward_supports(const BwdParams& p) {
   Status common = sm90_checks::common(p);
   if (!common.ok()) return common;
-  if (p.head_dim != 64 && p.head_dim != 128)
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)
     return Status::unsupported("cuda_sm90: backward head dim " + std::to_string(p.head_dim) +
-                               " (runs 64 and 128; cuda_sm80 runs the others)");
+                               " (runs 64, 128 and 256; cuda_sm80 runs the others)");
   if (p.deterministic)
     return Status::unsupported("cuda_sm90: the backward sums dQ with atomics; the deterministic mode runs on cuda_sm80");
   const bool varlen = p.is_varlen();
