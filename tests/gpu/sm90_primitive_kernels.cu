@@ -4,6 +4,7 @@
 #include "sm90_primitive_kernels.h"
 
 #include "cuda/sm90/primitives_sm90.cuh"
+#include "cuda/sm90/warpgroup.h"
 
 namespace flashattn::test::sm90 {
 namespace {
@@ -11,9 +12,6 @@ namespace {
 using namespace flashattn::cuda;
 using namespace flashattn::cuda::sm90;
 
-constexpr int kWarpgroupThreads = 128;
-constexpr int kWgmmaM = 64;   // rows of one warpgroup's wgmma
-constexpr int kWgmmaK = 16;   // K of one wgmma for 16-bit inputs
 
 // The dynamic shared-memory window rounded up to a swizzle atom (TMA and the descriptors need 1024 B).
 __device__ uint8_t* aligned_smem(uint8_t* raw) {
@@ -83,8 +81,8 @@ template <typename T, int N, int K>
 __global__ void wgmma_ss_kernel(const uint16_t* a, const uint16_t* b, float* c) {
   extern __shared__ uint8_t raw[];
   uint8_t* sa = aligned_smem(raw);
-  uint8_t* sb = sa + kWgmmaM * K * 2;
-  stage_swizzled(sa, a, kWgmmaM, K);
+  uint8_t* sb = sa + kWgmmaRows * K * 2;
+  stage_swizzled(sa, a, kWgmmaRows, K);
   stage_swizzled(sb, b, N, K);
   __syncthreads();
   const uint32_t a_addr = smem_address(sa), b_addr = smem_address(sb);
@@ -96,7 +94,7 @@ __global__ void wgmma_ss_kernel(const uint16_t* a, const uint16_t* b, float* c) 
   for (int kk = 0; kk < K / kWgmmaK; ++kk) {
     // k-step kk: panel kk / 4, then 32 bytes per step inside the 128-byte row.
     const uint32_t step = (kk % 4) * kWgmmaK * 2;
-    const uint64_t da = make_desc_k_major(a_addr + (kk / 4) * kWgmmaM * kSwizzleBytes + step);
+    const uint64_t da = make_desc_k_major(a_addr + (kk / 4) * kWgmmaRows * kSwizzleBytes + step);
     const uint64_t db = make_desc_k_major(b_addr + (kk / 4) * N * kSwizzleBytes + step);
     wgmma_ss<T, N, 0>(d, da, db, kk > 0);
   }
@@ -148,9 +146,9 @@ template <typename T, int N, int D>
 __global__ void wgmma_chain_kernel(const uint16_t* q, const uint16_t* k, const uint16_t* v, float* o) {
   extern __shared__ uint8_t raw[];
   uint8_t* sq = aligned_smem(raw);
-  uint8_t* sk = sq + kWgmmaM * D * 2;
+  uint8_t* sk = sq + kWgmmaRows * D * 2;
   uint8_t* sv = sk + N * D * 2;
-  stage_swizzled(sq, q, kWgmmaM, D);
+  stage_swizzled(sq, q, kWgmmaRows, D);
   stage_swizzled(sk, k, N, D);
   stage_swizzled(sv, v, N, D);
   __syncthreads();
@@ -161,7 +159,7 @@ __global__ void wgmma_chain_kernel(const uint16_t* q, const uint16_t* k, const u
 #pragma unroll
   for (int kk = 0; kk < D / kWgmmaK; ++kk) {
     const uint32_t step = (kk % 4) * kWgmmaK * 2;
-    wgmma_ss<T, N, 0>(s, make_desc_k_major(smem_address(sq) + (kk / 4) * kWgmmaM * kSwizzleBytes + step),
+    wgmma_ss<T, N, 0>(s, make_desc_k_major(smem_address(sq) + (kk / 4) * kWgmmaRows * kSwizzleBytes + step),
                       make_desc_k_major(smem_address(sk) + (kk / 4) * N * kSwizzleBytes + step), kk > 0);
   }
   wgmma_commit();
@@ -240,7 +238,7 @@ __global__ void __launch_bounds__(kRingThreads, 1)
 
 template <typename T, int N, int K>
 cudaError_t launch_ss(const uint16_t* a, const uint16_t* b, float* c) {
-  const int smem = (kWgmmaM + N) * K * 2 + kSwizzleAtomBytes;
+  const int smem = (kWgmmaRows + N) * K * 2 + kSwizzleAtomBytes;
   cudaError_t e = cudaFuncSetAttribute(wgmma_ss_kernel<T, N, K>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   wgmma_ss_kernel<T, N, K><<<1, kWarpgroupThreads, smem>>>(a, b, c);
@@ -258,7 +256,7 @@ cudaError_t launch_rs(const uint16_t* a, const uint16_t* b, float* c) {
 
 template <typename T, int N, int D>
 cudaError_t launch_chain(const uint16_t* q, const uint16_t* k, const uint16_t* v, float* o) {
-  const int smem = (kWgmmaM + 2 * N) * D * 2 + kSwizzleAtomBytes;
+  const int smem = (kWgmmaRows + 2 * N) * D * 2 + kSwizzleAtomBytes;
   cudaError_t e =
       cudaFuncSetAttribute(wgmma_chain_kernel<T, N, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;

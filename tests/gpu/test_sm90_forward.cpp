@@ -81,13 +81,13 @@ TEST_P(Sm90Forward, MatchesReference) {
     q = HostTensor(c.dtype, {total_q, c.heads_q, d}, {}, c.row_pad);
     k = HostTensor(c.dtype, {total_k, c.heads_kv, d}, {}, c.row_pad);
     v = HostTensor(c.dtype, {total_k, c.heads_kv, d}, {}, c.row_pad);
-    o = HostTensor(c.dtype, {total_q, c.heads_q, d});
+    o = HostTensor(c.dtype, {total_q, c.heads_q, d}, {}, c.row_pad);
     lse = HostTensor(DType::f32, {c.heads_q, total_q});
   } else {
     q = HostTensor(c.dtype, {c.batch, c.seqlen_q, c.heads_q, d}, c.perm, c.row_pad);
     k = HostTensor(c.dtype, {c.batch, c.seqlen_k, c.heads_kv, d}, c.perm, c.row_pad);
     v = HostTensor(c.dtype, {c.batch, c.seqlen_k, c.heads_kv, d}, c.perm, c.row_pad);
-    o = HostTensor(c.dtype, {c.batch, c.seqlen_q, c.heads_q, d}, c.perm);
+    o = HostTensor(c.dtype, {c.batch, c.seqlen_q, c.heads_q, d}, c.perm, c.row_pad);
     lse = HostTensor(DType::f32, {c.batch, c.heads_q, c.seqlen_q});
   }
   std::mt19937_64 rng(std::hash<std::string>()(c.name));
@@ -204,6 +204,10 @@ std::vector<FwdCase> cases() {
   c.seqlen_q = c.seqlen_k = 260; c.causal = true; add(c);
   c = {}; c.name = "bf16_d128_varlen_causal_many_tiles"; c.heads_q = 24; c.heads_kv = 8; c.causal = true;
   c.lens_q = {300, 5, 0, 700}; c.lens_k = {300, 40, 10, 700}; add(c);
+  // hd 64 stages O in its own buffer, reused tile after tile by a persistent CTA; varlen mixes warpgroups that
+  // store through TMA with ones whose rows cross a sequence's end (direct stores), padded O rows.
+  c = {}; c.name = "bf16_d64_varlen_many_tiles_padded"; c.head_dim = 64; c.heads_q = c.heads_kv = 40;
+  c.row_pad = 8; c.lens_q = {300, 5, 0, 700, 64, 128}; c.lens_k = {300, 40, 10, 700, 64, 200}; add(c);
   c = {}; c.name = "f16_d256_many_tiles"; c.dtype = DType::f16; c.head_dim = 256; c.heads_q = c.heads_kv = 140;
   c.seqlen_q = 128; c.seqlen_k = 300; add(c);
   c = {}; c.name = "f16_d256_window_left_only"; c.dtype = DType::f16; c.head_dim = 256; c.seqlen_q = 150;

@@ -20,11 +20,10 @@
 // 128 * 32 + 384 * 160 = 65536, of 65536).
 #pragma once
 
+#include "cuda/sm90/warpgroup.h"
+
 namespace flashattn::cuda::sm90 {
 
-constexpr int kWarpgroupThreads = 128;
-constexpr int kWgmmaRows = 64;  // M of one wgmma: the rows of one consumer warpgroup
-constexpr int kWgmmaK = 16;     // K of one wgmma for 16-bit inputs
 // Named barriers of the consumer warpgroups' turns (one per consumer warpgroup); 0 is __syncthreads'.
 constexpr int kTurnBarrier0 = 1;
 // Depth of the shared-memory ring through which a persistent CTA's producer hands claimed tile numbers to the
