@@ -5,8 +5,9 @@
 // The planned kernel of each head dim (forward_config.h, KernelPlan) is timed on each grid (Sm90Grid: as
 // planned, one CTA per tile, persistent).
 //
-//   bench_sm90_forward [--iters N] [--csv] [--only GRID,HD,S,CAUSAL]
-// --only times one cell (e.g. `--only planned,128,16384,0`): for profiling one launch under ncu.
+//   bench_sm90_forward [--iters N] [--csv] [--grid GRID] [--only GRID,HD,S,CAUSAL]
+// --grid times one grid's cells (planned, one_cta_per_tile, persistent); --only times one cell (e.g.
+// `--only planned,128,16384,0`): for profiling one launch under ncu.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,11 +23,13 @@
 int main(int argc, char** argv) {
   int iters = 20;
   bool csv = false;
-  std::string only;  // empty: every cell
+  std::string only;      // empty: every cell
+  std::string only_grid;  // empty: every grid
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--csv")) csv = true;
     if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+    if (!std::strcmp(argv[i], "--grid") && i + 1 < argc) only_grid = argv[++i];
   }
   constexpr int64_t kTokens = 16384, kModelDim = 2048;
   const size_t elems = size_t(kTokens) * kModelDim;
@@ -70,6 +73,7 @@ int main(int argc, char** argv) {
           continue;
         }
         const std::string vname = flashattn::detail::sm90_grid_name(grid);
+        if (!only_grid.empty() && only_grid != vname) continue;
         if (!only.empty() && only != vname + "," + std::to_string(hd) + "," + std::to_string(s) + "," +
                                           std::to_string(int(causal)))
           continue;

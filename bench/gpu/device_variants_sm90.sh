@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# A/B timing of Hopper forward tile plans in one device call. Each bench/gpu/sm90_variants/<name>.sed edits a copy
+# of src/cuda/sm90/forward_config.h; only forward_sm90.cu is recompiled for it and linked ahead of the main
+# build's library (whose own forward_sm90 object the linker then leaves out), so a variant costs one compile,
+# all of them in parallel. bench_sm90_forward (the planned grid) then runs for the baseline and every variant,
+# SM90V_PASSES times in rotation (the spread between passes is the noise to read differences against).
+# Results: $OUT/variants.txt (one column per build, the lower of the passes) and the raw CSVs.
+#   SM90V_VARIANTS="a b" (default: every .sed there); SM90V_PASSES=2; SM90V_GRID=planned; SM90V_ITERS=20;
+#   SM90V_TESTS=<gtest filter> also builds and runs those GPU tests on the baseline (carry .gtest-src).
+set -uo pipefail
+OUT=${OUT:-/tmp/sm90v-out}
+mkdir -p "$OUT"
+source bench/gpu/device_common.sh
+log=$OUT/build.log
+targets=(flashattn)
+tests=OFF
+if [ "${SM90V_TESTS:-}" ]; then tests=ON; targets+=(flashattn_gpu_tests); fi
+build_tree . /tmp/build-v -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_TESTS=$tests $(gtest_prefix_flag) -- \
+  "${targets[@]}" > "$log" 2>&1 || { tail -30 "$log"; exit 1; }
+lib=/tmp/build-v/libflashattn.a
+variants=${SM90V_VARIANTS:-$(ls bench/gpu/sm90_variants/*.sed 2>/dev/null | xargs -n1 basename 2>/dev/null | sed 's/\.sed$//')}
+cuda_flags=(-O3 -DNDEBUG --generate-code=arch=compute_90a,code=[sm_90a] --expt-relaxed-constexpr -std=c++17)
+bench_flags=(-O2 -std=c++17 -arch=sm_90 -Iinclude -Isrc bench/gpu/bench_sm90_forward.cu)
+nvcc "${bench_flags[@]}" "$lib" -Xcompiler -fopenmp -o /tmp/bench_v_base >> "$log" 2>&1 &
+for v in $variants; do
+  (
+    rm -rf "/tmp/v-$v" && mkdir -p "/tmp/v-$v" && cp -r src include "/tmp/v-$v/" &&
+      sed -i -f "bench/gpu/sm90_variants/$v.sed" "/tmp/v-$v/src/cuda/sm90/forward_config.h" &&
+      nvcc "${cuda_flags[@]}" -I"/tmp/v-$v/include" -I"/tmp/v-$v/src" -c "/tmp/v-$v/src/cuda/sm90/forward_sm90.cu" \
+        -o "/tmp/v-$v/forward_sm90.o" -Xptxas -v > "/tmp/v-$v/ptxas.log" 2>&1 &&
+      nvcc "${bench_flags[@]}" "/tmp/v-$v/forward_sm90.o" "$lib" -Xcompiler -fopenmp -o "/tmp/bench_v_$v" \
+        >> "/tmp/v-$v/ptxas.log" 2>&1
+    echo "variant $v build rc=$?" >> "$log"
+    grep -E "spill" "/tmp/v-$v/ptxas.log" | sort | uniq -c >> "$log"
+    diff <(cat src/cuda/sm90/forward_config.h) "/tmp/v-$v/src/cuda/sm90/forward_config.h" >> "$log"
+  ) &
+done
+wait
+if [ "${SM90V_TESTS:-}" ]; then  # the baseline's tests, while nothing else runs on the GPU
+  timeout 200 /tmp/build-v/tests/flashattn_gpu_tests --gtest_filter="$SM90V_TESTS" > "$OUT/tests.log" 2>&1
+  echo "tests rc=$?" >> "$OUT/tests.log"
+fi
+builds=(base $variants)
+for pass in $(seq 1 "${SM90V_PASSES:-2}"); do
+  for v in "${builds[@]}"; do
+    [ -x "/tmp/bench_v_$v" ] || continue
+    timeout 120 "/tmp/bench_v_$v" --csv --grid "${SM90V_GRID:-planned}" --iters "${SM90V_ITERS:-20}" \
+      > "$OUT/$v.pass$pass.csv" 2>&1
+  done
+done
+python3 - "$OUT" "${builds[@]}" > "$OUT/variants.txt" <<'PY'
+import csv, glob, os, sys
+out, builds = sys.argv[1], sys.argv[2:]
+best = {}
+for b in builds:
+    for f in glob.glob(os.path.join(out, b + ".pass*.csv")):
+        for r in csv.DictReader(open(f)):
+            try:
+                key = (int(r["hd"]), int(r["seqlen"]), int(r["causal"]))
+                t = float(r["tflops"])
+            except (KeyError, ValueError, TypeError):
+                continue
+            best.setdefault(b, {}).setdefault(key, []).append(t)
+keys = sorted({k for v in best.values() for k in v})
+print("hd     S  causal " + "".join(f"{b:>14}" for b in builds))
+for k in keys:
+    cells = []
+    for b in builds:
+        ts = best.get(b, {}).get(k)
+        cells.append(f"{min(ts):8.0f} ({max(ts) - min(ts):3.0f})" if ts else f"{'-':>14}")
+    print(f"{k[0]:3d} {k[1]:6d} {k[2]:4d}   " + "".join(f"{c:>14}" for c in cells))
+print("(TFLOP/s: the lower pass, and in brackets the spread between passes)")
+PY
+grep -E "rc=|spill" "$log"
+[ -f "$OUT/tests.log" ] && grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|tests rc|Failure" "$OUT/tests.log" | head -20
+cat "$OUT/variants.txt"

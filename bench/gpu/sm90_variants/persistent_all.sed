@@ -1,0 +1,2 @@
+# every head dim on the persistent grid
+s/kPersistent = false/kPersistent = true/
