@@ -1,2 +1,2 @@
-# every head dim on the persistent grid
-s/kPersistent = false/kPersistent = true/
+# every head dim on the persistent grid at every length
+s/kPersistentUpToKeys = [^;]*;/kPersistentUpToKeys = kAlwaysPersistent;/

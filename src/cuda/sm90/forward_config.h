@@ -10,7 +10,7 @@
 //           persistent grid
 //   hd 128: overlapped ordering; 128 x 176, 2 stages (32 KB + 2 * 88 KB = 208 KB) without a mask, 128 x 128
 //           (32 KB + 2 * 64 KB = 160 KB) under a causal or window mask, where narrower key tiles waste less on
-//           the diagonal; one CTA per tile
+//           the diagonal; persistent grid up to 8k keys, one CTA per tile beyond (sm90-notes.md, v8)
 //   hd 256: overlapped ordering, 128 x 80, 2 stages: 64 KB + 2 * 80 KB = 224 KB; one CTA per tile
 // Wider key tiles spread each tile's fixed costs (barrier waits, the O rescale, the warpgroup turn) over more
 // products; three consumer warpgroups at hd 64 give each warpgroup's softmax two other warpgroups' products
@@ -19,6 +19,8 @@
 // them to the producer's and consumers' budgets below (2 consumers: 128 * 24 + 256 * 240 = 64512; 3 consumers:
 // 128 * 32 + 384 * 160 = 65536, of 65536).
 #pragma once
+
+#include <cstdint>
 
 #include "cuda/sm90/warpgroup.h"
 
@@ -63,32 +65,37 @@ struct ForwardConfig {
 // P_{n+1} V_{n+1} and runs the softmax under P V, the consumer warpgroups taking turns.
 enum class Ordering { serial, overlapped };
 
-// What runs for a head dim, with (kMasked) or without a causal / window mask.
+// What runs for a head dim, with (kMasked) or without a causal / window mask. The grid is a run-time choice:
+// persistent (one CTA per SM claiming tiles; the producer loads a tile's first Q and K under the previous tile)
+// when the keys per sequence are at most kPersistentUpToKeys, else one CTA per tile. Short tiles gain from the
+// hidden start; at 16k keys one CTA per tile measured 1-2% ahead at hd 128 (sm90-notes.md, v8).
+constexpr int64_t kAlwaysPersistent = INT64_MAX;
+constexpr int64_t kNeverPersistent = -1;
 template <int kHeadDim, bool kMasked>
 struct KernelPlan;
 template <bool kMasked>
 struct KernelPlan<64, kMasked> {
   using Config = ForwardConfig<64, 128, 3, 3>;
   static constexpr Ordering kOrdering = Ordering::serial;
-  static constexpr bool kPersistent = true;
+  static constexpr int64_t kPersistentUpToKeys = kAlwaysPersistent;
 };
 template <>
 struct KernelPlan<128, false> {
   using Config = ForwardConfig<128, 176, 2, 2>;
   static constexpr Ordering kOrdering = Ordering::overlapped;
-  static constexpr bool kPersistent = false;
+  static constexpr int64_t kPersistentUpToKeys = 8192;
 };
 template <>
 struct KernelPlan<128, true> {
   using Config = ForwardConfig<128, 128, 2, 2>;
   static constexpr Ordering kOrdering = Ordering::overlapped;
-  static constexpr bool kPersistent = false;
+  static constexpr int64_t kPersistentUpToKeys = 8192;
 };
 template <bool kMasked>
 struct KernelPlan<256, kMasked> {
   using Config = ForwardConfig<256, 80, 2, 2>;
   static constexpr Ordering kOrdering = Ordering::overlapped;
-  static constexpr bool kPersistent = false;
+  static constexpr int64_t kPersistentUpToKeys = kNeverPersistent;
 };
 
 }  // namespace flashattn::cuda::sm90
