@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A/B timing of Hopper forward tile plans in one device call. Each bench/gpu/sm90_variants/<name>.sed edits a copy
-# of src/cuda/sm90/forward_config.h; only forward_sm90.cu is recompiled for it and linked ahead of the main
+# of src/cuda/sm90/forward_config.h (a <name>.patch instead applies to a copy of the tree with patch -p1, for
+# changes beyond the config: e.g. the previous version of the kernel); only forward_sm90.cu is recompiled for it and linked ahead of the main
 # build's library (whose own forward_sm90 object the linker then leaves out), so a variant costs one compile,
 # all of them in parallel. bench_sm90_forward (the planned grid) then runs for the baseline and every variant,
 # SM90V_PASSES times in rotation (the spread between passes is the noise to read differences against).
@@ -18,14 +19,18 @@ if [ "${SM90V_TESTS:-}" ]; then tests=ON; targets+=(flashattn_gpu_tests); fi
 build_tree . /tmp/build-v -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_TESTS=$tests $(gtest_prefix_flag) -- \
   "${targets[@]}" > "$log" 2>&1 || { tail -30 "$log"; exit 1; }
 lib=/tmp/build-v/libflashattn.a
-variants=${SM90V_VARIANTS:-$(ls bench/gpu/sm90_variants/*.sed 2>/dev/null | xargs -n1 basename 2>/dev/null | sed 's/\.sed$//')}
+variants=${SM90V_VARIANTS:-$(ls bench/gpu/sm90_variants/ 2>/dev/null | grep -E '\.(sed|patch)$' | sed -E 's/\.(sed|patch)$//')}
 cuda_flags=(-O3 -DNDEBUG --generate-code=arch=compute_90a,code=[sm_90a] --expt-relaxed-constexpr -std=c++17)
 bench_flags=(-O2 -std=c++17 -arch=sm_90 -Iinclude -Isrc bench/gpu/bench_sm90_forward.cu)
 nvcc "${bench_flags[@]}" "$lib" -Xcompiler -fopenmp -o /tmp/bench_v_base >> "$log" 2>&1 &
 for v in $variants; do
   (
     rm -rf "/tmp/v-$v" && mkdir -p "/tmp/v-$v" && cp -r src include "/tmp/v-$v/" &&
-      sed -i -f "bench/gpu/sm90_variants/$v.sed" "/tmp/v-$v/src/cuda/sm90/forward_config.h" &&
+      if [ -f "bench/gpu/sm90_variants/$v.sed" ]; then
+        sed -i -f "bench/gpu/sm90_variants/$v.sed" "/tmp/v-$v/src/cuda/sm90/forward_config.h"
+      else
+        patch -s -p1 -d "/tmp/v-$v" < "bench/gpu/sm90_variants/$v.patch"
+      fi &&
       nvcc "${cuda_flags[@]}" -I"/tmp/v-$v/include" -I"/tmp/v-$v/src" -c "/tmp/v-$v/src/cuda/sm90/forward_sm90.cu" \
         -o "/tmp/v-$v/forward_sm90.o" -Xptxas -v > "/tmp/v-$v/ptxas.log" 2>&1 &&
       nvcc "${bench_flags[@]}" "/tmp/v-$v/forward_sm90.o" "$lib" -Xcompiler -fopenmp -o "/tmp/bench_v_$v" \
