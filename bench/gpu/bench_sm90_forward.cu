@@ -1,5 +1,5 @@
 // Times the Hopper forward (cuda_sm90) on the FlashAttention benchmark grid: B·S = 16k tokens, H·D = 2048,
-// bf16, head dims 64/128/256, S = 2k, 4k, 8k and 16k, causal and not. CUDA events around each launch; median of the
+// bf16, head dims 64/128/256, S = 512 to 16k, causal and not. CUDA events around each launch; median of the
 // timed launches after warm-up. FLOPs: 4·B·H·S²·D, half of that under a causal mask.
 //
 // The planned kernel of each head dim (forward_config.h, KernelPlan) is timed on each grid (Sm90Grid: as
@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
   using flashattn::detail::Sm90Grid;
   for (Sm90Grid grid : flashattn::detail::kSm90Grids)
   for (int64_t hd : {64, 128, 256})
-    for (int64_t s : {2048, 4096, 8192, 16384})
+    for (int64_t s : {512, 1024, 2048, 4096, 8192, 16384})
       for (bool causal : {false, true}) {
         const int64_t b = kTokens / s, h = kModelDim / hd;
         const int64_t lse_shape[3] = {b, h, s};

@@ -14,7 +14,7 @@ host, which copies them from the device (not capturable).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -81,6 +81,31 @@ def _backward_outputs(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, 
 
 
 # ---- the operators ------------------------------------------------------------------------------------------------
+# The scalar options travel as two lists, not one operator argument each: torch's custom-op autograd path rebuilds
+# the schema's argument list for every argument on every call (torch._library.utils.fill_defaults), a cost that
+# grows with the square of the argument count. With the fifteen arguments of one each it was 70 of a 167 µs
+# forward call on the host, which at short sequences is more than the kernel (bench/results/host-overhead.md).
+INT_OPTIONS = ("max_seqlen_q", "max_seqlen_k", "causal", "window_left", "window_right", "deterministic", "num_threads")
+FLOAT_OPTIONS = ("softmax_scale", "softcap")
+
+
+def op_options(max_seqlen_q: int = 0, max_seqlen_k: int = 0, softmax_scale: float = 1.0, causal: bool = False,
+               window_left: int = -1, window_right: int = -1, softcap: float = 0.0, deterministic: bool = False,
+               num_threads: int = 0) -> Tuple[List[int], List[float]]:
+    """The operators' (int_options, float_options), in the orders INT_OPTIONS and FLOAT_OPTIONS name."""
+    return ([int(max_seqlen_q), int(max_seqlen_k), int(bool(causal)), int(window_left), int(window_right),
+             int(bool(deterministic)), int(num_threads)], [float(softmax_scale), float(softcap)])
+
+
+def _native_options(int_options: List[int], float_options: List[float]) -> dict:
+    if len(int_options) != len(INT_OPTIONS) or len(float_options) != len(FLOAT_OPTIONS):
+        raise ValueError(f"int_options, float_options: expected {len(INT_OPTIONS)} ints {INT_OPTIONS} and "
+                         f"{len(FLOAT_OPTIONS)} floats {FLOAT_OPTIONS}, got {len(int_options)} and {len(float_options)}")
+    o = dict(zip(INT_OPTIONS, int_options))
+    o.update(zip(FLOAT_OPTIONS, float_options))
+    o["causal"] = bool(o["causal"])
+    o["deterministic"] = bool(o["deterministic"])
+    return o
 
 
 @torch.library.custom_op("flashattn::attention_forward", mutates_args=())
@@ -90,32 +115,24 @@ def attention_forward(
     v: Tensor,
     cu_seqlens_q: Optional[Tensor],
     cu_seqlens_k: Optional[Tensor],
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    softmax_scale: float,
-    causal: bool,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-    deterministic: bool,
+    int_options: List[int],
+    float_options: List[float],
     backend: str,
-    num_threads: int,
 ) -> Tuple[Tensor, Tensor]:
-    """out [.., heads_q, d_v] and lse (fp32) of softmax(q kᵀ · scale) v. `deterministic` only travels to the
-    backward (the forward is always deterministic)."""
+    """out [.., heads_q, d_v] and lse (fp32) of softmax(q kᵀ · scale) v; options as op_options() builds them.
+    `deterministic` only travels to the backward (the forward is always deterministic)."""
+    o = _native_options(int_options, float_options)
+    del o["deterministic"]
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     out, lse = _forward_outputs(q, v, cu_seqlens_q is not None)
     # The native module makes q's device current for the launch itself.
-    _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(cu_seqlens_q), _dl(cu_seqlens_k), max_seqlen_q,
-               max_seqlen_k, softmax_scale=softmax_scale, causal=causal, window_left=window_left,
-               window_right=window_right, softcap=softcap, backend=backend, num_threads=num_threads,
-               stream=_stream(q))
+    _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(cu_seqlens_q), _dl(cu_seqlens_k), o.pop("max_seqlen_q"),
+               o.pop("max_seqlen_k"), backend=backend, stream=_stream(q), **o)
     return out, lse
 
 
 @attention_forward.register_fake
-def _attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                            window_left, window_right, softcap, deterministic, backend, num_threads):
+def _attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, int_options, float_options, backend):
     return _forward_outputs(q, v, cu_seqlens_q is not None)
 
 
@@ -129,31 +146,23 @@ def attention_backward(
     lse: Tensor,
     cu_seqlens_q: Optional[Tensor],
     cu_seqlens_k: Optional[Tensor],
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    softmax_scale: float,
-    causal: bool,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-    deterministic: bool,
+    int_options: List[int],
+    float_options: List[float],
     backend: str,
-    num_threads: int,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv of attention_forward given dout and the forward's out and lse."""
+    """dq, dk, dv of attention_forward given dout and the forward's out and lse; the forward's options."""
+    o = _native_options(int_options, float_options)
     dout, q, k, v, out = (_last_dim_contiguous(t) for t in (dout, q, k, v, out))
     dq, dk, dv = _backward_outputs(q, k, v)
     _C.backward(_dl(dout), _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(dq), _dl(dk), _dl(dv),
-                _dl(cu_seqlens_q), _dl(cu_seqlens_k), max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
-                causal=causal, window_left=window_left, window_right=window_right, softcap=softcap,
-                deterministic=deterministic, backend=backend, num_threads=num_threads, stream=_stream(q))
+                _dl(cu_seqlens_q), _dl(cu_seqlens_k), o.pop("max_seqlen_q"), o.pop("max_seqlen_k"), backend=backend,
+                stream=_stream(q), **o)
     return dq, dk, dv
 
 
 @attention_backward.register_fake
-def _attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                             softmax_scale, causal, window_left, window_right, softcap, deterministic, backend,
-                             num_threads):
+def _attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, int_options, float_options,
+                             backend):
     return _backward_outputs(q, k, v)
 
 
@@ -161,7 +170,7 @@ def _setup_context(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k = inputs[:5]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-    ctx.options = inputs[5:]  # max_seqlen_q ... num_threads, in the backward op's order
+    ctx.options = inputs[5:]  # int_options, float_options, backend: the backward op takes them as they are
     # The log-sum-exp is an auxiliary output (as in flash_attn): no gradient flows through it.
     ctx.mark_non_differentiable(lse)
 
@@ -170,7 +179,7 @@ def _backward(ctx, dout, _dlse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     dq, dk, dv = torch.ops.flashattn.attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                                         *ctx.options)
-    return (dq, dk, dv) + (None,) * 12
+    return (dq, dk, dv) + (None,) * 5
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -242,10 +251,9 @@ def attention(
         raise ValueError(f"{missing}: cu_seqlens_q and cu_seqlens_k must be given together")
     scale = resolve_scale(softmax_scale, q.shape[-1])
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-    return torch.ops.flashattn.attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
-                                                 int(max_seqlen_k), scale, bool(causal), int(window_left),
-                                                 int(window_right), float(softcap), bool(deterministic), str(backend),
-                                                 int(num_threads))
+    ints, floats = op_options(max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap,
+                              deterministic, num_threads)
+    return torch.ops.flashattn.attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, ints, floats, str(backend))
 
 
 class BackendChoice(NamedTuple):

@@ -11,7 +11,7 @@ import flashattn
 from conftest import CUDA_AVAILABLE, _backend_problem, requires_cuda
 from fa_reference import attention_ref
 from test_attention import CASES, Case, check_against_reference, make_inputs
-from test_torch_integration import AttentionBlock, opcheck_cases
+from test_torch_integration import AttentionBlock, bwd_args, fwd_args, opcheck_cases
 from test_varlen import VARLEN_CASES, run_case
 
 pytestmark = [pytest.mark.cuda, requires_cuda]
@@ -101,7 +101,7 @@ def test_cuda_graph_capture(dtype):
 @pytest.mark.parametrize("case", range(len(opcheck_cases("cpu"))))
 def test_opcheck(case, dtype):
     torch.library.opcheck(torch.ops.flashattn.attention_forward.default,
-                          opcheck_cases("cuda", dtype, head_dim=64)[case][:13] + ("auto", 0))
+                          opcheck_cases("cuda", dtype, head_dim=64, backend="auto")[case])
 
 
 def test_compile_fullgraph(dtype):
@@ -169,10 +169,10 @@ def test_reference_runs_on_gpu_inputs_too():
 
 def test_opcheck_backward(dtype):
     q, k, v = (torch.randn(2, 37, 4, 64, dtype=dtype, device="cuda") for _ in range(3))
-    out, lse = torch.ops.flashattn.attention_forward(q, k, v, None, None, 0, 0, 0.125, True, -1, -1, 0.0, False,
-                                                     "auto", 0)
-    args = (torch.randn_like(out), q, k, v, out, lse, None, None, 0, 0, 0.125, True, -1, -1, 0.0, False, "auto", 0)
-    torch.library.opcheck(torch.ops.flashattn.attention_backward.default, args)
+    fwd = fwd_args(q, k, v, scale=0.125, causal=True, backend="auto")
+    out, lse = torch.ops.flashattn.attention_forward(*fwd)
+    torch.library.opcheck(torch.ops.flashattn.attention_backward.default,
+                          bwd_args(torch.randn_like(out), out, lse, fwd))
 
 
 def test_cupy_arrays_on_an_explicit_stream(dtype):

@@ -8,13 +8,21 @@ import torch
 
 import flashattn
 from conftest import cpu_backends
+from flashattn._ops import op_options
 
 OPS = torch.ops.flashattn
 
 
 def fwd_args(q, k, v, cu_q=None, cu_k=None, max_q=0, max_k=0, scale=0.3, causal=False, wl=-1, wr=-1, softcap=0.0,
              deterministic=False, backend="cpu_reference", num_threads=0):
-    return (q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, softcap, deterministic, backend, num_threads)
+    ints, floats = op_options(max_q, max_k, scale, causal, wl, wr, softcap, deterministic, num_threads)
+    return (q, k, v, cu_q, cu_k, ints, floats, backend)
+
+
+def bwd_args(dout, out, lse, fwd):
+    """attention_backward's arguments for a forward called with `fwd` (fwd_args) that returned out, lse."""
+    q, k, v, cu_q, cu_k, ints, floats, backend = fwd
+    return (dout, q, k, v, out, lse, cu_q, cu_k, ints, floats, backend)
 
 
 # ---- gradcheck -----------------------------------------------------------------------------------------------------
@@ -64,7 +72,7 @@ def test_lse_is_not_differentiable():
 # ---- opcheck -------------------------------------------------------------------------------------------------------
 
 
-def opcheck_cases(device="cpu", dtype=torch.float32, head_dim=8):
+def opcheck_cases(device="cpu", dtype=torch.float32, head_dim=8, backend="cpu_reference"):
     d = head_dim
 
     def t(*shape, grad=True):
@@ -72,10 +80,10 @@ def opcheck_cases(device="cpu", dtype=torch.float32, head_dim=8):
 
     cu = torch.tensor([0, 3, 7], dtype=torch.int32, device=device)
     return [
-        fwd_args(t(2, 5, 4, d), t(2, 7, 2, d), t(2, 7, 2, d // 2), causal=True),
-        fwd_args(t(1, 6, 2, 2 * d), t(1, 6, 2, 2 * d), t(1, 6, 2, 2 * d), wl=2, wr=1, softcap=2.0),
-        fwd_args(t(7, 2, d), t(7, 2, d), t(7, 2, d), cu, cu, 4, 4, causal=True),
-        fwd_args(t(2, 5, 4, d, grad=False), t(2, 7, 2, d, grad=False), t(2, 7, 2, d, grad=False)),
+        fwd_args(t(2, 5, 4, d), t(2, 7, 2, d), t(2, 7, 2, d // 2), causal=True, backend=backend),
+        fwd_args(t(1, 6, 2, 2 * d), t(1, 6, 2, 2 * d), t(1, 6, 2, 2 * d), wl=2, wr=1, softcap=2.0, backend=backend),
+        fwd_args(t(7, 2, d), t(7, 2, d), t(7, 2, d), cu, cu, 4, 4, causal=True, backend=backend),
+        fwd_args(t(2, 5, 4, d, grad=False), t(2, 7, 2, d, grad=False), t(2, 7, 2, d, grad=False), backend=backend),
     ]
 
 
@@ -87,10 +95,9 @@ def test_opcheck_forward(case):
 
 def test_opcheck_backward():
     q, k, v = torch.randn(2, 5, 4, 8), torch.randn(2, 7, 2, 8), torch.randn(2, 7, 2, 8)
-    out, lse = OPS.attention_forward(*fwd_args(q, k, v, causal=True))
-    dout = torch.randn_like(out)
-    bwd = (dout, q, k, v, out, lse, None, None, 0, 0, 0.3, True, -1, -1, 0.0, False, "cpu_reference", 0)
-    torch.library.opcheck(OPS.attention_backward.default, bwd)
+    fwd = fwd_args(q, k, v, causal=True)
+    out, lse = OPS.attention_forward(*fwd)
+    torch.library.opcheck(OPS.attention_backward.default, bwd_args(torch.randn_like(out), out, lse, fwd))
 
 
 # ---- torch.compile -------------------------------------------------------------------------------------------------

@@ -1,2 +1,2 @@
 # every head dim on the persistent grid at every length
-s/kPersistentUpToKeys = [^;]*;/kPersistentUpToKeys = kAlwaysPersistent;/
+s/kPersistentKeys[^;]*;/kPersistentKeys = kAlwaysPersistent;/

@@ -133,7 +133,7 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   const int64_t num_tiles = m_blocks * p.heads_q * p.batch;
   if (num_tiles == 0) return Status::success();
   const bool persistent =
-      grid == Sm90Grid::persistent || (grid == Sm90Grid::planned && p.seqlen_k <= Plan::kPersistentUpToKeys);
+      grid == Sm90Grid::persistent || (grid == Sm90Grid::planned && Plan::kPersistentKeys.contains(p.seqlen_k));
   // num_tiles < 2^30 (sm90_forward_supports): a CTA per tile always fits the grid.
   const int64_t ctas = persistent ? std::min<int64_t>(num_tiles, device_attribute(cudaDevAttrMultiProcessorCount, 1))
                                   : num_tiles;
