@@ -12,13 +12,6 @@ namespace {
 using namespace flashattn::cuda;
 using namespace flashattn::cuda::sm90;
 
-
-// The dynamic shared-memory window rounded up to a swizzle atom (TMA and the descriptors need 1024 B).
-__device__ uint8_t* aligned_smem(uint8_t* raw) {
-  const uintptr_t p = reinterpret_cast<uintptr_t>(raw);
-  return reinterpret_cast<uint8_t*>((p + kSwizzleAtomBytes - 1) & ~uintptr_t(kSwizzleAtomBytes - 1));
-}
-
 cudaError_t finish(cudaError_t launch) {
   if (launch != cudaSuccess) return launch;
   const cudaError_t e = cudaGetLastError();
@@ -60,7 +53,7 @@ __device__ void store_accumulator(const float (&d)[kRegs], float* c, int ldc) {
 __global__ void tma_dump_kernel(const __grid_constant__ CUtensorMap map, int col0, int row0, int box_rows, int panels,
                                 uint8_t* dump) {
   extern __shared__ uint8_t raw[];
-  uint8_t* tile = aligned_smem(raw);
+  uint8_t* tile = align_to_swizzle_atom(raw);
   __shared__ uint64_t bar;
   const int panel_bytes = box_rows * kSwizzleBytes;
   if (threadIdx.x == 0) {
@@ -80,7 +73,7 @@ __global__ void tma_dump_kernel(const __grid_constant__ CUtensorMap map, int col
 template <typename T, int N, int K>
 __global__ void wgmma_ss_kernel(const uint16_t* a, const uint16_t* b, float* c) {
   extern __shared__ uint8_t raw[];
-  uint8_t* sa = aligned_smem(raw);
+  uint8_t* sa = align_to_swizzle_atom(raw);
   uint8_t* sb = sa + kWgmmaRows * K * 2;
   stage_swizzled(sa, a, kWgmmaRows, K);
   stage_swizzled(sb, b, N, K);
@@ -110,7 +103,7 @@ __device__ uint32_t load_pair(const uint16_t* p) { return uint32_t(p[0]) | (uint
 template <typename T, int N, int K>
 __global__ void wgmma_rs_kernel(const uint16_t* a, const uint16_t* b, float* c) {
   extern __shared__ uint8_t raw[];
-  uint8_t* sb = aligned_smem(raw);
+  uint8_t* sb = align_to_swizzle_atom(raw);
   stage_swizzled(sb, b, K, N);  // rows = K, columns = N: the N-major layout
   __syncthreads();
   const int t = threadIdx.x, warp = t / 32, g = (t % 32) / 4, q = t % 4;
@@ -145,7 +138,7 @@ __global__ void wgmma_rs_kernel(const uint16_t* a, const uint16_t* b, float* c) 
 template <typename T, int N, int D>
 __global__ void wgmma_chain_kernel(const uint16_t* q, const uint16_t* k, const uint16_t* v, float* o) {
   extern __shared__ uint8_t raw[];
-  uint8_t* sq = aligned_smem(raw);
+  uint8_t* sq = align_to_swizzle_atom(raw);
   uint8_t* sk = sq + kWgmmaRows * D * 2;
   uint8_t* sv = sk + N * D * 2;
   stage_swizzled(sq, q, kWgmmaRows, D);
@@ -195,7 +188,7 @@ constexpr int kRingThreads = 3 * kWarpgroupThreads;
 __global__ void __launch_bounds__(kRingThreads, 1)
     tma_ring_kernel(const __grid_constant__ CUtensorMap map, int tiles, uint16_t* out) {
   extern __shared__ uint8_t raw[];
-  uint8_t* ring = aligned_smem(raw);
+  uint8_t* ring = align_to_swizzle_atom(raw);
   __shared__ uint64_t full[kRingStages], empty[kRingStages];
   if (threadIdx.x == 0) {
     for (int s = 0; s < kRingStages; ++s) {

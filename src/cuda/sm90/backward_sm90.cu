@@ -89,6 +89,8 @@ template <typename Cfg>
 struct BackwardSmem {
   uint8_t* base;
 
+  // align_to_swizzle_atom written out: calling it changes this kernel's machine code, which then needs a
+  // device run before it can replace the verified one (bench/results/sm90-backward.md, clean-ups).
   __device__ explicit BackwardSmem(uint8_t* raw) {
     const uintptr_t p = reinterpret_cast<uintptr_t>(raw);
     base = reinterpret_cast<uint8_t*>((p + kSwizzleAtomBytes - 1) & ~uintptr_t(kSwizzleAtomBytes - 1));

@@ -45,10 +45,7 @@ template <typename Cfg>
 struct SharedStorage {
   uint8_t* base;
 
-  __device__ explicit SharedStorage(uint8_t* raw) {
-    const uintptr_t p = reinterpret_cast<uintptr_t>(raw);
-    base = reinterpret_cast<uint8_t*>((p + kSwizzleAtomBytes - 1) & ~uintptr_t(kSwizzleAtomBytes - 1));
-  }
+  __device__ explicit SharedStorage(uint8_t* raw) : base(align_to_swizzle_atom(raw)) {}
   static constexpr int kKOffset = Cfg::kQBytes;
   static constexpr int kVOffset = kKOffset + Cfg::kStages * Cfg::kKVTileBytes;
   static constexpr int kBarrierOffset = kVOffset + Cfg::kStages * Cfg::kKVTileBytes;

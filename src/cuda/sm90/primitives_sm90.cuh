@@ -127,95 +127,77 @@ __device__ __forceinline__ void fence_registers(uint32_t (&r)[kN]) {
   "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TYPE "." TYPE " " ACC ", " A ", " DB ", p, 1, 1, " \
   TRANS ";\n}\n"
 
+// One asm statement for T's PTX type name (bf16 or f16), the only difference between the two element types.
+#define FA_SM90_ASM_FOR_TYPE(PTX_FOR_TYPE, OUTS, INS)                                                  \
+  if constexpr (ElementTraits<T>::is_bf16)                                                            \
+    asm volatile(PTX_FOR_TYPE("bf16") : OUTS : INS);                                                  \
+  else                                                                                                \
+    asm volatile(PTX_FOR_TYPE("f16") : OUTS : INS)
+
 // D(64 x N) (+)= A(64 x 16, shared; K-major if kTransA == 0, M-major if 1) * B(16 x N, shared; K-major if
 // kTransB == 0, N-major if 1). The M-major A serves products whose left operand is stored transposed (the
-// backward's dQ = dS K, with dS kept as dSᵀ).
+// backward's dQ = dS K, with dS kept as dSᵀ). Operands after the N/2 accumulators: desc_a, desc_b, accumulate,
+// kTransB, kTransA.
 template <typename T, int N, int kTransB, int kTransA = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
   static_assert(N == 32 || N == 64 || N == 80 || N == 128 || N == 176 || N == 256,
                 "wgmma_ss: N must be 32, 64, 80, 128, 176 or 256");
   const uint32_t acc = accumulate ? 1u : 0u;
+#define FA_SM90_SS_INS "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA)
+#define FA_SM90_SS32(TYPE) FA_SM90_WGMMA_SS("32", TYPE, FA_SM90_ACC_REGS_16, "%16", "%17", "%18", "%19", "%20")
+#define FA_SM90_SS64(TYPE) FA_SM90_WGMMA_SS("64", TYPE, FA_SM90_ACC_REGS_32, "%32", "%33", "%34", "%35", "%36")
+#define FA_SM90_SS80(TYPE) FA_SM90_WGMMA_SS("80", TYPE, FA_SM90_ACC_REGS_40, "%40", "%41", "%42", "%43", "%44")
+#define FA_SM90_SS128(TYPE) FA_SM90_WGMMA_SS("128", TYPE, FA_SM90_ACC_REGS_64, "%64", "%65", "%66", "%67", "%68")
+#define FA_SM90_SS176(TYPE) FA_SM90_WGMMA_SS("176", TYPE, FA_SM90_ACC_REGS_88, "%88", "%89", "%90", "%91", "%92")
+#define FA_SM90_SS256(TYPE) \
+  FA_SM90_WGMMA_SS("256", TYPE, FA_SM90_ACC_REGS_128, "%128", "%129", "%130", "%131", "%132")
   if constexpr (N == 32) {
-    if constexpr (ElementTraits<T>::is_bf16)
-      asm volatile(FA_SM90_WGMMA_SS("32", "bf16", FA_SM90_ACC_REGS_16, "%16", "%17", "%18", "%19", "%20")
-                   : FA_SM90_D16(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
-    else
-      asm volatile(FA_SM90_WGMMA_SS("32", "f16", FA_SM90_ACC_REGS_16, "%16", "%17", "%18", "%19", "%20")
-                   : FA_SM90_D16(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
+    FA_SM90_ASM_FOR_TYPE(FA_SM90_SS32, FA_SM90_D16(d), FA_SM90_SS_INS);
   } else if constexpr (N == 80) {
-    if constexpr (ElementTraits<T>::is_bf16)
-      asm volatile(FA_SM90_WGMMA_SS("80", "bf16", FA_SM90_ACC_REGS_40, "%40", "%41", "%42", "%43", "%44")
-                   : FA_SM90_D40(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
-    else
-      asm volatile(FA_SM90_WGMMA_SS("80", "f16", FA_SM90_ACC_REGS_40, "%40", "%41", "%42", "%43", "%44")
-                   : FA_SM90_D40(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
+    FA_SM90_ASM_FOR_TYPE(FA_SM90_SS80, FA_SM90_D40(d), FA_SM90_SS_INS);
   } else if constexpr (N == 176) {
-    if constexpr (ElementTraits<T>::is_bf16)
-      asm volatile(FA_SM90_WGMMA_SS("176", "bf16", FA_SM90_ACC_REGS_88, "%88", "%89", "%90", "%91", "%92")
-                   : FA_SM90_D88(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
-    else
-      asm volatile(FA_SM90_WGMMA_SS("176", "f16", FA_SM90_ACC_REGS_88, "%88", "%89", "%90", "%91", "%92")
-                   : FA_SM90_D88(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
+    FA_SM90_ASM_FOR_TYPE(FA_SM90_SS176, FA_SM90_D88(d), FA_SM90_SS_INS);
   } else if constexpr (N == 64) {
-    if constexpr (ElementTraits<T>::is_bf16)
-      asm volatile(FA_SM90_WGMMA_SS("64", "bf16", FA_SM90_ACC_REGS_32, "%32", "%33", "%34", "%35", "%36")
-                   : FA_SM90_D32(d, 0) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
-    else
-      asm volatile(FA_SM90_WGMMA_SS("64", "f16", FA_SM90_ACC_REGS_32, "%32", "%33", "%34", "%35", "%36")
-                   : FA_SM90_D32(d, 0) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
+    FA_SM90_ASM_FOR_TYPE(FA_SM90_SS64, FA_SM90_D32(d, 0), FA_SM90_SS_INS);
   } else if constexpr (N == 128) {
-    if constexpr (ElementTraits<T>::is_bf16)
-      asm volatile(FA_SM90_WGMMA_SS("128", "bf16", FA_SM90_ACC_REGS_64, "%64", "%65", "%66", "%67", "%68")
-                   : FA_SM90_D64(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
-    else
-      asm volatile(FA_SM90_WGMMA_SS("128", "f16", FA_SM90_ACC_REGS_64, "%64", "%65", "%66", "%67", "%68")
-                   : FA_SM90_D64(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
+    FA_SM90_ASM_FOR_TYPE(FA_SM90_SS128, FA_SM90_D64(d), FA_SM90_SS_INS);
   } else {
-    if constexpr (ElementTraits<T>::is_bf16)
-      asm volatile(FA_SM90_WGMMA_SS("256", "bf16", FA_SM90_ACC_REGS_128, "%128", "%129", "%130", "%131", "%132")
-                   : FA_SM90_D128(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
-    else
-      asm volatile(FA_SM90_WGMMA_SS("256", "f16", FA_SM90_ACC_REGS_128, "%128", "%129", "%130", "%131", "%132")
-                   : FA_SM90_D128(d) : "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA));
+    FA_SM90_ASM_FOR_TYPE(FA_SM90_SS256, FA_SM90_D128(d), FA_SM90_SS_INS);
   }
+#undef FA_SM90_SS_INS
+#undef FA_SM90_SS32
+#undef FA_SM90_SS64
+#undef FA_SM90_SS80
+#undef FA_SM90_SS128
+#undef FA_SM90_SS176
+#undef FA_SM90_SS256
 }
 
 // D(64 x N) (+)= A(64 x 16, registers, layout above) * B(16 x N, shared; K-major if kTransB == 0, else N-major).
+// Operands after the N/2 accumulators: a0..a3, desc_b, accumulate, kTransB.
 template <typename T, int N, int kTransB>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
                                          bool accumulate) {
   static_assert(N == 64 || N == 128 || N == 256, "wgmma_rs: N must be 64, 128 or 256");
   const uint32_t acc = accumulate ? 1u : 0u;
+#define FA_SM90_RS_INS "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc), "n"(kTransB)
+#define FA_SM90_RS64(TYPE) \
+  FA_SM90_WGMMA_RS("64", TYPE, FA_SM90_ACC_REGS_32, "{%32, %33, %34, %35}", "%36", "%37", "%38")
+#define FA_SM90_RS128(TYPE) \
+  FA_SM90_WGMMA_RS("128", TYPE, FA_SM90_ACC_REGS_64, "{%64, %65, %66, %67}", "%68", "%69", "%70")
+#define FA_SM90_RS256(TYPE) \
+  FA_SM90_WGMMA_RS("256", TYPE, FA_SM90_ACC_REGS_128, "{%128, %129, %130, %131}", "%132", "%133", "%134")
   if constexpr (N == 64) {
-    if constexpr (ElementTraits<T>::is_bf16)
-      asm volatile(FA_SM90_WGMMA_RS("64", "bf16", FA_SM90_ACC_REGS_32, "{%32, %33, %34, %35}", "%36", "%37", "%38")
-                   : FA_SM90_D32(d, 0)
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc), "n"(kTransB));
-    else
-      asm volatile(FA_SM90_WGMMA_RS("64", "f16", FA_SM90_ACC_REGS_32, "{%32, %33, %34, %35}", "%36", "%37", "%38")
-                   : FA_SM90_D32(d, 0)
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc), "n"(kTransB));
+    FA_SM90_ASM_FOR_TYPE(FA_SM90_RS64, FA_SM90_D32(d, 0), FA_SM90_RS_INS);
   } else if constexpr (N == 128) {
-    if constexpr (ElementTraits<T>::is_bf16)
-      asm volatile(FA_SM90_WGMMA_RS("128", "bf16", FA_SM90_ACC_REGS_64, "{%64, %65, %66, %67}", "%68", "%69", "%70")
-                   : FA_SM90_D64(d)
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc), "n"(kTransB));
-    else
-      asm volatile(FA_SM90_WGMMA_RS("128", "f16", FA_SM90_ACC_REGS_64, "{%64, %65, %66, %67}", "%68", "%69", "%70")
-                   : FA_SM90_D64(d)
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc), "n"(kTransB));
+    FA_SM90_ASM_FOR_TYPE(FA_SM90_RS128, FA_SM90_D64(d), FA_SM90_RS_INS);
   } else {
-    if constexpr (ElementTraits<T>::is_bf16)
-      asm volatile(
-          FA_SM90_WGMMA_RS("256", "bf16", FA_SM90_ACC_REGS_128, "{%128, %129, %130, %131}", "%132", "%133", "%134")
-          : FA_SM90_D128(d)
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc), "n"(kTransB));
-    else
-      asm volatile(
-          FA_SM90_WGMMA_RS("256", "f16", FA_SM90_ACC_REGS_128, "{%128, %129, %130, %131}", "%132", "%133", "%134")
-          : FA_SM90_D128(d)
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc), "n"(kTransB));
+    FA_SM90_ASM_FOR_TYPE(FA_SM90_RS256, FA_SM90_D128(d), FA_SM90_RS_INS);
   }
+#undef FA_SM90_RS_INS
+#undef FA_SM90_RS64
+#undef FA_SM90_RS128
+#undef FA_SM90_RS256
 }
 
 // The A operand for keys 16kk..16kk+15 of a product whose previous accumulator (over those keys, N = keys)
@@ -250,6 +232,14 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 }
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- shared memory ----
+// The dynamic shared-memory window rounded up to a swizzle atom: 128-byte-swizzled tiles (TMA boxes, wgmma
+// descriptors with base offset 0) must start on a 1024-byte boundary, which the window does not promise.
+__device__ __forceinline__ uint8_t* align_to_swizzle_atom(uint8_t* raw) {
+  const uintptr_t p = reinterpret_cast<uintptr_t>(raw);
+  return reinterpret_cast<uint8_t*>((p + kSwizzleAtomBytes - 1) & ~uintptr_t(kSwizzleAtomBytes - 1));
 }
 
 // ---- mbarriers (shared-memory transaction barriers) ----
