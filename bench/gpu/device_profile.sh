@@ -33,6 +33,9 @@ else
   skip=${PROF_SKIP:-44}
 fi
 echo "program build rc=$?"
+# The SASS of the profiled kernels, to read the main loop beside the per-instruction counters.
+if [ "${PROF_TARGET:-backward}" = forward ]; then sass_obj=forward_sm90.cu.o; else sass_obj=backward_sm90.cu.o; fi
+cuobjdump -sass "/tmp/build-prof/CMakeFiles/flashattn_sm90a.dir/src/cuda/sm90/$sass_obj" > "$OUT/sass.log" 2>&1
 if [ "${PROF_TESTS:-0}" = 1 ]; then
   timeout ${PROF_TEST_TIMEOUT:-200} /tmp/build-prof/tests/flashattn_gpu_tests > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?"

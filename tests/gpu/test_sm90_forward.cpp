@@ -30,6 +30,10 @@ struct FwdCase {
   std::vector<int> perm;                  // storage order of [b, s, h, d] (empty: contiguous)
   int64_t row_pad = 0;                    // extra elements after each head_dim row (a multiple of 8 for TMA)
   std::vector<int32_t> lens_q, lens_k;    // varlen when set
+  // Standard deviation of Q's and K's elements: 3 spreads the scores over about 13 units of log2 (P's scale),
+  // so a tile's row maximum sometimes jumps past the running one by more than the softmax lets it lag
+  // (kStaleMaxLog2) and sometimes by less: both the rescaling and the stale-maximum paths run.
+  double qk_stddev = 1.0;
 };
 
 std::ostream& operator<<(std::ostream& os, const FwdCase& c) { return os << c.name; }
@@ -91,8 +95,8 @@ TEST_P(Sm90Forward, MatchesReference) {
     lse = HostTensor(DType::f32, {c.batch, c.heads_q, c.seqlen_q});
   }
   std::mt19937_64 rng(std::hash<std::string>()(c.name));
-  q.fill_normal(rng);
-  k.fill_normal(rng);
+  q.fill_normal(rng, c.qk_stddev);
+  k.fill_normal(rng, c.qk_stddev);
   v.fill_normal(rng);
 
   AttentionOptions opt;
@@ -212,6 +216,13 @@ std::vector<FwdCase> cases() {
   c.seqlen_q = 128; c.seqlen_k = 300; add(c);
   c = {}; c.name = "f16_d256_window_left_only"; c.dtype = DType::f16; c.head_dim = 256; c.seqlen_q = 150;
   c.seqlen_k = 400; c.window_left = 100; add(c);
+  c = {}; c.name = "bf16_d128_large_scores"; c.seqlen_q = 150; c.seqlen_k = 1000; c.qk_stddev = 3; add(c);
+  c = {}; c.name = "f16_d64_large_scores_causal"; c.dtype = DType::f16; c.head_dim = 64; c.seqlen_q = c.seqlen_k = 700;
+  c.causal = true; c.qk_stddev = 3; add(c);
+  c = {}; c.name = "bf16_d256_large_scores_softcap"; c.head_dim = 256; c.seqlen_q = 130; c.seqlen_k = 600;
+  c.softcap = 30; c.qk_stddev = 3; add(c);
+  c = {}; c.name = "f16_d256_large_scores"; c.dtype = DType::f16; c.head_dim = 256; c.seqlen_q = 130; c.seqlen_k = 600;
+  c.qk_stddev = 3; add(c);
   return v;
 }
 

@@ -28,6 +28,9 @@ namespace flashattn::cuda::sm90 {
 
 // Named barriers of the consumer warpgroups' turns (one per consumer warpgroup); 0 is __syncthreads'.
 constexpr int kTurnBarrier0 = 1;
+// How far (log2 of P's units) a tile's row maximum may exceed the running one before the running maximum, and
+// with it O and the row sum, is rescaled (Consumer::softmax): P then stays below 2^8, exact in fp16 and bf16.
+constexpr float kStaleMaxLog2 = 8.f;
 // Depth of the shared-memory ring through which a persistent CTA's producer hands claimed tile numbers to the
 // consumers: two lets the producer claim the next tile while the consumers still read the current number.
 constexpr int kTileRing = 2;

@@ -82,7 +82,9 @@ struct Consumer {
   int row[2];  // this thread's two rows (accumulator layout), relative to the sequence start
   int key_lo[2], key_hi[2];  // their visible keys (lengths fit in int: sm90_forward_supports)
   int full_lo, full_hi;      // key tiles [full_lo, full_hi) are visible to every row of the tile: no mask
-  uint32_t q_addr;
+  // Descriptors of this warpgroup's Q rows and of stage 0's K and V tiles; every operand of a wgmma is one
+  // desc_advance from these.
+  uint64_t q_desc, k_desc, v_desc;
   float o[kHeadDim / 2];
   float row_max[2] = {-INFINITY, -INFINITY};  // in score units (after softcap), not yet scaled to log2
   float row_sum[2] = {0.f, 0.f};              // this thread's part; the quad's four parts add up at the end
@@ -110,7 +112,9 @@ struct Consumer {
     w.mask.key_range(row_end - 1, &lo_last, &hi_last);
     full_lo = int((lo_last + kN - 1) / kN);
     full_hi = int(hi_first / kN);
-    q_addr = smem_address(sm.q()) + wg * kWgmmaRows * kSwizzleBytes;
+    q_desc = make_desc_k_major(smem_address(sm.q()) + wg * kWgmmaRows * kSwizzleBytes);
+    k_desc = make_desc_k_major(smem_address(sm.k()));
+    v_desc = make_desc_mn_major(smem_address(sm.v()), kN * kSwizzleBytes);
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
   }
@@ -118,13 +122,13 @@ struct Consumer {
   // S = Q Kᵀ, issued and committed (not waited for). K-major operands; k-step kk is panel kk / 4, 32 bytes
   // further per step inside a row.
   __device__ void issue_qk(Scores& s, int stage) {
-    const uint32_t k_addr = smem_address(sm.k() + stage * Cfg::kKVTileBytes);
+    const uint64_t k_stage = desc_advance(k_desc, stage * Cfg::kKVTileBytes);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / kWgmmaK; ++kk) {
       const uint32_t step = (kk % 4) * kWgmmaK * 2;
-      wgmma_ss<T, kN, 0>(s, make_desc_k_major(q_addr + (kk / 4) * Cfg::kBlockM * kSwizzleBytes + step),
-                         make_desc_k_major(k_addr + (kk / 4) * kN * kSwizzleBytes + step), kk > 0);
+      wgmma_ss<T, kN, 0>(s, desc_advance(q_desc, (kk / 4) * Cfg::kBlockM * kSwizzleBytes + step),
+                         desc_advance(k_stage, (kk / 4) * kN * kSwizzleBytes + step), kk > 0);
     }
     wgmma_commit();
   }
@@ -132,12 +136,11 @@ struct Consumer {
   // O += P V, issued and committed. V is N-major: one panel (kN rows) per 64 columns of head dim. P is
   // converted before the fence: a register write between two wgmmas would make the compiler serialise them.
   __device__ void issue_pv(const PFragments& p, int stage) {
-    const uint32_t v_addr = smem_address(sm.v() + stage * Cfg::kKVTileBytes);
+    const uint64_t v_stage = desc_advance(v_desc, stage * Cfg::kKVTileBytes);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kN / kWgmmaK; ++kk)
-      wgmma_rs<T, kHeadDim, 1>(o, p[kk], make_desc_mn_major(v_addr + kk * kWgmmaK * kSwizzleBytes, kN * kSwizzleBytes),
-                               true);
+      wgmma_rs<T, kHeadDim, 1>(o, p[kk], desc_advance(v_stage, kk * kWgmmaK * kSwizzleBytes), true);
     wgmma_commit();
   }
 
@@ -163,6 +166,11 @@ struct Consumer {
   // Online softmax: raises the running maxima, turns S into P in place, updates the row sums and returns in
   // `rescale` the factor O must still be multiplied by. A row whose maximum is still -inf (nothing visible yet)
   // subtracts 0, so exp2(-inf) = 0 and the factor exp2(-inf) = 0 clears nothing that was not already 0.
+  // A running maximum is raised only once the tile's maximum exceeds it by more than 2^kStaleMaxLog2 in P's
+  // units (forward_config.h); until then P is taken against the stale maximum (at most 2^kStaleMaxLog2, which
+  // 16-bit P holds at full relative precision) and the factor is 1. O and the row sum share that maximum, so
+  // the result is the same softmax; the epilogue's LSE uses it too. Past the first tiles the maxima rarely move
+  // that far, so rescale_o can skip its multiplies.
   __device__ void softmax(Scores& s, float (&rescale)[2]) {
     // The two rows' chains run side by side (r innermost), each split four ways, and the quad shuffles of both
     // rows are in flight together: with two consumer warps per scheduler, the softmax's own independent work
@@ -185,9 +193,12 @@ struct Consumer {
     float neg_base[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      neg_base[r] = mx[r] == -INFINITY ? 0.f : -mx[r] * a.scale_log2;
-      rescale[r] = exp2_approx(fmaf(row_max[r], a.scale_log2, neg_base[r]));
-      row_max[r] = mx[r];
+      // mx[r] >= row_max[r]: the running maximum seeded the reduction.
+      const bool raise = row_max[r] == -INFINITY || (mx[r] - row_max[r]) * a.scale_log2 > kStaleMaxLog2;
+      const float m = raise ? mx[r] : row_max[r];
+      neg_base[r] = m == -INFINITY ? 0.f : -m * a.scale_log2;
+      rescale[r] = raise ? exp2_approx(fmaf(row_max[r], a.scale_log2, neg_base[r])) : 1.f;
+      row_max[r] = m;
     }
     float sum4[2][4] = {};
 #pragma unroll
@@ -206,7 +217,9 @@ struct Consumer {
       row_sum[r] = fmaf(row_sum[r], rescale[r], (sum4[r][0] + sum4[r][1]) + (sum4[r][2] + sum4[r][3]));
   }
 
+  // Warp-uniform skip: the multiplies run only if a row of this warp raised its maximum (softmax).
   __device__ void rescale_o(const float (&rescale)[2]) {
+    if (!__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) return;
 #pragma unroll
     for (int j = 0; j < kHeadDim / 8; ++j)
 #pragma unroll

@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   __syncthreads();
 
   // A tile with no rows (a varlen sequence shorter than the longest) is skipped by every thread alike.
-  const int wg = threadIdx.x / kWarpgroupThreads;
+  const int wg = warpgroup_index();
   PipelineState<Cfg::kStages> st;
   if (wg == 0) {
     setmaxnreg_decrease<Cfg::kProducerRegisters>();

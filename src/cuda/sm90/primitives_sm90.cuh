@@ -27,6 +27,7 @@
 
 #include "cuda/primitives.cuh"
 #include "cuda/sm90/swizzle.h"
+#include "cuda/sm90/warpgroup.h"
 
 namespace flashattn::cuda::sm90 {
 
@@ -51,6 +52,21 @@ __device__ __forceinline__ uint64_t make_desc_k_major(uint32_t smem_addr) {
 // leading offset steps to the next 64 columns of N (the next panel); the stride offset steps 8 K-rows.
 __device__ __forceinline__ uint64_t make_desc_mn_major(uint32_t smem_addr, uint32_t panel_bytes) {
   return encode_descriptor(smem_addr, panel_bytes, kSwizzleAtomBytes);
+}
+
+// The descriptor of the tile `bytes` further on. The address field is bits 0-13 of the low word (address >> 4)
+// and every shared-memory address is below 2^18, so the sum never carries out of the field: one 32-bit add on a
+// descriptor built once per kernel, instead of re-encoding (mask, shift, or) before every wgmma.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = uint32_t(desc) + (bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
+// This thread's warpgroup, broadcast from lane 0 so the compiler knows it is warp-uniform: values derived from it
+// (shared-memory addresses, descriptors) then live in uniform registers instead of being moved there (R2UR)
+// before every wgmma.
+__device__ __forceinline__ int warpgroup_index() {
+  return __shfl_sync(0xffffffffu, int(threadIdx.x) / kWarpgroupThreads, 0);
 }
 
 // ---- wgmma: warpgroup-wide asynchronous matrix multiply, D(64 x N, fp32) (+)= A(64 x 16) B(16 x N) ----
