@@ -10,8 +10,8 @@
 //           persistent grid
 //   hd 128: overlapped ordering; 128 x 176, 2 stages (32 KB + 2 * 88 KB = 208 KB) without a mask, 128 x 128
 //           (32 KB + 2 * 64 KB = 160 KB) under a causal or window mask, where narrower key tiles waste less on
-//           the diagonal; persistent grid from 2k to 8k keys, one CTA per tile otherwise (sm90-notes.md, v8, v10)
-//   hd 256: overlapped ordering, 128 x 80, 2 stages: 64 KB + 2 * 80 KB = 224 KB; one CTA per tile
+//           the diagonal; persistent grid
+//   hd 256: overlapped ordering, 128 x 80, 2 stages: 64 KB + 2 * 80 KB = 224 KB; persistent grid
 // Wider key tiles spread each tile's fixed costs (barrier waits, the O rescale, the warpgroup turn) over more
 // products; three consumer warpgroups at hd 64 give each warpgroup's softmax two other warpgroups' products
 // to hide under.
@@ -70,15 +70,14 @@ enum class Ordering { serial, overlapped };
 
 // What runs for a head dim, with (kMasked) or without a causal / window mask. The grid is a run-time choice:
 // persistent (one CTA per SM claiming tiles; the producer loads a tile's first Q and K under the previous tile)
-// when the keys per sequence are in kPersistentKeys, else one CTA per tile. At hd 128, 2k-8k keys gained 5-9%
-// from the hidden start; at 16k one CTA per tile measured 1-2% ahead, and at 512 causal keys the persistent grid
-// lost 40% through PyTorch (130 against 217 TFLOP/s, sm90-notes.md v8 and v10).
+// when the keys per sequence are in kPersistentKeys, else one CTA per tile. Since the loop counters became
+// warp-uniform (v12), every head dim is level or ahead on the persistent grid at every length (hd 128 at 512-1k
+// +8-18%, hd 256 +0-5%; sm90-notes.md v12); the range stays a per-plan knob for kernels where it does not.
 struct PersistentKeys {
   int64_t from, upto;
   constexpr bool contains(int64_t keys) const { return keys >= from && keys <= upto; }
 };
 constexpr PersistentKeys kAlwaysPersistent{0, INT64_MAX};
-constexpr PersistentKeys kNeverPersistent{1, 0};
 template <int kHeadDim, bool kMasked>
 struct KernelPlan;
 template <bool kMasked>
@@ -91,19 +90,19 @@ template <>
 struct KernelPlan<128, false> {
   using Config = ForwardConfig<128, 176, 2, 2>;
   static constexpr Ordering kOrdering = Ordering::overlapped;
-  static constexpr PersistentKeys kPersistentKeys{2048, 8192};
+  static constexpr PersistentKeys kPersistentKeys = kAlwaysPersistent;
 };
 template <>
 struct KernelPlan<128, true> {
   using Config = ForwardConfig<128, 128, 2, 2>;
   static constexpr Ordering kOrdering = Ordering::overlapped;
-  static constexpr PersistentKeys kPersistentKeys{2048, 8192};
+  static constexpr PersistentKeys kPersistentKeys = kAlwaysPersistent;
 };
 template <bool kMasked>
 struct KernelPlan<256, kMasked> {
   using Config = ForwardConfig<256, 80, 2, 2>;
   static constexpr Ordering kOrdering = Ordering::overlapped;
-  static constexpr PersistentKeys kPersistentKeys = kNeverPersistent;
+  static constexpr PersistentKeys kPersistentKeys = kAlwaysPersistent;
 };
 
 }  // namespace flashattn::cuda::sm90

@@ -92,8 +92,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (wg - 1 == Cfg::kConsumerWarpgroups - 1) pass_turn<Cfg::kConsumerWarpgroups>(wg - 1);
     }
     for (TileSequence<Cfg> seq; seq.valid(args); seq.next_for_consumer(args, sm)) {
-      const BlockWork w = block_work<Cfg>(args, seq.tile);
+      BlockWork w = block_work<Cfg>(args, seq.tile);
       if (w.m_block * Cfg::kBlockM >= w.seqlen_q) continue;
+      // In varlen the key-tile range comes from loads of cu_seqlens, which the compiler cannot see are equal in
+      // every lane; broadcast it so the loop counters and ring positions stay warp-uniform (uniform registers
+      // for the descriptors; TileSequence does the same for the tile number).
+      w.n_begin = __shfl_sync(0xffffffffu, w.n_begin, 0);
+      w.n_end = __shfl_sync(0xffffffffu, w.n_end, 0);
       Consumer<T, Cfg> c(sm, w, args, wg - 1);
       if constexpr (kOverlap)
         consume_overlapped(c, wg - 1, st);

@@ -152,7 +152,9 @@ struct TileSequence {
       return;
     }
     mbarrier_wait(&sm.tile_full()[slot()], parity());
-    tile = sm.tile_slot()[slot()];
+    // Broadcast from lane 0: every lane read the same number, but only a shuffle tells the compiler, and the
+    // loop bounds, ring positions and descriptors derived from it can then stay in uniform registers.
+    tile = __shfl_sync(0xffffffffu, sm.tile_slot()[slot()], 0);
     __syncwarp();
     if (threadIdx.x % 32 == 0) mbarrier_arrive(&sm.tile_empty()[slot()]);
     ++posts;
