@@ -299,4 +299,18 @@ cudaError_t tma_ring_copy(const CUtensorMap& map, int tiles, uint16_t* out) {
   return finish(cudaSuccess);
 }
 
+int descriptor_advance_mismatches(uint32_t* first_base, uint32_t* first_bytes) {
+  constexpr uint32_t kWindowBytes = 227 * 1024, kMaxStep = 64 * 1024, kAddressLimit = 1u << 18;
+  constexpr uint32_t kPanelBytes[] = {80 * kSwizzleBytes, 176 * kSwizzleBytes};  // MN-major leading offsets in use
+  int mismatches = 0;
+  for (uint32_t base = 0; base < kWindowBytes; base += kSwizzleAtomBytes)
+    for (uint32_t bytes = 0; bytes <= kMaxStep && base + bytes < kAddressLimit; bytes += 16) {
+      bool same = desc_advance(make_desc_k_major(base), bytes) == make_desc_k_major(base + bytes);
+      for (uint32_t panel : kPanelBytes)
+        same = same && desc_advance(make_desc_mn_major(base, panel), bytes) == make_desc_mn_major(base + bytes, panel);
+      if (!same && mismatches++ == 0) *first_base = base, *first_bytes = bytes;
+    }
+  return mismatches;
+}
+
 }  // namespace flashattn::test::sm90

@@ -20,6 +20,14 @@ namespace {
   FA_REQUIRE_GPU();                                                                        \
   if (flashattn::cuda_compute_capability(0) != 90) GTEST_SKIP() << "needs compute capability 9.0"
 
+// desc_advance (one add on the address field) gives the same descriptor as encoding the advanced address anew,
+// for every tile base and step the kernels can form. Integer arithmetic only: runs without a GPU.
+TEST(Sm90Primitives, DescriptorAdvanceMatchesEncoding) {
+  uint32_t first_base = 0, first_bytes = 0;
+  const int mismatches = sm90::descriptor_advance_mismatches(&first_base, &first_bytes);
+  EXPECT_EQ(mismatches, 0) << "first at base " << first_base << " + " << first_bytes << " bytes";
+}
+
 // A device buffer of T, freed on scope exit.
 template <typename T>
 struct DeviceBuffer {

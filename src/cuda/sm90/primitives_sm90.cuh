@@ -32,9 +32,10 @@
 namespace flashattn::cuda::sm90 {
 
 // ---- shared-memory matrix descriptors (PTX "matrix descriptor format") ----
+// Plain integer arithmetic, so also callable on the host (the descriptor tests check them there).
 // Bits 0-13: start address >> 4; 16-29: leading-dimension byte offset >> 4; 32-45: stride-dimension byte
 // offset >> 4; 49-51: base offset (0: our tiles start on a 1024-byte boundary); 62-63: swizzle (1 = 128 B).
-__device__ __forceinline__ uint64_t encode_descriptor(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+__host__ __device__ __forceinline__ uint64_t encode_descriptor(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
   constexpr uint64_t kSwizzle128 = 1;
   return uint64_t((smem_addr & 0x3FFFF) >> 4) | (uint64_t((lbo_bytes & 0x3FFFF) >> 4) << 16) |
          (uint64_t((sbo_bytes & 0x3FFFF) >> 4) << 32) | (kSwizzle128 << 62);
@@ -44,20 +45,20 @@ __device__ __forceinline__ uint64_t encode_descriptor(uint32_t smem_addr, uint32
 // K-elements = 32 bytes of each 128-byte row, so the leading offset is unused (encoded as 1 by convention) and
 // the stride offset is one swizzle atom (8 rows). Step along K inside a panel by adding 32 bytes to the start
 // address: the swizzle is a function of the address, so the hardware applies the same XOR that TMA did.
-__device__ __forceinline__ uint64_t make_desc_k_major(uint32_t smem_addr) {
+__host__ __device__ __forceinline__ uint64_t make_desc_k_major(uint32_t smem_addr) {
   return encode_descriptor(smem_addr, 16, kSwizzleAtomBytes);
 }
 
 // MN-major operand (rows of the K dimension, N contiguous), e.g. V for O += P V, where V's rows are keys. The
 // leading offset steps to the next 64 columns of N (the next panel); the stride offset steps 8 K-rows.
-__device__ __forceinline__ uint64_t make_desc_mn_major(uint32_t smem_addr, uint32_t panel_bytes) {
+__host__ __device__ __forceinline__ uint64_t make_desc_mn_major(uint32_t smem_addr, uint32_t panel_bytes) {
   return encode_descriptor(smem_addr, panel_bytes, kSwizzleAtomBytes);
 }
 
 // The descriptor of the tile `bytes` further on. The address field is bits 0-13 of the low word (address >> 4)
 // and every shared-memory address is below 2^18, so the sum never carries out of the field: one 32-bit add on a
-// descriptor built once per kernel, instead of re-encoding (mask, shift, or) before every wgmma.
-__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+// descriptor built once per tile, instead of re-encoding (mask, shift, or) before every wgmma.
+__host__ __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
   const uint32_t lo = uint32_t(desc) + (bytes >> 4);
   return (desc & 0xFFFFFFFF00000000ull) | lo;
 }
