@@ -2,12 +2,12 @@
 // bf16, head dims 64/128/256, S = 512 to 16k, causal and not. CUDA events around each launch; median of the
 // timed launches after warm-up. FLOPs: 4·B·H·S²·D, half of that under a causal mask.
 //
-// The planned kernel of each head dim (forward_config.h, KernelPlan) is timed on each grid (Sm90Grid: as
-// planned, one CTA per tile, persistent).
+// The planned kernel of each head dim (forward_config.h, KernelPlan) is timed on each grid (Sm90Grid:
+// persistent, as dispatched, and one CTA per tile).
 //
 //   bench_sm90_forward [--iters N] [--csv] [--grid GRID] [--only GRID,HD,S,CAUSAL]
-// --grid times one grid's cells (planned, one_cta_per_tile, persistent); --only times one cell (e.g.
-// `--only planned,128,16384,0`): for profiling one launch under ncu.
+// --grid times one grid's cells (persistent, one_cta_per_tile); --only times one cell (e.g.
+// `--only persistent,128,16384,0`): for profiling one launch under ncu.
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -7,7 +7,7 @@ cp bench/gpu/sm90_experiments/noload.patch bench/gpu/sm90_experiments/gemm_only.
 SM90V_VARIANTS="noload gemm_only" SM90V_PASSES=1 bash bench/gpu/device_variants_sm90.sh > /dev/null 2>&1
 rm -f bench/gpu/sm90_variants/noload.patch bench/gpu/sm90_variants/gemm_only.patch
 for v in base noload gemm_only; do
-  for cell in planned,128,16384,0 planned,256,16384,0; do
+  for cell in persistent,128,16384,0 persistent,256,16384,0; do
     nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 200 > /tmp/smi.txt &
     pid=$!
     "/tmp/bench_v_$v" --only "$cell" --iters 1500 | tail -1

@@ -5,7 +5,7 @@
 # suite first. Logs in $OUT (logs.tgz; the summaries are printed). Carry .gtest-src when PROF_TESTS=1.
 #   PROF_TARGET=backward (default): bench/gpu/backward_bench.cu, cuda_sm90, S = PROF_SEQ (4096), and launch
 #     PROF_SKIP of backward_kernel (default 44: the first at head dim 128, non-causal; 0 = head dim 64).
-#   PROF_TARGET=forward: bench/gpu/bench_sm90_forward.cu --only PROF_CELL (default planned,128,2048,0), the
+#   PROF_TARGET=forward: bench/gpu/bench_sm90_forward.cu --only PROF_CELL (default persistent,128,2048,0), the
 #     first launch after its 3 warm-up ones.
 #   PROF_TESTS=1 runs the C++ GPU suite before profiling.
 set -uo pipefail
@@ -21,7 +21,7 @@ lib=/tmp/build-prof/libflashattn.a
 if [ "${PROF_TARGET:-backward}" = forward ]; then
   nvcc -O2 -std=c++17 -arch=sm_90 -lineinfo -Iinclude -Isrc bench/gpu/bench_sm90_forward.cu "$lib" \
     -Xcompiler -fopenmp -o /tmp/prof_program >> "$OUT/build.log" 2>&1
-  program=(/tmp/prof_program --iters 3 --only "${PROF_CELL:-planned,128,2048,0}")
+  program=(/tmp/prof_program --iters 3 --only "${PROF_CELL:-persistent,128,2048,0}")
   kernel=forward_kernel
   skip=${PROF_SKIP:-3}
 else

@@ -3,10 +3,10 @@
 # of src/cuda/sm90/forward_config.h (a <name>.patch instead applies to a copy of the tree with patch -p1, for
 # changes beyond the config: e.g. the previous version of the kernel); only forward_sm90.cu is recompiled for it and linked ahead of the main
 # build's library (whose own forward_sm90 object the linker then leaves out), so a variant costs one compile,
-# all of them in parallel. bench_sm90_forward (the planned grid) then runs for the baseline and every variant,
+# all of them in parallel. bench_sm90_forward (the persistent grid, as dispatched) then runs for the baseline and every variant,
 # SM90V_PASSES times in rotation (the spread between passes is the noise to read differences against).
 # Results: $OUT/variants.txt (one column per build, the lower of the passes) and the raw CSVs.
-#   SM90V_VARIANTS="a b" (default: every .sed there); SM90V_PASSES=2; SM90V_GRID=planned; SM90V_ITERS=20;
+#   SM90V_VARIANTS="a b" (default: every .sed there); SM90V_PASSES=2; SM90V_GRID=persistent; SM90V_ITERS=20;
 #   SM90V_TESTS=<gtest filter> also builds and runs those GPU tests on the baseline (carry .gtest-src).
 set -uo pipefail
 OUT=${OUT:-/tmp/sm90v-out}
@@ -49,7 +49,7 @@ builds=(base $variants)
 for pass in $(seq 1 "${SM90V_PASSES:-2}"); do
   for v in "${builds[@]}"; do
     [ -x "/tmp/bench_v_$v" ] || continue
-    timeout 120 "/tmp/bench_v_$v" --csv --grid "${SM90V_GRID:-planned}" --iters "${SM90V_ITERS:-20}" \
+    timeout 120 "/tmp/bench_v_$v" --csv --grid "${SM90V_GRID:-persistent}" --iters "${SM90V_ITERS:-20}" \
       > "$OUT/$v.pass$pass.csv" 2>&1
   done
 done

@@ -68,41 +68,32 @@ struct ForwardConfig {
 // P_{n+1} V_{n+1} and runs the softmax under P V, the consumer warpgroups taking turns.
 enum class Ordering { serial, overlapped };
 
-// What runs for a head dim, with (kMasked) or without a causal / window mask. The grid is a run-time choice:
-// persistent (one CTA per SM claiming tiles; the producer loads a tile's first Q and K under the previous tile)
-// when the keys per sequence are in kPersistentKeys, else one CTA per tile. Since the loop counters became
-// warp-uniform (v12), every head dim is level or ahead on the persistent grid at every length (hd 128 at 512-1k
-// +8-18%, hd 256 +0-5%; sm90-notes.md v12); the range stays a per-plan knob for kernels where it does not.
-struct PersistentKeys {
-  int64_t from, upto;
-  constexpr bool contains(int64_t keys) const { return keys >= from && keys <= upto; }
-};
-constexpr PersistentKeys kAlwaysPersistent{0, INT64_MAX};
+// What runs for a head dim, with (kMasked) or without a causal / window mask. Every plan runs on the persistent
+// grid (one CTA per SM claiming tiles; the producer loads a tile's first Q and K under the previous tile): since
+// the loop counters became warp-uniform it is level or ahead of one CTA per tile at every length and head dim
+// (hd 128 at 512-1k +8-18%, hd 256 +0-5%; sm90-notes.md v12). Sm90Grid (forward_sm90.h) can still force one
+// CTA per tile, for the tests and the benchmark.
 template <int kHeadDim, bool kMasked>
 struct KernelPlan;
 template <bool kMasked>
 struct KernelPlan<64, kMasked> {
   using Config = ForwardConfig<64, 128, 3, 3>;
   static constexpr Ordering kOrdering = Ordering::serial;
-  static constexpr PersistentKeys kPersistentKeys = kAlwaysPersistent;
 };
 template <>
 struct KernelPlan<128, false> {
   using Config = ForwardConfig<128, 176, 2, 2>;
   static constexpr Ordering kOrdering = Ordering::overlapped;
-  static constexpr PersistentKeys kPersistentKeys = kAlwaysPersistent;
 };
 template <>
 struct KernelPlan<128, true> {
   using Config = ForwardConfig<128, 128, 2, 2>;
   static constexpr Ordering kOrdering = Ordering::overlapped;
-  static constexpr PersistentKeys kPersistentKeys = kAlwaysPersistent;
 };
 template <bool kMasked>
 struct KernelPlan<256, kMasked> {
   using Config = ForwardConfig<256, 80, 2, 2>;
   static constexpr Ordering kOrdering = Ordering::overlapped;
-  static constexpr PersistentKeys kPersistentKeys = kAlwaysPersistent;
 };
 
 }  // namespace flashattn::cuda::sm90

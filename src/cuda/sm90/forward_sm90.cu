@@ -2,8 +2,8 @@
 // 256 (d_v == d), with causal / sliding-window masks, softcap, GQA, varlen and arbitrary tails.
 //
 // Work: tiles of kBlockM = 64 · (consumer warpgroups) query rows of one (batch, head), numbered head-major
-// (forward_tiles.cuh). One CTA per tile, or a persistent grid of one CTA per SM whose CTAs claim the next tile
-// from a global counter as they finish one (TileSequence); forward_config.h's KernelPlan says which.
+// (forward_tiles.cuh). A persistent grid of one CTA per SM whose CTAs claim the next tile from a global counter
+// as they finish one (TileSequence), or, when forced (Sm90Grid, forward_sm90.h), one CTA per tile.
 // Warp roles (128 · (1 + consumer warpgroups) threads):
 //   warpgroup 0  producer: gives registers away (setmaxnreg); one thread issues TMA loads of each tile's Q block
 //                and of its K and V tiles into a kStages-deep shared-memory ring (full/empty mbarriers; Q has
@@ -137,8 +137,7 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   const int64_t m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int64_t num_tiles = m_blocks * p.heads_q * p.batch;
   if (num_tiles == 0) return Status::success();
-  const bool persistent =
-      grid == Sm90Grid::persistent || (grid == Sm90Grid::planned && Plan::kPersistentKeys.contains(p.seqlen_k));
+  const bool persistent = grid == Sm90Grid::persistent;
   // num_tiles < 2^30 (sm90_forward_supports): a CTA per tile always fits the grid.
   const int64_t ctas = persistent ? std::min<int64_t>(num_tiles, device_attribute(cudaDevAttrMultiProcessorCount, 1))
                                   : num_tiles;
