@@ -7,7 +7,7 @@
 // The kernel each head dim runs (KernelPlan below) was chosen on the H200 from every combination of consumer
 // ordering (serial / overlapped), tile set and grid (bench/results/sm90-notes.md, runs v3 and v4):
 //   hd  64: serial ordering, 192 x 128 (three consumer warpgroups), 3 stages: 24 KB + 3 * 32 KB = 120 KB;
-//           persistent grid
+//           under a mask with at most 2k keys 128 x 128, overlapped, 4 stages (144 KB); persistent grid
 //   hd 128: overlapped ordering; 128 x 176, 2 stages (32 KB + 2 * 88 KB = 208 KB) without a mask, 128 x 128
 //           (32 KB + 2 * 64 KB = 160 KB) under a causal or window mask, where narrower key tiles waste less on
 //           the diagonal; persistent grid
@@ -73,25 +73,45 @@ enum class Ordering { serial, overlapped };
 // the loop counters became warp-uniform it is level or ahead of one CTA per tile at every length and head dim
 // (hd 128 at 512-1k +8-18%, hd 256 +0-5%; sm90-notes.md v12). Sm90Grid (forward_sm90.h) can still force one
 // CTA per tile, for the tests and the benchmark.
+// A plan may name a second one (ShortKeysPlan) that runs instead when a sequence has at most kShortKeys keys.
+struct NoShortKeysPlan {
+  using ShortKeysPlan = void;
+  static constexpr int64_t kShortKeys = 0;
+};
 template <int kHeadDim, bool kMasked>
 struct KernelPlan;
-template <bool kMasked>
-struct KernelPlan<64, kMasked> {
+template <>
+struct KernelPlan<64, false> : NoShortKeysPlan {
   using Config = ForwardConfig<64, 128, 3, 3>;
   static constexpr Ordering kOrdering = Ordering::serial;
 };
+// hd 64 under a mask, up to 2k keys: 128-row blocks (two consumer warpgroups, overlapped, 4 stages: 16 KB +
+// 4 * 32 KB = 144 KB) waste less on the diagonal than 192-row ones (~6% of the computed scores at 2k causal
+// against ~16%): 512 / 1k / 2k causal +12% / +18% / +3%; from 4k keys the three-warpgroup kernel is 3-7% ahead
+// again (sm90-notes.md, v13).
+struct Hd64MaskedShortKeysPlan : NoShortKeysPlan {
+  using Config = ForwardConfig<64, 128, 2, 4>;
+  static constexpr Ordering kOrdering = Ordering::overlapped;
+};
 template <>
-struct KernelPlan<128, false> {
+struct KernelPlan<64, true> {
+  using Config = ForwardConfig<64, 128, 3, 3>;
+  static constexpr Ordering kOrdering = Ordering::serial;
+  using ShortKeysPlan = Hd64MaskedShortKeysPlan;
+  static constexpr int64_t kShortKeys = 2048;
+};
+template <>
+struct KernelPlan<128, false> : NoShortKeysPlan {
   using Config = ForwardConfig<128, 176, 2, 2>;
   static constexpr Ordering kOrdering = Ordering::overlapped;
 };
 template <>
-struct KernelPlan<128, true> {
+struct KernelPlan<128, true> : NoShortKeysPlan {
   using Config = ForwardConfig<128, 128, 2, 2>;
   static constexpr Ordering kOrdering = Ordering::overlapped;
 };
 template <bool kMasked>
-struct KernelPlan<256, kMasked> {
+struct KernelPlan<256, kMasked> : NoShortKeysPlan {
   using Config = ForwardConfig<256, 80, 2, 2>;
   static constexpr Ordering kOrdering = Ordering::overlapped;
 };

@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "backend.h"
 #include "common/mask.h"
@@ -215,11 +216,19 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   return st;
 }
 
+template <typename T, typename Plan>
+Status launch_plan_for_keys(const FwdParams& p, Sm90Grid grid) {
+  if constexpr (!std::is_void_v<typename Plan::ShortKeysPlan>) {
+    if (p.seqlen_k <= Plan::kShortKeys) return launch<T, typename Plan::ShortKeysPlan>(p, grid);
+  }
+  return launch<T, Plan>(p, grid);
+}
+
 template <typename T, int kHeadDim>
 Status launch_planned(const FwdParams& p, Sm90Grid grid) {
   const bool masked = p.causal || p.window_left >= 0 || p.window_right >= 0;
-  return masked ? launch<T, cuda::sm90::KernelPlan<kHeadDim, true>>(p, grid)
-                : launch<T, cuda::sm90::KernelPlan<kHeadDim, false>>(p, grid);
+  return masked ? launch_plan_for_keys<T, cuda::sm90::KernelPlan<kHeadDim, true>>(p, grid)
+                : launch_plan_for_keys<T, cuda::sm90::KernelPlan<kHeadDim, false>>(p, grid);
 }
 
 template <typename T>
