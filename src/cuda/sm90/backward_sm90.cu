@@ -254,27 +254,17 @@ struct BackwardConsumer {
 
   // D(64 x kM) = rows key_local of `keys` times `queries`ᵀ, both K-major over the head dim: Sᵀ = K Qᵀ, dPᵀ = V dOᵀ.
   __device__ void issue_transposed_scores(Scores& d, const uint8_t* keys, const uint8_t* queries) {
-    const uint32_t key_addr = smem_address(keys) + key_row0 * kSwizzleBytes;
-    const uint32_t query_addr = smem_address(queries);
-    if constexpr (Cfg::kColumnSplit) {
-      // 16 k-steps: the compiler would hoist every K and V descriptor out of the query-block loop and hold 64
-      // registers for them. One opaque base per operand, stepped by its start-address field (address / 16, far
-      // below the field's 2^14 limit in shared memory), costs an add per k-step instead.
-      uint64_t key_desc = make_desc_k_major(key_addr), query_desc = make_desc_k_major(query_addr);
-      asm volatile("" : "+l"(key_desc), "+l"(query_desc));
+    // One descriptor per operand, advanced per k-step (desc_advance: one add, no re-encoding).
+    uint64_t key_desc = make_desc_k_major(smem_address(keys) + key_row0 * kSwizzleBytes);
+    uint64_t query_desc = make_desc_k_major(smem_address(queries));
+    // Opaque bases: otherwise the compiler hoists every K and V descriptor (loop-invariant: K and V stay in
+    // shared memory) out of the query-block loop and holds up to 64 registers for them; an add per k-step is cheaper.
+    asm volatile("" : "+l"(key_desc), "+l"(query_desc));
 #pragma unroll
-      for (int kk = 0; kk < kD / kWgmmaK; ++kk) {
-        const uint32_t step = (kk % 4) * kWgmmaK * 2;
-        wgmma_ss<T, kM, 0>(d, key_desc + (((kk / 4) * kN * kSwizzleBytes + step) >> 4),
-                           query_desc + (((kk / 4) * kM * kSwizzleBytes + step) >> 4), kk > 0);
-      }
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < kD / kWgmmaK; ++kk) {
-        const uint32_t step = (kk % 4) * kWgmmaK * 2;
-        wgmma_ss<T, kM, 0>(d, make_desc_k_major(key_addr + (kk / 4) * kN * kSwizzleBytes + step),
-                           make_desc_k_major(query_addr + (kk / 4) * kM * kSwizzleBytes + step), kk > 0);
-      }
+    for (int kk = 0; kk < kD / kWgmmaK; ++kk) {
+      const uint32_t step = (kk % 4) * kWgmmaK * 2;
+      wgmma_ss<T, kM, 0>(d, desc_advance(key_desc, (kk / 4) * kN * kSwizzleBytes + step),
+                         desc_advance(query_desc, (kk / 4) * kM * kSwizzleBytes + step), kk > 0);
     }
     wgmma_commit();
   }
@@ -282,11 +272,11 @@ struct BackwardConsumer {
   // acc(64 x kOutCols) += fragments(64 x kM) * rows(kM x this warpgroup's kOutCols columns), rows N-major from a
   // staged Q or dO tile.
   __device__ void issue_accumulate(float (&acc)[kOutCols / 2], const Fragments& f, const uint8_t* rows) const {
-    const uint32_t addr = smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes;
+    const uint64_t desc =
+        make_desc_mn_major(smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes, kM * kSwizzleBytes);
 #pragma unroll
     for (int kk = 0; kk < kM / kWgmmaK; ++kk)
-      wgmma_rs<T, kOutCols, 1>(acc, f[kk],
-                               make_desc_mn_major(addr + kk * kWgmmaK * kSwizzleBytes, kM * kSwizzleBytes), true);
+      wgmma_rs<T, kOutCols, 1>(acc, f[kk], desc_advance(desc, kk * kWgmmaK * kSwizzleBytes), true);
     wgmma_commit();
   }
 
@@ -351,14 +341,14 @@ struct BackwardConsumer {
     // dS (queries x keys) is stored as dSᵀ, queries contiguous: M-major, one 64-query panel. K's columns are N:
     // N-major, one panel per 64 columns of head dim (a 32-column piece starts 64 bytes into its panel's rows;
     // the swizzle applies to the address, as for the K-major k-steps). Both step 16 keys = 16 rows per k-step.
-    const uint32_t a_addr = smem_address(ds_tile);
-    const uint32_t b_addr = smem_address(sm.k()) + (dq_col0(piece) / kPanelCols) * kN * kSwizzleBytes +
-                            (dq_col0(piece) % kPanelCols) * Cfg::kElemBytes;
+    const uint64_t a_desc = make_desc_mn_major(smem_address(ds_tile), kN * kSwizzleBytes);
+    const uint64_t b_desc = make_desc_mn_major(smem_address(sm.k()) + (dq_col0(piece) / kPanelCols) * kN * kSwizzleBytes +
+                                                   (dq_col0(piece) % kPanelCols) * Cfg::kElemBytes,
+                                               kN * kSwizzleBytes);
 #pragma unroll
     for (int kk = 0; kk < kN / kWgmmaK; ++kk)
-      wgmma_ss<T, Cfg::kDqTileCols, 1, 1>(dq, make_desc_mn_major(a_addr + kk * kWgmmaK * kSwizzleBytes, kN * kSwizzleBytes),
-                                          make_desc_mn_major(b_addr + kk * kWgmmaK * kSwizzleBytes, kN * kSwizzleBytes),
-                                          kk > 0);
+      wgmma_ss<T, Cfg::kDqTileCols, 1, 1>(dq, desc_advance(a_desc, kk * kWgmmaK * kSwizzleBytes),
+                                          desc_advance(b_desc, kk * kWgmmaK * kSwizzleBytes), kk > 0);
     wgmma_commit();
   }
 
@@ -502,7 +492,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   // No query sees these keys (or there are none): dK = dV = 0, written without loading anything.
   const bool has_work = w.m_end > w.m_begin;
-  const int wg = threadIdx.x / kWarpgroupThreads;
+  const int wg = warpgroup_index();
   if (wg == 0) {
     setmaxnreg_decrease<Cfg::kProducerRegisters>();
     if (threadIdx.x == 0 && has_work) {
@@ -512,12 +502,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   } else {
     setmaxnreg_increase<Cfg::kConsumerRegisters>();
-    BackwardConsumer<T, Cfg> c(sm, w, args, wg - 1);
+    // In varlen the query-block range comes from loads of cu_seqlens, which the compiler cannot see are equal
+    // in every lane; broadcast it so the loop counters and ring positions stay warp-uniform.
+    KeyBlockWork wc = w;
+    wc.m_begin = __shfl_sync(0xffffffffu, w.m_begin, 0);
+    wc.m_end = __shfl_sync(0xffffffffu, w.m_end, 0);
+    BackwardConsumer<T, Cfg> c(sm, wc, args, wg - 1);
     if (has_work) {
       if (args.softcap > 0.f)
-        consume<T, Cfg, true>(c, w, args.heads_per_kv);
+        consume<T, Cfg, true>(c, wc, args.heads_per_kv);
       else
-        consume<T, Cfg, false>(c, w, args.heads_per_kv);
+        consume<T, Cfg, false>(c, wc, args.heads_per_kv);
     }
     c.epilogue();
   }
