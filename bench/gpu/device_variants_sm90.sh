@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A/B timing of Hopper forward tile plans in one device call. Each bench/gpu/sm90_variants/<name>.sed edits a copy
+# A/B timing of Hopper kernel variants in one device call (the forward's tile plans, or with SM90V_KERNEL=backward
+# the backward kernel). Each bench/gpu/sm90_variants/<name>.sed edits a copy
 # of src/cuda/sm90/forward_config.h (a <name>.patch instead applies to a copy of the tree with patch -p1, for
 # changes beyond the config: e.g. the previous version of the kernel); only forward_sm90.cu is recompiled for it and linked ahead of the main
 # build's library (whose own forward_sm90 object the linker then leaves out), so a variant costs one compile,
@@ -8,6 +9,9 @@
 # Results: $OUT/variants.txt (one column per build, the lower of the passes) and the raw CSVs.
 #   SM90V_VARIANTS="a b" (default: every .sed there); SM90V_PASSES=2; SM90V_GRID=persistent; SM90V_ITERS=20;
 #   SM90V_TESTS=<gtest filter> also builds and runs those GPU tests on the baseline (carry .gtest-src).
+#   SM90V_KERNEL=backward: variants recompile src/cuda/sm90/backward_sm90.cu instead and are timed with
+#   backward_bench (FA_BWD_BACKEND=cuda_sm90) at SM90V_SEQS (default "1024 2048 4096 16384"); a variant's
+#   .patch then edits the backward sources, and the "causal" column reads "det" for the deterministic rows.
 set -uo pipefail
 OUT=${OUT:-/tmp/sm90v-out}
 mkdir -p "$OUT"
@@ -20,8 +24,13 @@ build_tree . /tmp/build-v -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_TESTS=$tes
   "${targets[@]}" > "$log" 2>&1 || { tail -30 "$log"; exit 1; }
 lib=/tmp/build-v/libflashattn.a
 variants=${SM90V_VARIANTS:-$(ls bench/gpu/sm90_variants/ 2>/dev/null | grep -E '\.(sed|patch)$' | sed -E 's/\.(sed|patch)$//')}
+kernel=${SM90V_KERNEL:-forward}
+unit=src/cuda/sm90/${kernel}_sm90.cu
+[ -f "$unit" ] || { echo "SM90V_KERNEL=$kernel: no $unit"; exit 1; }
+bench_src=bench/gpu/bench_sm90_forward.cu
+[ "$kernel" = backward ] && bench_src=bench/gpu/backward_bench.cu
 cuda_flags=(-O3 -DNDEBUG --generate-code=arch=compute_90a,code=[sm_90a] --expt-relaxed-constexpr -std=c++17)
-bench_flags=(-O2 -std=c++17 -arch=sm_90 -Iinclude -Isrc bench/gpu/bench_sm90_forward.cu)
+bench_flags=(-O2 -std=c++17 -arch=sm_90 -Iinclude -Isrc "$bench_src")
 nvcc "${bench_flags[@]}" "$lib" -Xcompiler -fopenmp -o /tmp/bench_v_base >> "$log" 2>&1 &
 for v in $variants; do
   (
@@ -31,9 +40,9 @@ for v in $variants; do
       else
         patch -s -p1 -d "/tmp/v-$v" < "bench/gpu/sm90_variants/$v.patch"
       fi &&
-      nvcc "${cuda_flags[@]}" -I"/tmp/v-$v/include" -I"/tmp/v-$v/src" -c "/tmp/v-$v/src/cuda/sm90/forward_sm90.cu" \
-        -o "/tmp/v-$v/forward_sm90.o" -Xptxas -v > "/tmp/v-$v/ptxas.log" 2>&1 &&
-      nvcc "${bench_flags[@]}" "/tmp/v-$v/forward_sm90.o" "$lib" -Xcompiler -fopenmp -o "/tmp/bench_v_$v" \
+      nvcc "${cuda_flags[@]}" -I"/tmp/v-$v/include" -I"/tmp/v-$v/src" -c "/tmp/v-$v/$unit" \
+        -o "/tmp/v-$v/${kernel}_sm90.o" -Xptxas -v > "/tmp/v-$v/ptxas.log" 2>&1 &&
+      nvcc "${bench_flags[@]}" "/tmp/v-$v/${kernel}_sm90.o" "$lib" -Xcompiler -fopenmp -o "/tmp/bench_v_$v" \
         >> "/tmp/v-$v/ptxas.log" 2>&1
     echo "variant $v build rc=$?" >> "$log"
     grep -E "spill" "/tmp/v-$v/ptxas.log" | sort | uniq -c >> "$log"
@@ -49,17 +58,32 @@ builds=(base $variants)
 for pass in $(seq 1 "${SM90V_PASSES:-2}"); do
   for v in "${builds[@]}"; do
     [ -x "/tmp/bench_v_$v" ] || continue
-    timeout 120 "/tmp/bench_v_$v" --csv --grid "${SM90V_GRID:-persistent}" --iters "${SM90V_ITERS:-20}" \
-      > "$OUT/$v.pass$pass.csv" 2>&1
+    if [ "$kernel" = backward ]; then
+      FA_BWD_BACKEND=cuda_sm90 timeout 150 "/tmp/bench_v_$v" ${SM90V_SEQS:-1024 2048 4096 16384} \
+        > "$OUT/$v.pass$pass.md" 2>&1
+    else
+      timeout 120 "/tmp/bench_v_$v" --csv --grid "${SM90V_GRID:-persistent}" --iters "${SM90V_ITERS:-20}" \
+        > "$OUT/$v.pass$pass.csv" 2>&1
+    fi
   done
 done
 python3 - "$OUT" "${builds[@]}" > "$OUT/variants.txt" <<'PY'
 import csv, glob, os, sys
 out, builds = sys.argv[1], sys.argv[2:]
+def rows(f):
+    if f.endswith(".csv"):
+        return csv.DictReader(open(f))
+    # backward_bench's markdown: | S | B | H | D | causal | mode | ms | TFLOP/s |
+    out = []
+    for line in open(f):
+        c = [x.strip() for x in line.strip().strip("|").split("|")]
+        if len(c) == 8 and c[0].isdigit():
+            out.append({"hd": c[3], "seqlen": c[0], "causal": "-1" if c[5] == "deterministic" else c[4], "tflops": c[7]})
+    return out
 best = {}
 for b in builds:
-    for f in glob.glob(os.path.join(out, b + ".pass*.csv")):
-        for r in csv.DictReader(open(f)):
+    for f in glob.glob(os.path.join(out, b + ".pass*.csv")) + glob.glob(os.path.join(out, b + ".pass*.md")):
+        for r in rows(f):
             try:
                 key = (int(r["hd"]), int(r["seqlen"]), int(r["causal"]))
                 t = float(r["tflops"])
@@ -73,7 +97,7 @@ for k in keys:
     for b in builds:
         ts = best.get(b, {}).get(k)
         cells.append(f"{min(ts):8.0f} ({max(ts) - min(ts):3.0f})" if ts else f"{'-':>14}")
-    print(f"{k[0]:3d} {k[1]:6d} {k[2]:4d}   " + "".join(f"{c:>14}" for c in cells))
+    print(f"{k[0]:3d} {k[1]:6d} {'det' if k[2] < 0 else k[2]:>4}   " + "".join(f"{c:>14}" for c in cells))
 print("(TFLOP/s: the lower pass, and in brackets the spread between passes)")
 PY
 grep -E "rc=|spill" "$log"
