@@ -216,11 +216,14 @@ std::vector<FwdCase> cases() {
   c.seqlen_q = 128; c.seqlen_k = 300; add(c);
   c = {}; c.name = "f16_d256_window_left_only"; c.dtype = DType::f16; c.head_dim = 256; c.seqlen_q = 150;
   c.seqlen_k = 400; c.window_left = 100; add(c);
-  // hd 64 under a mask runs a second kernel past 2k keys (forward_config.h, ShortKeysPlan).
+  // hd 64 under a mask runs a second kernel past 2k keys, hd 128 without one past 4k (forward_config.h,
+  // ShortKeysPlan).
   c = {}; c.name = "bf16_d64_causal_past_short_keys"; c.head_dim = 64; c.seqlen_q = 200; c.seqlen_k = 2600;
   c.causal = true; add(c);
   c = {}; c.name = "f16_d64_window_past_short_keys"; c.dtype = DType::f16; c.head_dim = 64; c.seqlen_q = 2100;
   c.seqlen_k = 2100; c.window_left = 300; c.window_right = 40; c.heads_q = 1; c.heads_kv = 1; add(c);
+  c = {}; c.name = "f16_d128_past_short_keys"; c.dtype = DType::f16; c.head_dim = 128; c.seqlen_q = 130;
+  c.seqlen_k = 4200; add(c);
   c = {}; c.name = "bf16_d128_large_scores"; c.seqlen_q = 150; c.seqlen_k = 1000; c.qk_stddev = 3; add(c);
   c = {}; c.name = "f16_d64_large_scores_causal"; c.dtype = DType::f16; c.head_dim = 64; c.seqlen_q = c.seqlen_k = 700;
   c.causal = true; c.qk_stddev = 3; add(c);

@@ -100,10 +100,16 @@ struct KernelPlan<64, true> {
   using ShortKeysPlan = Hd64MaskedShortKeysPlan;
   static constexpr int64_t kShortKeys = 2048;
 };
+struct Hd128ShortKeysPlan : NoShortKeysPlan {
+  using Config = ForwardConfig<128, 128, 2, 3>;
+  static constexpr Ordering kOrdering = Ordering::overlapped;
+};
 template <>
-struct KernelPlan<128, false> : NoShortKeysPlan {
+struct KernelPlan<128, false> {
   using Config = ForwardConfig<128, 176, 2, 2>;
   static constexpr Ordering kOrdering = Ordering::overlapped;
+  using ShortKeysPlan = Hd128ShortKeysPlan;
+  static constexpr int64_t kShortKeys = 4096;
 };
 template <>
 struct KernelPlan<128, true> : NoShortKeysPlan {

@@ -1,0 +1,1 @@
+s/kShortKeys = 4096;/kShortKeys = 0;/
