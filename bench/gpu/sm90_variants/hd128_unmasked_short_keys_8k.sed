@@ -1,1 +1,0 @@
-s/kShortKeys = 4096;/kShortKeys = 8192;/
