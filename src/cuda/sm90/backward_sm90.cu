@@ -272,11 +272,11 @@ struct BackwardConsumer {
   // acc(64 x kOutCols) += fragments(64 x kM) * rows(kM x this warpgroup's kOutCols columns), rows N-major from a
   // staged Q or dO tile.
   __device__ void issue_accumulate(float (&acc)[kOutCols / 2], const Fragments& f, const uint8_t* rows) const {
-    const uint64_t desc =
-        make_desc_mn_major(smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes, kM * kSwizzleBytes);
+    const uint32_t addr = smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes;
 #pragma unroll
     for (int kk = 0; kk < kM / kWgmmaK; ++kk)
-      wgmma_rs<T, kOutCols, 1>(acc, f[kk], desc_advance(desc, kk * kWgmmaK * kSwizzleBytes), true);
+      wgmma_rs<T, kOutCols, 1>(acc, f[kk],
+                               make_desc_mn_major(addr + kk * kWgmmaK * kSwizzleBytes, kM * kSwizzleBytes), true);
     wgmma_commit();
   }
 
@@ -341,14 +341,14 @@ struct BackwardConsumer {
     // dS (queries x keys) is stored as dSᵀ, queries contiguous: M-major, one 64-query panel. K's columns are N:
     // N-major, one panel per 64 columns of head dim (a 32-column piece starts 64 bytes into its panel's rows;
     // the swizzle applies to the address, as for the K-major k-steps). Both step 16 keys = 16 rows per k-step.
-    const uint64_t a_desc = make_desc_mn_major(smem_address(ds_tile), kN * kSwizzleBytes);
-    const uint64_t b_desc = make_desc_mn_major(smem_address(sm.k()) + (dq_col0(piece) / kPanelCols) * kN * kSwizzleBytes +
-                                                   (dq_col0(piece) % kPanelCols) * Cfg::kElemBytes,
-                                               kN * kSwizzleBytes);
+    const uint32_t a_addr = smem_address(ds_tile);
+    const uint32_t b_addr = smem_address(sm.k()) + (dq_col0(piece) / kPanelCols) * kN * kSwizzleBytes +
+                            (dq_col0(piece) % kPanelCols) * Cfg::kElemBytes;
 #pragma unroll
     for (int kk = 0; kk < kN / kWgmmaK; ++kk)
-      wgmma_ss<T, Cfg::kDqTileCols, 1, 1>(dq, desc_advance(a_desc, kk * kWgmmaK * kSwizzleBytes),
-                                          desc_advance(b_desc, kk * kWgmmaK * kSwizzleBytes), kk > 0);
+      wgmma_ss<T, Cfg::kDqTileCols, 1, 1>(dq, make_desc_mn_major(a_addr + kk * kWgmmaK * kSwizzleBytes, kN * kSwizzleBytes),
+                                          make_desc_mn_major(b_addr + kk * kWgmmaK * kSwizzleBytes, kN * kSwizzleBytes),
+                                          kk > 0);
     wgmma_commit();
   }
 
@@ -492,7 +492,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   // No query sees these keys (or there are none): dK = dV = 0, written without loading anything.
   const bool has_work = w.m_end > w.m_begin;
-  const int wg = warpgroup_index();
+  const int wg = threadIdx.x / kWarpgroupThreads;
   if (wg == 0) {
     setmaxnreg_decrease<Cfg::kProducerRegisters>();
     if (threadIdx.x == 0 && has_work) {
@@ -502,17 +502,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   } else {
     setmaxnreg_increase<Cfg::kConsumerRegisters>();
-    // In varlen the query-block range comes from loads of cu_seqlens, which the compiler cannot see are equal
-    // in every lane; broadcast it so the loop counters and ring positions stay warp-uniform.
-    KeyBlockWork wc = w;
-    wc.m_begin = __shfl_sync(0xffffffffu, w.m_begin, 0);
-    wc.m_end = __shfl_sync(0xffffffffu, w.m_end, 0);
-    BackwardConsumer<T, Cfg> c(sm, wc, args, wg - 1);
+    BackwardConsumer<T, Cfg> c(sm, w, args, wg - 1);
     if (has_work) {
       if (args.softcap > 0.f)
-        consume<T, Cfg, true>(c, wc, args.heads_per_kv);
+        consume<T, Cfg, true>(c, w, args.heads_per_kv);
       else
-        consume<T, Cfg, false>(c, wc, args.heads_per_kv);
+        consume<T, Cfg, false>(c, w, args.heads_per_kv);
     }
     c.epilogue();
   }
