@@ -222,6 +222,11 @@ std::vector<FwdCase> cases() {
   c.causal = true; add(c);
   c = {}; c.name = "f16_d64_window_past_short_keys"; c.dtype = DType::f16; c.head_dim = 64; c.seqlen_q = 2100;
   c.seqlen_k = 2100; c.window_left = 300; c.window_right = 40; c.heads_q = 1; c.heads_kv = 1; add(c);
+  // Past 2k keys hd 64 runs 192-row blocks, whose first warpgroup skips the diagonal's upper key tile.
+  c = {}; c.name = "bf16_d64_causal_square_past_short_keys"; c.head_dim = 64; c.seqlen_q = c.seqlen_k = 2300;
+  c.heads_q = 1; c.heads_kv = 1; c.causal = true; add(c);
+  c = {}; c.name = "bf16_d64_varlen_causal_past_short_keys"; c.head_dim = 64; c.lens_q = {2300, 150, 700};
+  c.lens_k = {2300, 2600, 500}; c.heads_q = 2; c.heads_kv = 1; c.causal = true; add(c);
   c = {}; c.name = "f16_d128_past_short_keys"; c.dtype = DType::f16; c.head_dim = 128; c.seqlen_q = 130;
   c.seqlen_k = 4200; add(c);
   c = {}; c.name = "bf16_d128_large_scores"; c.seqlen_q = 150; c.seqlen_k = 1000; c.qk_stddev = 3; add(c);

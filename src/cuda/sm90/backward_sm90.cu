@@ -254,17 +254,27 @@ struct BackwardConsumer {
 
   // D(64 x kM) = rows key_local of `keys` times `queries`ᵀ, both K-major over the head dim: Sᵀ = K Qᵀ, dPᵀ = V dOᵀ.
   __device__ void issue_transposed_scores(Scores& d, const uint8_t* keys, const uint8_t* queries) {
-    // One descriptor per operand, advanced per k-step (desc_advance: one add, no re-encoding).
-    uint64_t key_desc = make_desc_k_major(smem_address(keys) + key_row0 * kSwizzleBytes);
-    uint64_t query_desc = make_desc_k_major(smem_address(queries));
-    // Opaque bases: otherwise the compiler hoists every K and V descriptor (loop-invariant: K and V stay in
-    // shared memory) out of the query-block loop and holds up to 64 registers for them; an add per k-step is cheaper.
-    asm volatile("" : "+l"(key_desc), "+l"(query_desc));
+    const uint32_t key_addr = smem_address(keys) + key_row0 * kSwizzleBytes;
+    const uint32_t query_addr = smem_address(queries);
+    if constexpr (Cfg::kColumnSplit) {
+      // 16 k-steps: the compiler would hoist every K and V descriptor out of the query-block loop and hold 64
+      // registers for them. One opaque base per operand, stepped by its start-address field (address / 16, far
+      // below the field's 2^14 limit in shared memory), costs an add per k-step instead.
+      uint64_t key_desc = make_desc_k_major(key_addr), query_desc = make_desc_k_major(query_addr);
+      asm volatile("" : "+l"(key_desc), "+l"(query_desc));
 #pragma unroll
-    for (int kk = 0; kk < kD / kWgmmaK; ++kk) {
-      const uint32_t step = (kk % 4) * kWgmmaK * 2;
-      wgmma_ss<T, kM, 0>(d, desc_advance(key_desc, (kk / 4) * kN * kSwizzleBytes + step),
-                         desc_advance(query_desc, (kk / 4) * kM * kSwizzleBytes + step), kk > 0);
+      for (int kk = 0; kk < kD / kWgmmaK; ++kk) {
+        const uint32_t step = (kk % 4) * kWgmmaK * 2;
+        wgmma_ss<T, kM, 0>(d, key_desc + (((kk / 4) * kN * kSwizzleBytes + step) >> 4),
+                           query_desc + (((kk / 4) * kM * kSwizzleBytes + step) >> 4), kk > 0);
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kD / kWgmmaK; ++kk) {
+        const uint32_t step = (kk % 4) * kWgmmaK * 2;
+        wgmma_ss<T, kM, 0>(d, make_desc_k_major(key_addr + (kk / 4) * kN * kSwizzleBytes + step),
+                           make_desc_k_major(query_addr + (kk / 4) * kM * kSwizzleBytes + step), kk > 0);
+      }
     }
     wgmma_commit();
   }

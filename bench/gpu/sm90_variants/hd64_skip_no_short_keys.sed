@@ -1,0 +1,1 @@
+s/kShortKeys = 2048;/kShortKeys = 0;/
