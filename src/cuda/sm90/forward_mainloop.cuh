@@ -82,7 +82,6 @@ struct Consumer {
   int row[2];  // this thread's two rows (accumulator layout), relative to the sequence start
   int key_lo[2], key_hi[2];  // their visible keys (lengths fit in int: sm90_forward_supports)
   int full_lo, full_hi;      // key tiles [full_lo, full_hi) are visible to every row of the tile: no mask
-  int seen_lo, seen_hi;      // key tiles [seen_lo, seen_hi) hold a key some row of this warpgroup sees
   // Descriptors of this warpgroup's Q rows and of stage 0's K and V tiles; every operand of a wgmma is one
   // desc_advance from these.
   uint64_t q_desc, k_desc, v_desc;
@@ -113,21 +112,6 @@ struct Consumer {
     w.mask.key_range(row_end - 1, &lo_last, &hi_last);
     full_lo = int((lo_last + kN - 1) / kN);
     full_hi = int(hi_first / kN);
-    // Under a mask a block's first or last key tiles can lie wholly outside one warpgroup's band (192-row
-    // blocks on 128-key tiles: the diagonal crosses two tiles, the first warpgroup sees only the lower one).
-    // Broadcast from lane 0 so the skip in consume_serial stays a warp-uniform branch (varlen's seqlen_q comes
-    // from per-lane loads of cu_seqlens).
-    const int wg_row_begin = row_begin + wg * kWgmmaRows;
-    const int wg_row_end = min(wg_row_begin + kWgmmaRows, w.seqlen_q);
-    seen_lo = seen_hi = 0;
-    if (wg_row_end > wg_row_begin) {
-      int64_t lo, hi;
-      w.mask.key_range_for_rows(wg_row_begin, wg_row_end, &lo, &hi);
-      seen_lo = int(lo / kN);
-      seen_hi = int((hi + kN - 1) / kN);
-    }
-    seen_lo = __shfl_sync(0xffffffffu, seen_lo, 0);
-    seen_hi = __shfl_sync(0xffffffffu, seen_hi, 0);
     q_desc = make_desc_k_major(smem_address(sm.q()) + wg * kWgmmaRows * kSwizzleBytes);
     k_desc = make_desc_k_major(smem_address(sm.k()));
     v_desc = make_desc_mn_major(smem_address(sm.v()), kN * kSwizzleBytes);
@@ -247,8 +231,6 @@ struct Consumer {
     for (int kk = 0; kk < kN / kWgmmaK; ++kk) accumulator_to_a_fragment<T>(p[kk], s, kk);
   }
 
-  __device__ bool sees_key_tile(int n) const { return n >= seen_lo && n < seen_hi; }
-
   // Both tiles of a stage are consumed: one arrival per warp (the wgmma reads completed for the whole
   // warpgroup once this warp's wait returned). release_v is the overlapped ordering's separate V release.
   __device__ void release(int stage) {
@@ -304,17 +286,6 @@ __device__ void consume_serial(C& c, PipelineState<C::Cfg::kStages>& st) {
   st.q_phase ^= 1u;
   RingPosition<C::Cfg::kStages>& pos = st.kv;
   for (int n = w.n_end - 1; n >= w.n_begin; --n) {
-    if (!c.sees_key_tile(n)) {
-      // Every score would be masked: skip the products, but release the stage only once this fill has
-      // landed, so the arrival counts toward this fill and not the previous one, which another warpgroup may
-      // still be reading.
-      mbarrier_wait(&c.sm.k_full()[pos.index], pos.phase);
-      mbarrier_wait(&c.sm.v_full()[pos.index], pos.phase);
-      if (n == w.n_begin) c.release_q();
-      c.release(pos.index);
-      pos.advance();
-      continue;
-    }
     typename C::Scores s;
     mbarrier_wait(&c.sm.k_full()[pos.index], pos.phase);
     c.issue_qk(s, pos.index);

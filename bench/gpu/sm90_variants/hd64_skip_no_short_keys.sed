@@ -1,1 +1,0 @@
-s/kShortKeys = 2048;/kShortKeys = 0;/
