@@ -91,13 +91,14 @@ for b in builds:
                 continue
             best.setdefault(b, {}).setdefault(key, []).append(t)
 keys = sorted({k for v in best.values() for k in v})
-print("hd     S  causal " + "".join(f"{b:>14}" for b in builds))
+widths = [max(14, len(b) + 2) for b in builds]
+print("hd     S  causal " + "".join(f"{b:>{w}}" for b, w in zip(builds, widths)))
 for k in keys:
     cells = []
     for b in builds:
         ts = best.get(b, {}).get(k)
         cells.append(f"{min(ts):8.0f} ({max(ts) - min(ts):3.0f})" if ts else f"{'-':>14}")
-    print(f"{k[0]:3d} {k[1]:6d} {'det' if k[2] < 0 else k[2]:>4}   " + "".join(f"{c:>14}" for c in cells))
+    print(f"{k[0]:3d} {k[1]:6d} {'det' if k[2] < 0 else k[2]:>4}   " + "".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
 print("(TFLOP/s: the lower pass, and in brackets the spread between passes)")
 PY
 grep -E "rc=|spill" "$log"

@@ -301,7 +301,8 @@ cudaError_t tma_ring_copy(const CUtensorMap& map, int tiles, uint16_t* out) {
 
 int descriptor_advance_mismatches(uint32_t* first_base, uint32_t* first_bytes) {
   constexpr uint32_t kWindowBytes = 227 * 1024, kMaxStep = 64 * 1024, kAddressLimit = 1u << 18;
-  constexpr uint32_t kPanelBytes[] = {80 * kSwizzleBytes, 176 * kSwizzleBytes};  // MN-major leading offsets in use
+  // MN-major leading offsets in use (V panels of 80-, 128- and 176-key tiles).
+  constexpr uint32_t kPanelBytes[] = {80 * kSwizzleBytes, 128 * kSwizzleBytes, 176 * kSwizzleBytes};
   int mismatches = 0;
   for (uint32_t base = 0; base < kWindowBytes; base += kSwizzleAtomBytes)
     for (uint32_t bytes = 0; bytes <= kMaxStep && base + bytes < kAddressLimit; bytes += 16) {

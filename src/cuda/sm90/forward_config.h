@@ -8,9 +8,10 @@
 // ordering (serial / overlapped), tile set and grid (bench/results/sm90-notes.md, runs v3 and v4):
 //   hd  64: serial ordering, 192 x 128 (three consumer warpgroups), 3 stages: 24 KB + 3 * 32 KB = 120 KB;
 //           under a mask with at most 2k keys 128 x 128, overlapped, 4 stages (144 KB); persistent grid
-//   hd 128: overlapped ordering; 128 x 176, 2 stages (32 KB + 2 * 88 KB = 208 KB) without a mask, 128 x 128
-//           (32 KB + 2 * 64 KB = 160 KB) under a causal or window mask, where narrower key tiles waste less on
-//           the diagonal; persistent grid
+//   hd 128: overlapped ordering; 128 x 176, 2 stages (32 KB + 2 * 88 KB = 208 KB) without a mask past 4k
+//           keys, 128 x 128 with 3 stages (32 KB + 3 * 64 KB = 224 KB) up to 4k; 128 x 128 (32 KB + 2 * 64 KB
+//           = 160 KB) under a causal or window mask, where narrower key tiles waste less on the diagonal;
+//           persistent grid
 //   hd 256: overlapped ordering, 128 x 80, 2 stages: 64 KB + 2 * 80 KB = 224 KB; persistent grid
 // Wider key tiles spread each tile's fixed costs (barrier waits, the O rescale, the warpgroup turn) over more
 // products; three consumer warpgroups at hd 64 give each warpgroup's softmax two other warpgroups' products
@@ -100,6 +101,9 @@ struct KernelPlan<64, true> {
   using ShortKeysPlan = Hd64MaskedShortKeysPlan;
   static constexpr int64_t kShortKeys = 2048;
 };
+// hd 128 without a mask, up to 4k keys: 128-key tiles with a 3-stage ring (224 KB). Against 176-key tiles: +8% /
+// +6% / +4% / +2% at 512 / 1k / 2k / 4k, level at 8k (sm90-notes.md, v14); a 176-key tile also leaves 3% of a
+// 2k sequence's last tile empty.
 struct Hd128ShortKeysPlan : NoShortKeysPlan {
   using Config = ForwardConfig<128, 128, 2, 3>;
   static constexpr Ordering kOrdering = Ordering::overlapped;
