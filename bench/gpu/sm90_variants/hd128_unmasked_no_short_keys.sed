@@ -1,1 +1,1 @@
-s/kShortKeys = 4096;/kShortKeys = 0;/
+s/Hd128ShortKeysPlan, 4096>/Hd128ShortKeysPlan, 0>/

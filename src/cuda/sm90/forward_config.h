@@ -74,56 +74,37 @@ enum class Ordering { serial, overlapped };
 // the loop counters became warp-uniform it is level or ahead of one CTA per tile at every length and head dim
 // (hd 128 at 512-1k +8-18%, hd 256 +0-5%; sm90-notes.md v12). Sm90Grid (forward_sm90.h) can still force one
 // CTA per tile, for the tests and the benchmark.
-// A plan may name a second one (ShortKeysPlan) that runs instead when a sequence has at most kShortKeys keys.
-struct NoShortKeysPlan {
-  using ShortKeysPlan = void;
-  static constexpr int64_t kShortKeys = 0;
+// A plan: the tile set and the consumers' ordering, and optionally a second plan (ShortKeysPlan) that runs
+// instead when a sequence has at most kShortKeys keys.
+template <typename Config_, Ordering kOrdering_, typename ShortKeysPlan_ = void, int64_t kShortKeys_ = 0>
+struct Plan {
+  using Config = Config_;
+  static constexpr Ordering kOrdering = kOrdering_;
+  using ShortKeysPlan = ShortKeysPlan_;
+  static constexpr int64_t kShortKeys = kShortKeys_;
 };
 template <int kHeadDim, bool kMasked>
 struct KernelPlan;
 template <>
-struct KernelPlan<64, false> : NoShortKeysPlan {
-  using Config = ForwardConfig<64, 128, 3, 3>;
-  static constexpr Ordering kOrdering = Ordering::serial;
-};
+struct KernelPlan<64, false> : Plan<ForwardConfig<64, 128, 3, 3>, Ordering::serial> {};
 // hd 64 under a mask, up to 2k keys: 128-row blocks (two consumer warpgroups, overlapped, 4 stages: 16 KB +
 // 4 * 32 KB = 144 KB) waste less on the diagonal than 192-row ones (~6% of the computed scores at 2k causal
-// against ~16%): 512 / 1k / 2k causal +12% / +18% / +3%; from 4k keys the three-warpgroup kernel is 3-7% ahead
-// again (sm90-notes.md, v13).
-struct Hd64MaskedShortKeysPlan : NoShortKeysPlan {
-  using Config = ForwardConfig<64, 128, 2, 4>;
-  static constexpr Ordering kOrdering = Ordering::overlapped;
-};
+// against ~11%): 512 / 1k causal +5-12% / +8-18%, level at 2k; from 4k keys the three-warpgroup kernel is 3-7%
+// ahead again (sm90-notes.md, v13-v14).
+using Hd64MaskedShortKeysPlan = Plan<ForwardConfig<64, 128, 2, 4>, Ordering::overlapped>;
 template <>
-struct KernelPlan<64, true> {
-  using Config = ForwardConfig<64, 128, 3, 3>;
-  static constexpr Ordering kOrdering = Ordering::serial;
-  using ShortKeysPlan = Hd64MaskedShortKeysPlan;
-  static constexpr int64_t kShortKeys = 2048;
-};
+struct KernelPlan<64, true>
+    : Plan<ForwardConfig<64, 128, 3, 3>, Ordering::serial, Hd64MaskedShortKeysPlan, 2048> {};
 // hd 128 without a mask, up to 4k keys: 128-key tiles with a 3-stage ring (224 KB). Against 176-key tiles: +8% /
 // +6% / +4% / +2% at 512 / 1k / 2k / 4k, level at 8k (sm90-notes.md, v14); a 176-key tile also leaves 3% of a
 // 2k sequence's last tile empty.
-struct Hd128ShortKeysPlan : NoShortKeysPlan {
-  using Config = ForwardConfig<128, 128, 2, 3>;
-  static constexpr Ordering kOrdering = Ordering::overlapped;
-};
+using Hd128ShortKeysPlan = Plan<ForwardConfig<128, 128, 2, 3>, Ordering::overlapped>;
 template <>
-struct KernelPlan<128, false> {
-  using Config = ForwardConfig<128, 176, 2, 2>;
-  static constexpr Ordering kOrdering = Ordering::overlapped;
-  using ShortKeysPlan = Hd128ShortKeysPlan;
-  static constexpr int64_t kShortKeys = 4096;
-};
+struct KernelPlan<128, false>
+    : Plan<ForwardConfig<128, 176, 2, 2>, Ordering::overlapped, Hd128ShortKeysPlan, 4096> {};
 template <>
-struct KernelPlan<128, true> : NoShortKeysPlan {
-  using Config = ForwardConfig<128, 128, 2, 2>;
-  static constexpr Ordering kOrdering = Ordering::overlapped;
-};
+struct KernelPlan<128, true> : Plan<ForwardConfig<128, 128, 2, 2>, Ordering::overlapped> {};
 template <bool kMasked>
-struct KernelPlan<256, kMasked> : NoShortKeysPlan {
-  using Config = ForwardConfig<256, 80, 2, 2>;
-  static constexpr Ordering kOrdering = Ordering::overlapped;
-};
+struct KernelPlan<256, kMasked> : Plan<ForwardConfig<256, 80, 2, 2>, Ordering::overlapped> {};
 
 }  // namespace flashattn::cuda::sm90

@@ -1,2 +1,0 @@
-# every head dim on the persistent grid at every length
-s/kPersistentKeys[^;]*;/kPersistentKeys = kAlwaysPersistent;/
