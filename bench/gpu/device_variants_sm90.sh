@@ -2,12 +2,13 @@
 # A/B timing of Hopper kernel variants in one device call (the forward's tile plans, or with SM90V_KERNEL=backward
 # the backward kernel). Each bench/gpu/sm90_variants/<name>.sed edits a copy
 # of src/cuda/sm90/forward_config.h (a <name>.patch instead applies to a copy of the tree with patch -p1, for
-# changes beyond the config: e.g. the previous version of the kernel); only forward_sm90.cu is recompiled for it and linked ahead of the main
-# build's library (whose own forward_sm90 object the linker then leaves out), so a variant costs one compile,
+# changes beyond the config: e.g. the previous version of the kernel); only the kernel's unit (forward_sm90.cu or
+# backward_sm90.cu) is recompiled for it and linked ahead of the main build's library (whose own object for that
+# unit the linker then leaves out), so a variant costs one compile,
 # all of them in parallel. bench_sm90_forward (the persistent grid, as dispatched) then runs for the baseline and every variant,
 # SM90V_PASSES times in rotation (the spread between passes is the noise to read differences against).
 # Results: $OUT/variants.txt (one column per build, the lower of the passes) and the raw CSVs.
-#   SM90V_VARIANTS="a b" (default: every .sed there); SM90V_PASSES=2; SM90V_GRID=persistent; SM90V_ITERS=20;
+#   SM90V_VARIANTS="a b" (default: every .sed and .patch there); SM90V_PASSES=2; SM90V_GRID=persistent; SM90V_ITERS=20;
 #   SM90V_TESTS=<gtest filter> also builds and runs those GPU tests on the baseline (carry .gtest-src).
 #   SM90V_KERNEL=backward: variants recompile src/cuda/sm90/backward_sm90.cu instead and are timed with
 #   backward_bench (FA_BWD_BACKEND=cuda_sm90) at SM90V_SEQS (default "1024 2048 4096 16384"); a variant's

@@ -222,7 +222,8 @@ std::vector<FwdCase> cases() {
   c.causal = true; add(c);
   c = {}; c.name = "f16_d64_window_past_short_keys"; c.dtype = DType::f16; c.head_dim = 64; c.seqlen_q = 2100;
   c.seqlen_k = 2100; c.window_left = 300; c.window_right = 40; c.heads_q = 1; c.heads_kv = 1; add(c);
-  // Past 2k keys hd 64 runs 192-row blocks, whose first warpgroup skips the diagonal's upper key tile.
+  // Past 2k keys hd 64 runs 192-row blocks, whose diagonal crosses two key tiles: square, and varlen with
+  // unequal query and key lengths.
   c = {}; c.name = "bf16_d64_causal_square_past_short_keys"; c.head_dim = 64; c.seqlen_q = c.seqlen_k = 2300;
   c.heads_q = 1; c.heads_kv = 1; c.causal = true; add(c);
   c = {}; c.name = "bf16_d64_varlen_causal_past_short_keys"; c.head_dim = 64; c.lens_q = {2300, 150, 700};
