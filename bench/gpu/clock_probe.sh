@@ -3,9 +3,8 @@
 # softmax (bench/gpu/sm90_experiments/), each run for ~5 s while nvidia-smi samples the SM clock and the board
 # power. Tells a cost paid in clock (power) from one paid in cycles. Run from the repository root.
 set -uo pipefail
-cp bench/gpu/sm90_experiments/noload.patch bench/gpu/sm90_experiments/gemm_only.patch bench/gpu/sm90_variants/
-SM90V_VARIANTS="noload gemm_only" SM90V_PASSES=1 bash bench/gpu/device_variants_sm90.sh > /dev/null 2>&1
-rm -f bench/gpu/sm90_variants/noload.patch bench/gpu/sm90_variants/gemm_only.patch
+SM90V_DIR=bench/gpu/sm90_experiments SM90V_VARIANTS="noload gemm_only" SM90V_PASSES=1 \
+  bash bench/gpu/device_variants_sm90.sh > /dev/null 2>&1
 for v in base noload gemm_only; do
   for cell in persistent,128,16384,0 persistent,256,16384,0; do
     nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 200 > /tmp/smi.txt &

@@ -8,6 +8,7 @@
 # all of them in parallel. bench_sm90_forward (the persistent grid, as dispatched) then runs for the baseline and every variant,
 # SM90V_PASSES times in rotation (the spread between passes is the noise to read differences against).
 # Results: $OUT/variants.txt (one column per build, the lower of the passes) and the raw CSVs.
+#   SM90V_DIR: where the variants are (default bench/gpu/sm90_variants; e.g. bench/gpu/sm90_experiments);
 #   SM90V_VARIANTS="a b" (default: every .sed and .patch there); SM90V_PASSES=2; SM90V_GRID=persistent; SM90V_ITERS=20;
 #   SM90V_TESTS=<gtest filter> also builds and runs those GPU tests on the baseline (carry .gtest-src).
 #   SM90V_KERNEL=backward: variants recompile src/cuda/sm90/backward_sm90.cu instead and are timed with
@@ -24,7 +25,8 @@ if [ "${SM90V_TESTS:-}" ]; then tests=ON; targets+=(flashattn_gpu_tests); fi
 build_tree . /tmp/build-v -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_TESTS=$tests $(gtest_prefix_flag) -- \
   "${targets[@]}" > "$log" 2>&1 || { tail -30 "$log"; exit 1; }
 lib=/tmp/build-v/libflashattn.a
-variants=${SM90V_VARIANTS:-$(ls bench/gpu/sm90_variants/ 2>/dev/null | grep -E '\.(sed|patch)$' | sed -E 's/\.(sed|patch)$//')}
+dir=${SM90V_DIR:-bench/gpu/sm90_variants}
+variants=${SM90V_VARIANTS:-$(ls "$dir" 2>/dev/null | grep -E '\.(sed|patch)$' | sed -E 's/\.(sed|patch)$//')}
 kernel=${SM90V_KERNEL:-forward}
 unit=src/cuda/sm90/${kernel}_sm90.cu
 [ -f "$unit" ] || { echo "SM90V_KERNEL=$kernel: no $unit"; exit 1; }
@@ -36,10 +38,10 @@ nvcc "${bench_flags[@]}" "$lib" -Xcompiler -fopenmp -o /tmp/bench_v_base >> "$lo
 for v in $variants; do
   (
     rm -rf "/tmp/v-$v" && mkdir -p "/tmp/v-$v" && cp -r src include "/tmp/v-$v/" &&
-      if [ -f "bench/gpu/sm90_variants/$v.sed" ]; then
-        sed -i -f "bench/gpu/sm90_variants/$v.sed" "/tmp/v-$v/src/cuda/sm90/forward_config.h"
+      if [ -f "$dir/$v.sed" ]; then
+        sed -i -f "$dir/$v.sed" "/tmp/v-$v/src/cuda/sm90/forward_config.h"
       else
-        patch -s -p1 -d "/tmp/v-$v" < "bench/gpu/sm90_variants/$v.patch"
+        patch -s -p1 -d "/tmp/v-$v" < "$dir/$v.patch"
       fi &&
       nvcc "${cuda_flags[@]}" -I"/tmp/v-$v/include" -I"/tmp/v-$v/src" -c "/tmp/v-$v/$unit" \
         -o "/tmp/v-$v/${kernel}_sm90.o" -Xptxas -v > "/tmp/v-$v/ptxas.log" 2>&1 &&

@@ -13,9 +13,10 @@
 //                shared memory), mask + softcap, online softmax in registers (exp2 with scale·log2e folded into
 //                one FFMA), then O += P V (wgmma with P from registers, V from shared memory, N-major). After
 //                the last key tile: O / rowsum written to global memory, LSE = (m·scale·log2e + log2 l)·ln2.
-// The consumers' steps come in two orderings (forward_mainloop.cuh; KernelPlan picks one per head dim): serial
-// (wait for each product) and overlapped (S of tile n issued with P V of tile n+1, softmax under P V, the
-// consumer warpgroups taking turns to issue on named barriers).
+// The consumers' steps come in two orderings (forward_mainloop.cuh): serial (wait for each product) and
+// overlapped (S of tile n issued with P V of tile n+1, softmax under P V, the consumer warpgroups taking turns
+// to issue on named barriers). KernelPlan (forward_config.h) picks the tile set and ordering per head dim and
+// mask, and by key count where a plan names a ShortKeysPlan (launch_plan_for_keys).
 // Key tiles run from the last one down, so the masked diagonal tiles of a causal block come first; a head's
 // heaviest query blocks (largest index, most keys under a causal mask) start first.
 //
