@@ -8,6 +8,8 @@
 # all of them in parallel. bench_sm90_forward (the persistent grid, as dispatched) then runs for the baseline and every variant,
 # SM90V_PASSES times in rotation (the spread between passes is the noise to read differences against).
 # Results: $OUT/variants.txt (one column per build, the lower of the passes) and the raw CSVs.
+#   The variant name "tree" builds the working tree unedited, the same way as every variant (the base binary comes
+#   from the CMake build and has shown a bias of a few per cent against variant builds).
 #   SM90V_DIR: where the variants are (default bench/gpu/sm90_variants; e.g. bench/gpu/sm90_experiments);
 #   SM90V_VARIANTS="a b" (default: every .sed and .patch there); SM90V_PASSES=2; SM90V_GRID=persistent; SM90V_ITERS=20;
 #   SM90V_TESTS=<gtest filter> also builds and runs those GPU tests on the baseline (carry .gtest-src).
@@ -32,13 +34,17 @@ unit=src/cuda/sm90/${kernel}_sm90.cu
 [ -f "$unit" ] || { echo "SM90V_KERNEL=$kernel: no $unit"; exit 1; }
 bench_src=bench/gpu/bench_sm90_forward.cu
 [ "$kernel" = backward ] && bench_src=bench/gpu/backward_bench.cu
-cuda_flags=(-O3 -DNDEBUG --generate-code=arch=compute_90a,code=[sm_90a] --expt-relaxed-constexpr -std=c++17)
+# The library's flags for its sm_90a units (CMakeLists.txt: Release, -lineinfo), so that the variant "tree" (the
+# working tree unedited) builds the base's code: compare variants with it, not with the base binary.
+cuda_flags=(-O3 -DNDEBUG --generate-code=arch=compute_90a,code=[sm_90a] --expt-relaxed-constexpr -std=c++17 -lineinfo)
 bench_flags=(-O2 -std=c++17 -arch=sm_90 -Iinclude -Isrc "$bench_src")
 nvcc "${bench_flags[@]}" "$lib" -Xcompiler -fopenmp -o /tmp/bench_v_base >> "$log" 2>&1 &
 for v in $variants; do
   (
     rm -rf "/tmp/v-$v" && mkdir -p "/tmp/v-$v" && cp -r src include "/tmp/v-$v/" &&
-      if [ -f "$dir/$v.sed" ]; then
+      if [ "$v" = tree ]; then
+        true
+      elif [ -f "$dir/$v.sed" ]; then
         sed -i -f "$dir/$v.sed" "/tmp/v-$v/src/cuda/sm90/forward_config.h"
       else
         patch -s -p1 -d "/tmp/v-$v" < "$dir/$v.patch"
@@ -49,6 +55,10 @@ for v in $variants; do
         >> "/tmp/v-$v/ptxas.log" 2>&1
     echo "variant $v build rc=$?" >> "$log"
     grep -E "spill" "/tmp/v-$v/ptxas.log" | sort | uniq -c >> "$log"
+    # ptxas serialising a kernel's wgmmas (C7510: a call, C7511: registers, C7515: accumulator writes) costs
+    # 10-30%: a variant's timing means nothing until these are gone.
+    grep -oE "C75[0-9]+[^']*'[^']*'" "/tmp/v-$v/ptxas.log" | sed -E 's/_ZN.*forward_kernel|_ZN.*backward_kernel//' |
+      sort | uniq -c | sed "s/^/variant $v serialised: /" >> "$log"
     diff <(cat src/cuda/sm90/forward_config.h) "/tmp/v-$v/src/cuda/sm90/forward_config.h" >> "$log"
   ) &
 done
@@ -104,6 +114,7 @@ for k in keys:
     print(f"{k[0]:3d} {k[1]:6d} {'det' if k[2] < 0 else k[2]:>4}   " + "".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
 print("(TFLOP/s: the lower pass, and in brackets the spread between passes)")
 PY
-grep -E "rc=|spill" "$log"
+grep -E "rc=|spill|serialised" "$log"
+grep -oE "C75[0-9]+" "$log" | sort | uniq -c | sed 's/^/base or variant build: wgmma serialised /'
 [ -f "$OUT/tests.log" ] && grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|tests rc|Failure" "$OUT/tests.log" | head -20
 cat "$OUT/variants.txt"

@@ -134,6 +134,28 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// 4 x 4 transpose of 32-bit words across the four lanes of a quad: lane q holds w[i] = M[q][i] before and
+// w[i] = M[i][q] after. Two butterfly stages (lane bit 1, then 2), each exchanging the two words whose index bit
+// differs from the lane's, so that no word is indexed by the lane number (that would put w in local memory).
+// Every lane of the warp must take part. Turns an mma accumulator's 4-byte column pairs (lane q: columns 2q, 2q+1
+// of each 8) into 16-byte runs (lane q: 8 consecutive columns).
+__device__ __forceinline__ void quad_transpose(uint32_t (&w)[4], int quad) {
+#pragma unroll
+  for (int bit = 1; bit <= 2; bit *= 2) {
+    const bool upper = (quad & bit) != 0;
+#pragma unroll
+    for (int i0 = 0; i0 < 4; ++i0) {
+      if (i0 & bit) continue;
+      const int i1 = i0 | bit;
+      const uint32_t got = __shfl_xor_sync(0xffffffffu, upper ? w[i0] : w[i1], bit);
+      if (upper)
+        w[i0] = got;
+      else
+        w[i1] = got;
+    }
+  }
+}
+
 // 2^x on the special-function unit; softmax uses exp2 with log2(e) folded into the scale so that
 // exp(s*scale - m) becomes one FFMA and one MUFU.EX2. The .ftz form: exp2f adds a range test and two FMULs per
 // call to keep subnormal results, which a probability in [0, 1] summed in fp32 does not need. exp2(-inf) = 0.

@@ -299,6 +299,18 @@ cudaError_t tma_ring_copy(const CUtensorMap& map, int tiles, uint16_t* out) {
   return finish(cudaSuccess);
 }
 
+__global__ void quad_transpose_kernel(const uint32_t* in, uint32_t* out) {
+  uint32_t w[4];
+  for (int i = 0; i < 4; ++i) w[i] = in[4 * threadIdx.x + i];
+  quad_transpose(w, int(threadIdx.x % 4));
+  for (int i = 0; i < 4; ++i) out[4 * threadIdx.x + i] = w[i];
+}
+
+cudaError_t quad_transpose_words(const uint32_t* in, uint32_t* out) {
+  quad_transpose_kernel<<<1, 32>>>(in, out);
+  return finish(cudaSuccess);
+}
+
 int descriptor_advance_mismatches(uint32_t* first_base, uint32_t* first_bytes) {
   constexpr uint32_t kWindowBytes = 227 * 1024, kMaxStep = 64 * 1024, kAddressLimit = 1u << 18;
   // MN-major leading offsets in use (V panels of 80-, 128- and 176-key tiles).

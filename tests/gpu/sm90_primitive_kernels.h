@@ -29,6 +29,10 @@ cudaError_t wgmma_chain(bool bf16, int n, int d, const uint16_t* q, const uint16
 // warpgroups (grown by setmaxnreg) copy each tile out, unswizzled, to out[tiles * 64 x 64].
 cudaError_t tma_ring_copy(const CUtensorMap& map, int tiles, uint16_t* out);
 
+// One warp: lane l loads in[4l .. 4l+3], runs quad_transpose (src/cuda/primitives.cuh, used by the Hopper
+// forward's epilogue) and stores its four words to out[4l .. 4l+3].
+cudaError_t quad_transpose_words(const uint32_t* in, uint32_t* out);
+
 // Host-only check of desc_advance against encoding the advanced address anew (both descriptor layouts) over
 // every 1024-byte tile base of the 227 KB window and every 16-byte step up to 64 KB past it, while the address stays
 // below 2^18: the number of mismatches; the first one's base and step in *first_base, *first_bytes.

@@ -240,6 +240,22 @@ TEST(Sm90Primitives, WarpSpecialisedTmaRingWithSetmaxnreg) {
   EXPECT_EQ(wrong, 0);
 }
 
+// Lane q of each quad ends with word i = the word q that the quad's lane i started with.
+TEST(Sm90Primitives, QuadTransposeSwapsWordsAcrossTheQuad) {
+  FA_REQUIRE_SM90();
+  std::vector<uint32_t> host(32 * 4);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = uint32_t(0x1000 + 7 * i);
+  DeviceBuffer<uint32_t> in(host.size()), out(host.size());
+  in.upload(host);
+  FA_CUDA_CHECK(test::sm90::quad_transpose_words(in.ptr, out.ptr));
+  const std::vector<uint32_t> got = out.download();
+  for (int lane = 0; lane < 32; ++lane)
+    for (int i = 0; i < 4; ++i) {
+      const int source_lane = lane / 4 * 4 + i, source_word = lane % 4;
+      EXPECT_EQ(got[size_t(4 * lane + i)], host[size_t(4 * source_lane + source_word)]) << "lane " << lane << " word " << i;
+    }
+}
+
 TEST(Sm90Primitives, SwizzleOffsetFollowsThe128BytePattern) {
   // The host-side layout function every other test relies on.
   FA_REQUIRE_SM90();
