@@ -1,4 +1,8 @@
-# per variant object: LDL / STL / HGMMA / WARPGROUP.DEPBAR counts per forward kernel (config from the mangled name)
+#!/usr/bin/env bash
+# On the device, after bench/gpu/device_variants_sm90.sh: for each named variant's forward object
+# (/tmp/v-<name>/forward_sm90.o), the counts of LDL / STL (spills), HGMMA, WARPGROUP.DEPBAR and WARPGROUP.ARRIVE
+# in each bf16 forward kernel, named by its ForwardConfig parameters.
+#   bash bench/gpu/sass_counts.sh tree variant_a variant_b
 for v in "$@"; do
   o=/tmp/v-$v/forward_sm90.o
   [ -f "$o" ] || continue

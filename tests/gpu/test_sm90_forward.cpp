@@ -208,16 +208,16 @@ std::vector<FwdCase> cases() {
   c.seqlen_q = c.seqlen_k = 260; c.causal = true; add(c);
   c = {}; c.name = "bf16_d128_varlen_causal_many_tiles"; c.heads_q = 24; c.heads_kv = 8; c.causal = true;
   c.lens_q = {300, 5, 0, 700}; c.lens_k = {300, 40, 10, 700}; add(c);
-  // hd 64 stages O in its own buffer, reused tile after tile by a persistent CTA; varlen mixes warpgroups that
-  // store through TMA with ones whose rows cross a sequence's end (direct stores), padded O rows.
+  // hd 64 varlen over many tiles with padded O rows: warpgroups whose rows cross a sequence's end, empty
+  // sequences, and O's 16-byte stores at row strides past head_dim.
   c = {}; c.name = "bf16_d64_varlen_many_tiles_padded"; c.head_dim = 64; c.heads_q = c.heads_kv = 40;
   c.row_pad = 8; c.lens_q = {300, 5, 0, 700, 64, 128}; c.lens_k = {300, 40, 10, 700, 64, 200}; add(c);
-  // Aligned causal blocks: the first warpgroup of every block multiplies only the lower half of its diagonal key
-  // tile; more tiles than SMs, so each CTA cycles both Q buffers (forward_config.h, kQStages).
+  // Causal blocks aligned with the key tiles (every block's diagonal tile masked in its upper half for the first
+  // warpgroup), more tiles than SMs: each persistent CTA reuses its Q buffer and ring across blocks.
   c = {}; c.name = "bf16_d128_causal_aligned_many_tiles"; c.heads_q = c.heads_kv = 140; c.seqlen_q = c.seqlen_k = 256;
   c.causal = true; add(c);
-  // No mask, a last key tile with 44 keys (its lower half alone is multiplied) in the serial ordering, and
-  // persistent CTAs running several 192-row blocks each.
+  // No mask, a last key tile with 44 keys in the serial ordering, GQA, and persistent CTAs running several
+  // 192-row blocks each.
   c = {}; c.name = "f16_d64_key_tail_many_tiles"; c.dtype = DType::f16; c.head_dim = 64; c.heads_q = 140;
   c.heads_kv = 70; c.seqlen_q = 200; c.seqlen_k = 300; add(c);
   c = {}; c.name = "f16_d256_many_tiles"; c.dtype = DType::f16; c.head_dim = 256; c.heads_q = c.heads_kv = 140;
