@@ -12,7 +12,8 @@
 //   warpgroups 1..  consumers (setmaxnreg), 64 query rows each: per key tile S = Q Kᵀ (wgmma, both from
 //                shared memory), mask + softcap, online softmax in registers (exp2 with scale·log2e folded into
 //                one FFMA), then O += P V (wgmma with P from registers, V from shared memory, N-major). After
-//                the last key tile: O / rowsum written to global memory, LSE = (m·scale·log2e + log2 l)·ln2.
+//                the last key tile: O / rowsum written to global memory in 16-byte runs (the quad's lanes
+//                swap column pairs first), LSE = (m·scale·log2e + log2 l)·ln2.
 // The consumers' steps come in two orderings (forward_mainloop.cuh): serial (wait for each product) and
 // overlapped (S of tile n issued with P V of tile n+1, softmax under P V, the consumer warpgroups taking turns
 // to issue on named barriers). KernelPlan (forward_config.h) picks the tile set and ordering per head dim and
