@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # A/B timing of Hopper kernel variants in one device call (the forward's tile plans, or with SM90V_KERNEL=backward
-# the backward kernel). Each bench/gpu/sm90_variants/<name>.sed edits a copy
-# of src/cuda/sm90/forward_config.h (a <name>.patch instead applies to a copy of the tree with patch -p1, for
-# changes beyond the config: e.g. the previous version of the kernel); only the kernel's unit (forward_sm90.cu or
-# backward_sm90.cu) is recompiled for it and linked ahead of the main build's library (whose own object for that
-# unit the linker then leaves out), so a variant costs one compile,
-# all of them in parallel. bench_sm90_forward (the persistent grid, as dispatched) then runs for the baseline and every variant,
-# SM90V_PASSES times in rotation (the spread between passes is the noise to read differences against).
+# the backward kernel). Each bench/gpu/sm90_variants/<name>.sed edits a copy of src/cuda/sm90/forward_config.h
+# (a <name>.patch instead applies to a copy of the tree with patch -p1, for changes beyond the config: e.g. the
+# previous version of the kernel); only the kernel's unit (forward_sm90.cu or backward_sm90.cu) is recompiled for
+# it and linked ahead of the main build's library (whose own object for that unit the linker then leaves out), so
+# a variant costs one compile, all of them in parallel. bench_sm90_forward (the persistent grid, as dispatched)
+# then runs for the baseline and every variant, SM90V_PASSES times in rotation (the spread between passes is the
+# noise to read differences against).
 # Results: $OUT/variants.txt (one column per build, the lower of the passes) and the raw CSVs.
 #   The variant name "tree" builds the working tree unedited, the same way as every variant (the base binary comes
 #   from the CMake build and has shown a bias of a few per cent against variant builds).
@@ -115,6 +115,7 @@ for k in keys:
 print("(TFLOP/s: the lower pass, and in brackets the spread between passes)")
 PY
 grep -E "rc=|spill|serialised" "$log"
-grep -oE "C75[0-9]+" "$log" | sort | uniq -c | sed 's/^/base or variant build: wgmma serialised /'
+# The base's own ptxas lines (the variants' are summarised above as "serialised").
+grep -oE "^ptxas.*\(C75[0-9]+\)" "$log" | sort | uniq -c | sed 's/^/base build: wgmma serialised /'
 [ -f "$OUT/tests.log" ] && grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|tests rc|Failure" "$OUT/tests.log" | head -20
 cat "$OUT/variants.txt"
