@@ -236,6 +236,10 @@ std::vector<FwdCase> cases() {
   c.heads_q = 1; c.heads_kv = 1; c.causal = true; add(c);
   c = {}; c.name = "bf16_d64_varlen_causal_past_short_keys"; c.head_dim = 64; c.lens_q = {2300, 150, 700};
   c.lens_k = {2300, 2600, 500}; c.heads_q = 2; c.heads_kv = 1; c.causal = true; add(c);
+  // hd 64 under a mask with at most 2k keys runs 64-row blocks, two CTAs per SM: varlen with GQA, empty
+  // sequences and more tiles than both CTAs of every SM take at once.
+  c = {}; c.name = "bf16_d64_varlen_gqa_causal_two_ctas_per_sm"; c.head_dim = 64; c.heads_q = 48; c.heads_kv = 12;
+  c.causal = true; c.lens_q = {1000, 3, 0, 513}; c.lens_k = {1000, 64, 7, 600}; add(c);
   c = {}; c.name = "f16_d128_past_short_keys"; c.dtype = DType::f16; c.head_dim = 128; c.seqlen_q = 130;
   c.seqlen_k = 4200; add(c);
   c = {}; c.name = "bf16_d128_large_scores"; c.seqlen_q = 150; c.seqlen_k = 1000; c.qk_stddev = 3; add(c);

@@ -7,7 +7,8 @@
 // The kernel each head dim runs (KernelPlan below) was chosen on the H200 from every combination of consumer
 // ordering (serial / overlapped), tile set and grid (bench/results/sm90-notes.md, runs v3 and v4):
 //   hd  64: serial ordering, 192 x 128 (three consumer warpgroups), 3 stages: 24 KB + 3 * 32 KB = 120 KB;
-//           under a mask with at most 2k keys 128 x 128, overlapped, 4 stages (144 KB); persistent grid
+//           under a mask with at most 2k keys 64 x 128 (one consumer warpgroup, two CTAs per SM), overlapped,
+//           3 stages (104 KB per CTA); persistent grid
 //   hd 128: overlapped ordering; 128 x 176, 2 stages (32 KB + 2 * 88 KB = 208 KB) without a mask past 4k
 //           keys, 128 x 128 with 3 stages (32 KB + 3 * 64 KB = 224 KB) up to 4k; 128 x 128 (32 KB + 2 * 64 KB
 //           = 160 KB) under a causal or window mask, where narrower key tiles waste less on the diagonal;
@@ -16,9 +17,10 @@
 // Wider key tiles spread each tile's fixed costs (barrier waits, the O rescale, the warpgroup turn) over more
 // products; three consumer warpgroups at hd 64 give each warpgroup's softmax two other warpgroups' products
 // to hide under.
-// Registers: under __launch_bounds__(kThreads, 1) every thread starts at 65536 / kThreads; setmaxnreg moves
-// them to the producer's and consumers' budgets below (2 consumers: 128 * 24 + 256 * 240 = 64512; 3 consumers:
-// 128 * 32 + 384 * 160 = 65536, of 65536).
+// Registers: under __launch_bounds__(kThreads, kCtasPerSm) every thread starts at 65536 / (kThreads * kCtasPerSm);
+// setmaxnreg moves them to the producer's and consumers' budgets below (1 consumer, two CTAs per SM: 128 * 24 +
+// 128 * 232 = 32768 of a CTA's 32768; 2 consumers: 128 * 24 + 256 * 240 = 64512; 3 consumers: 128 * 32 + 384 * 160
+// = 65536, of 65536).
 #pragma once
 
 #include <cstdint>
@@ -44,14 +46,18 @@ struct ForwardConfig {
   static constexpr int kStages = kStages_;
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "sm90 forward: head dim 64, 128 or 256");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "sm90 forward: kBlockN a multiple of 16 (P V's k-steps)");
-  static_assert(kConsumerWarpgroups == 2 || kConsumerWarpgroups == 3, "sm90 forward: 2 or 3 consumer warpgroups");
+  static_assert(kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 3, "sm90 forward: 1 to 3 consumer warpgroups");
   static constexpr int kBlockM = kConsumerWarpgroups * kWgmmaRows;
   static constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
   static constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpgroupThreads / 32;
-  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? 24 : 32;
-  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 240 : 160;
-  static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters) <= 65536,
-                "sm90 forward: register budgets over the 64K-register file");
+  // One consumer warpgroup: two CTAs share an SM, each on its own 64-row block, so one CTA's tile boundary
+  // (first S, last P V, epilogue) runs under the other's products instead of idling the tensor cores.
+  static constexpr int kCtasPerSm = kConsumerWarpgroups == 1 ? 2 : 1;
+  static constexpr int kProducerRegisters = kConsumerWarpgroups == 3 ? 32 : 24;
+  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 1 ? 232 : kConsumerWarpgroups == 2 ? 240 : 160;
+  static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters) <=
+                    65536 / kCtasPerSm,
+                "sm90 forward: register budgets over the CTA's share of the 64K-register file");
 
   static constexpr int kElemBytes = 2;
   static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;
@@ -62,7 +68,8 @@ struct ForwardConfig {
   static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages) + 8 * 3 * kTileRing;
   static constexpr int kAlignSlack = 1024;                     // the dynamic window rounded up to a swizzle atom
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVTileBytes + kBarrierBytes + kAlignSlack;
-  static_assert(kSmemBytes <= 227 * 1024, "sm90 forward: over the 227 KB shared-memory limit");
+  // 228 KB per SM, of which the hardware reserves 1 KB per resident CTA.
+  static_assert(kSmemBytes <= (228 / kCtasPerSm - 1) * 1024, "sm90 forward: over the shared-memory limit");
 };
 
 // Consumer ordering (forward_mainloop.cuh): serial waits for each product; overlapped issues S_n with
@@ -87,11 +94,12 @@ template <int kHeadDim, bool kMasked>
 struct KernelPlan;
 template <>
 struct KernelPlan<64, false> : Plan<ForwardConfig<64, 128, 3, 3>, Ordering::serial> {};
-// hd 64 under a mask, up to 2k keys: 128-row blocks (two consumer warpgroups, overlapped, 4 stages: 16 KB +
-// 4 * 32 KB = 144 KB) waste less on the diagonal than 192-row ones (~6% of the computed scores at 2k causal
-// against ~11%): 512 / 1k causal +5-12% / +8-18%, level at 2k; from 4k keys the three-warpgroup kernel is 3-7%
-// ahead again (sm90-notes.md, v13-v14).
-using Hd64MaskedShortKeysPlan = Plan<ForwardConfig<64, 128, 2, 4>, Ordering::overlapped>;
+// hd 64 under a mask, up to 2k keys: 64-row blocks, one consumer warpgroup (overlapped, 3 stages: 8 KB + 3 * 32 KB
+// = 104 KB) and two CTAs per SM. Each CTA's tile boundary (Q, the first S, the last P V, the epilogue) runs
+// under the other CTA's products, and the diagonal wastes the least: against 128-row blocks with two consumer
+// warpgroups in one CTA +9-11% at 512-2k causal (2k 360-366 vs 329 TFLOP/s); from 4k keys the three-warpgroup
+// kernel is ahead (fewer K/V bytes per product: 8k causal 431-440 vs 408; sm90-notes.md, v16).
+using Hd64MaskedShortKeysPlan = Plan<ForwardConfig<64, 128, 1, 3>, Ordering::overlapped>;
 template <>
 struct KernelPlan<64, true>
     : Plan<ForwardConfig<64, 128, 3, 3>, Ordering::serial, Hd64MaskedShortKeysPlan, 2048> {};

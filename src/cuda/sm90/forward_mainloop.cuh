@@ -327,11 +327,11 @@ __device__ void consume_serial(C& c, PipelineState<C::Cfg::kStages>& st) {
 // phase is 128 waiting + 128 arriving threads.
 template <int kWarpgroups>
 __device__ __forceinline__ void wait_turn(int wg) {
-  named_barrier_sync(kTurnBarrier0 + wg, 2 * kWarpgroupThreads);
+  if constexpr (kWarpgroups > 1) named_barrier_sync(kTurnBarrier0 + wg, 2 * kWarpgroupThreads);
 }
 template <int kWarpgroups>
 __device__ __forceinline__ void pass_turn(int wg) {
-  named_barrier_arrive(kTurnBarrier0 + (wg + 1) % kWarpgroups, 2 * kWarpgroupThreads);
+  if constexpr (kWarpgroups > 1) named_barrier_arrive(kTurnBarrier0 + (wg + 1) % kWarpgroups, 2 * kWarpgroupThreads);
 }
 
 // v3 order (intra-warpgroup overlap + turns, FlashAttention-3's): the products of tile n, S_n = Q K_nᵀ and

@@ -52,7 +52,7 @@ namespace flashattn::cuda::sm90 {
 namespace {
 
 template <typename T, typename Cfg, bool kOverlap>
-__global__ void __launch_bounds__(Cfg::kThreads, 1)
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     forward_kernel(const __grid_constant__ ForwardKernelArgs args, const __grid_constant__ CUtensorMap tm_q,
                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
   extern __shared__ uint8_t smem_raw[];
@@ -142,7 +142,8 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   if (num_tiles == 0) return Status::success();
   const bool persistent = grid == Sm90Grid::persistent;
   // num_tiles < 2^30 (sm90_forward_supports): a CTA per tile always fits the grid.
-  const int64_t ctas = persistent ? std::min<int64_t>(num_tiles, device_attribute(cudaDevAttrMultiProcessorCount, 1))
+  const int64_t ctas = persistent ? std::min<int64_t>(num_tiles, int64_t(Cfg::kCtasPerSm) *
+                                                                      device_attribute(cudaDevAttrMultiProcessorCount, 1))
                                   : num_tiles;
   // In varlen the batch dimension has extent 1 and is never stepped; any valid stride will do.
   auto batch_stride = [&](int64_t s, int64_t row_stride, int64_t rows) {
@@ -194,6 +195,8 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
 
   auto kernel = cuda::sm90::forward_kernel<T, Cfg, kOverlap>;
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  // All of L1 as shared memory, so that kCtasPerSm CTAs fit on an SM.
+  FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   // A persistent grid claims tiles from a counter: 4 bytes of workspace (cuda/workspace.h), zeroed and freed on
   // the stream (capturable in a CUDA graph, and private to this call, so concurrent calls cannot interfere).
