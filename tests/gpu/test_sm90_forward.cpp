@@ -216,8 +216,7 @@ std::vector<FwdCase> cases() {
   // warpgroup), more tiles than SMs: each persistent CTA reuses its Q buffer and ring across blocks.
   c = {}; c.name = "bf16_d128_causal_aligned_many_tiles"; c.heads_q = c.heads_kv = 140; c.seqlen_q = c.seqlen_k = 256;
   c.causal = true; add(c);
-  // No mask, a last key tile with 44 keys in the serial ordering, GQA, and persistent CTAs running several
-  // 192-row blocks each.
+  // No mask, a last key tile with 44 keys, GQA, and persistent CTAs running several 192-row blocks each.
   c = {}; c.name = "f16_d64_key_tail_many_tiles"; c.dtype = DType::f16; c.head_dim = 64; c.heads_q = 140;
   c.heads_kv = 70; c.seqlen_q = 200; c.seqlen_k = 300; add(c);
   c = {}; c.name = "f16_d256_many_tiles"; c.dtype = DType::f16; c.head_dim = 256; c.heads_q = c.heads_kv = 140;

@@ -4,16 +4,16 @@
 // rows (the M of one wgmma) plus one producer warpgroup that only issues TMA. Keys stream through a
 // kStages-deep ring of [kBlockN x head_dim] K and V tiles. Shared memory: Q + kStages * (K + V), each 16-bit.
 //
-// The kernel each head dim runs (KernelPlan below) was chosen on the H200 from every combination of consumer
-// ordering (serial / overlapped), tile set and grid (bench/results/sm90-notes.md, runs v3 and v4):
-//   hd  64: serial ordering, 192 x 128 (three consumer warpgroups), 3 stages: 24 KB + 3 * 32 KB = 120 KB;
-//           under a mask with at most 2k keys 64 x 128 (one consumer warpgroup, two CTAs per SM), overlapped,
-//           3 stages (104 KB per CTA); persistent grid
-//   hd 128: overlapped ordering; 128 x 176, 2 stages (32 KB + 2 * 88 KB = 208 KB) without a mask past 4k
-//           keys, 128 x 128 with 3 stages (32 KB + 3 * 64 KB = 224 KB) up to 4k; 128 x 128 (32 KB + 2 * 64 KB
-//           = 160 KB) under a causal or window mask, where narrower key tiles waste less on the diagonal;
-//           persistent grid
-//   hd 256: overlapped ordering, 128 x 80, 2 stages: 64 KB + 2 * 80 KB = 224 KB; persistent grid
+// The kernel each head dim runs (KernelPlan below), chosen on the H200 from the tile sets, grids and consumer
+// orderings measured in bench/results/sm90-notes.md (v3-v4, v13-v16). Every kernel issues S_n with P_{n+1} V_{n+1}
+// and runs the softmax under P V, its consumer warpgroups taking turns (forward_mainloop.cuh); every plan runs on
+// the persistent grid.
+//   hd  64: 192 x 128 (three consumer warpgroups), 3 stages: 24 KB + 3 * 32 KB = 120 KB; under a mask with at
+//           most 2k keys 64 x 128 (one consumer warpgroup, two CTAs per SM), 3 stages (104 KB per CTA)
+//   hd 128: 128 x 176, 2 stages (32 KB + 2 * 88 KB = 208 KB) without a mask past 4k keys, 128 x 128 with 3
+//           stages (32 KB + 3 * 64 KB = 224 KB) up to 4k; 128 x 128 (32 KB + 2 * 64 KB = 160 KB) under a causal
+//           or window mask, where narrower key tiles waste less on the diagonal
+//   hd 256: 128 x 80, 2 stages: 64 KB + 2 * 80 KB = 224 KB
 // Wider key tiles spread each tile's fixed costs (barrier waits, the O rescale, the warpgroup turn) over more
 // products; three consumer warpgroups at hd 64 give each warpgroup's softmax two other warpgroups' products
 // to hide under.
@@ -63,7 +63,7 @@ struct ForwardConfig {
   static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * kElemBytes;
   static_assert(kKVTileBytes % 1024 == 0, "sm90 forward: every tile starts on a 1024-byte swizzle atom");
-  // q_full, q_empty, k_full[], v_full[], empty[], empty_v[]; the tile ring's slots (4 bytes each, rounded up to
+  // q_full, q_empty, k_full[], v_full[], k_empty[], v_empty[]; the tile ring's slots (4 bytes each, rounded up to
   // 8 here), tile_full[], tile_empty[].
   static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages) + 8 * 3 * kTileRing;
   static constexpr int kAlignSlack = 1024;                     // the dynamic window rounded up to a swizzle atom
@@ -72,47 +72,42 @@ struct ForwardConfig {
   static_assert(kSmemBytes <= (228 / kCtasPerSm - 1) * 1024, "sm90 forward: over the shared-memory limit");
 };
 
-// Consumer ordering (forward_mainloop.cuh): serial waits for each product; overlapped issues S_n with
-// P_{n+1} V_{n+1} and runs the softmax under P V, the consumer warpgroups taking turns.
-enum class Ordering { serial, overlapped };
-
 // What runs for a head dim, with (kMasked) or without a causal / window mask. Every plan runs on the persistent
 // grid (one CTA per SM claiming tiles; the producer loads a tile's first Q and K under the previous tile): since
 // the loop counters became warp-uniform it is level or ahead of one CTA per tile at every length and head dim
 // (hd 128 at 512-1k +8-18%, hd 256 +0-5%; sm90-notes.md v12). Sm90Grid (forward_sm90.h) can still force one
 // CTA per tile, for the tests and the benchmark.
-// A plan: the tile set and the consumers' ordering, and optionally a second plan (ShortKeysPlan) that runs
-// instead when a sequence has at most kShortKeys keys.
-template <typename Config_, Ordering kOrdering_, typename ShortKeysPlan_ = void, int64_t kShortKeys_ = 0>
+// A plan: the tile set, and optionally a second plan (ShortKeysPlan) that runs instead when a sequence has at
+// most kShortKeys keys.
+template <typename Config_, typename ShortKeysPlan_ = void, int64_t kShortKeys_ = 0>
 struct Plan {
   using Config = Config_;
-  static constexpr Ordering kOrdering = kOrdering_;
   using ShortKeysPlan = ShortKeysPlan_;
   static constexpr int64_t kShortKeys = kShortKeys_;
 };
 template <int kHeadDim, bool kMasked>
 struct KernelPlan;
+// hd 64: three consumer warpgroups (192-row blocks: the fewest K/V bytes per product). The overlapped ordering
+// against v1's serial one (wait for each product, which hd 64 ran until v16): +2-3% at 2k-16k (sm90-notes.md).
 template <>
-struct KernelPlan<64, false> : Plan<ForwardConfig<64, 128, 3, 3>, Ordering::serial> {};
-// hd 64 under a mask, up to 2k keys: 64-row blocks, one consumer warpgroup (overlapped, 3 stages: 8 KB + 3 * 32 KB
-// = 104 KB) and two CTAs per SM. Each CTA's tile boundary (Q, the first S, the last P V, the epilogue) runs
-// under the other CTA's products, and the diagonal wastes the least: against 128-row blocks with two consumer
+struct KernelPlan<64, false> : Plan<ForwardConfig<64, 128, 3, 3>> {};
+// hd 64 under a mask, up to 2k keys: 64-row blocks, one consumer warpgroup (3 stages: 8 KB + 3 * 32 KB = 104 KB)
+// and two CTAs per SM. Each CTA's tile boundary (Q, the first S, the last P V, the epilogue) runs under the
+// other CTA's products, and the diagonal wastes the least: against 128-row blocks with two consumer
 // warpgroups in one CTA +9-11% at 512-2k causal (2k 360-366 vs 329 TFLOP/s); from 4k keys the three-warpgroup
 // kernel is ahead (fewer K/V bytes per product: 8k causal 431-440 vs 408; sm90-notes.md, v16).
-using Hd64MaskedShortKeysPlan = Plan<ForwardConfig<64, 128, 1, 3>, Ordering::overlapped>;
+using Hd64MaskedShortKeysPlan = Plan<ForwardConfig<64, 128, 1, 3>>;
 template <>
-struct KernelPlan<64, true>
-    : Plan<ForwardConfig<64, 128, 3, 3>, Ordering::serial, Hd64MaskedShortKeysPlan, 2048> {};
+struct KernelPlan<64, true> : Plan<ForwardConfig<64, 128, 3, 3>, Hd64MaskedShortKeysPlan, 2048> {};
 // hd 128 without a mask, up to 4k keys: 128-key tiles with a 3-stage ring (224 KB). Against 176-key tiles: +8% /
 // +6% / +4% / +2% at 512 / 1k / 2k / 4k, level at 8k (sm90-notes.md, v14); a 176-key tile also leaves 3% of a
 // 2k sequence's last tile empty.
-using Hd128ShortKeysPlan = Plan<ForwardConfig<128, 128, 2, 3>, Ordering::overlapped>;
+using Hd128ShortKeysPlan = Plan<ForwardConfig<128, 128, 2, 3>>;
 template <>
-struct KernelPlan<128, false>
-    : Plan<ForwardConfig<128, 176, 2, 2>, Ordering::overlapped, Hd128ShortKeysPlan, 4096> {};
+struct KernelPlan<128, false> : Plan<ForwardConfig<128, 176, 2, 2>, Hd128ShortKeysPlan, 4096> {};
 template <>
-struct KernelPlan<128, true> : Plan<ForwardConfig<128, 128, 2, 2>, Ordering::overlapped> {};
+struct KernelPlan<128, true> : Plan<ForwardConfig<128, 128, 2, 2>> {};
 template <bool kMasked>
-struct KernelPlan<256, kMasked> : Plan<ForwardConfig<256, 80, 2, 2>, Ordering::overlapped> {};
+struct KernelPlan<256, kMasked> : Plan<ForwardConfig<256, 80, 2, 2>> {};
 
 }  // namespace flashattn::cuda::sm90

@@ -1,6 +1,6 @@
 // Hopper forward main loop: the producer (TMA into the K/V ring) and the consumer warpgroups' steps
-// (S = Q Kᵀ, mask and softcap, online softmax, O += P V, epilogue) with the two orderings of those steps
-// (serial; overlapped with ping-pong). Warp roles and budgets: forward_sm90.cu's header and forward_config.h.
+// (S = Q Kᵀ, mask and softcap, online softmax, O += P V, epilogue) and their order (S_n issued with
+// P_{n+1} V_{n+1}, the softmax under P V, the consumer warpgroups taking turns). Warp roles and budgets: forward_sm90.cu's header and forward_config.h.
 // Included by forward_sm90.cu only.
 #pragma once
 
@@ -25,18 +25,18 @@ struct PipelineState {
 };
 
 // ---- producer: one thread streams each tile's Q, then its K/V tiles through the ring ----
-// kSplitRelease: K and V of a stage are freed separately (empty / empty_v), as the overlapped ordering frees
-// K as soon as S has landed but V only after P V; the serial ordering frees both at once through `empty`.
+// K and V of a stage are freed separately (k_empty / v_empty): the consumers free K as soon as S has landed,
+// V only after P V.
 // The first K tile is loaded before waiting for the Q buffer: in a persistent CTA it then arrives while the
 // consumers still finish the previous tile.
-template <typename Cfg, bool kSplitRelease>
+template <typename Cfg>
 __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv_head, const CUtensorMap* tm_q,
                         const CUtensorMap* tm_k, const CUtensorMap* tm_v, PipelineState<Cfg::kStages>& st) {
   constexpr int kPanels = Cfg::kHeadDim / kPanelCols;
   if (w.n_end <= w.n_begin) return;  // no visible keys: the consumers neither read Q nor wait for it
   RingPosition<Cfg::kStages>& pos = st.kv;
   for (int n = w.n_end - 1; n >= w.n_begin; --n) {
-    mbarrier_wait(&sm.empty()[pos.index], pos.phase ^ 1u);
+    mbarrier_wait(&sm.k_empty()[pos.index], pos.phase ^ 1u);
     const int row = w.k_row0 + n * Cfg::kBlockN;
     uint8_t* k_tile = sm.k() + pos.index * Cfg::kKVTileBytes;
     uint8_t* v_tile = sm.v() + pos.index * Cfg::kKVTileBytes;
@@ -55,7 +55,7 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
                     w.q_row0 + w.m_block * Cfg::kBlockM, w.head, w.batch_coord, sm.q_full());
       st.q_phase ^= 1u;
     }
-    if constexpr (kSplitRelease) mbarrier_wait(&sm.empty_v()[pos.index], pos.phase ^ 1u);
+    mbarrier_wait(&sm.v_empty()[pos.index], pos.phase ^ 1u);
     mbarrier_arrive_expect_tx(&sm.v_full()[pos.index], Cfg::kKVTileBytes);
 #pragma unroll
     for (int p = 0; p < kPanels; ++p)
@@ -231,15 +231,15 @@ struct Consumer {
     for (int kk = 0; kk < kN / kWgmmaK; ++kk) accumulator_to_a_fragment<T>(p[kk], s, kk);
   }
 
-  // Both tiles of a stage are consumed: one arrival per warp (the wgmma reads completed for the whole
-  // warpgroup once this warp's wait returned). release_v is the overlapped ordering's separate V release.
-  __device__ void release(int stage) {
+  // A stage's K (release_k) or V (release_v) tile is consumed: one arrival per warp (the wgmma reads completed
+  // for the whole warpgroup once this warp's wait returned).
+  __device__ void release_k(int stage) {
     __syncwarp();
-    if (lane == 0) mbarrier_arrive(&sm.empty()[stage]);
+    if (lane == 0) mbarrier_arrive(&sm.k_empty()[stage]);
   }
   __device__ void release_v(int stage) {
     __syncwarp();
-    if (lane == 0) mbarrier_arrive(&sm.empty_v()[stage]);
+    if (lane == 0) mbarrier_arrive(&sm.v_empty()[stage]);
   }
   // The tile's last S has landed: Q is no longer read.
   __device__ void release_q() {
@@ -290,41 +290,11 @@ struct Consumer {
   }
 };
 
-// v1 order: per tile, S = Q Kᵀ and wait, softmax, O += P V and wait. The consumer warpgroups overlap each
-// other only as the warp schedulers happen to interleave them.
-template <typename C>
-__device__ void consume_serial(C& c, PipelineState<C::Cfg::kStages>& st) {
-  const BlockWork& w = c.w;
-  if (w.n_end <= w.n_begin) return;
-  mbarrier_wait(c.sm.q_full(), st.q_phase);
-  st.q_phase ^= 1u;
-  RingPosition<C::Cfg::kStages>& pos = st.kv;
-  for (int n = w.n_end - 1; n >= w.n_begin; --n) {
-    typename C::Scores s;
-    mbarrier_wait(&c.sm.k_full()[pos.index], pos.phase);
-    c.issue_qk(s, pos.index);
-    wgmma_wait<0>();
-    fence_registers(s);
-    if (n == w.n_begin) c.release_q();
-    c.transform_scores(s, n);
-    float rescale[2];
-    c.softmax(s, rescale);
-    c.rescale_o(rescale);
-    typename C::PFragments p;
-    C::to_fragments(p, s);
-    mbarrier_wait(&c.sm.v_full()[pos.index], pos.phase);
-    c.issue_pv(p, pos.index);
-    wgmma_wait<0>();
-    fence_registers(c.o);
-    c.release(pos.index);
-    pos.advance();
-  }
-}
-
 // Turns of the consumer warpgroups (round robin): each issues its matrix products only in its turn, so one
 // warpgroup's softmax runs while the others' products occupy the tensor cores. One token circulates: a
 // warpgroup waits on its own named barrier and, after issuing, arrives on the next warpgroup's; each barrier
-// phase is 128 waiting + 128 arriving threads.
+// phase is 128 waiting + 128 arriving threads. A single consumer warpgroup has no one to take turns with (its
+// CTA shares the SM with another one, whose products fill the tensor cores instead).
 template <int kWarpgroups>
 __device__ __forceinline__ void wait_turn(int wg) {
   if constexpr (kWarpgroups > 1) named_barrier_sync(kTurnBarrier0 + wg, 2 * kWarpgroupThreads);
@@ -334,15 +304,15 @@ __device__ __forceinline__ void pass_turn(int wg) {
   if constexpr (kWarpgroups > 1) named_barrier_arrive(kTurnBarrier0 + (wg + 1) % kWarpgroups, 2 * kWarpgroupThreads);
 }
 
-// v3 order (intra-warpgroup overlap + turns, FlashAttention-3's): the products of tile n, S_n = Q K_nᵀ and
-// O += P_{n+1} V_{n+1} (the previous tile; keys run downwards), are issued in one turn, with O's rescale by
+// The consumers' order (v3, FlashAttention-3's: intra-warpgroup overlap and turns): the products of tile n,
+// S_n = Q K_nᵀ and O += P_{n+1} V_{n+1} (the previous tile; keys run downwards), are issued in one turn, with O's rescale by
 // the previous softmax in between (it runs under S_n instead of delaying the next issue). The softmax of S_n
 // then runs while P V is still on the tensor cores. K_n is released as soon as S_n has landed and V_{n+1}
 // after its product, so a 2-stage ring refills K one iteration before it is needed.
 // The turn token starts at warpgroup 0 (the kernel passes it once, before the first tile); every warpgroup
 // takes key tiles + 1 turns per tile, so each tile starts with the token at warpgroup 0 again.
 template <typename C>
-__device__ void consume_overlapped(C& c, int wg, PipelineState<C::Cfg::kStages>& st) {
+__device__ void consume(C& c, int wg, PipelineState<C::Cfg::kStages>& st) {
   constexpr int kWgs = C::Cfg::kConsumerWarpgroups;
   const BlockWork& w = c.w;
   if (w.n_end <= w.n_begin) return;
@@ -359,7 +329,7 @@ __device__ void consume_overlapped(C& c, int wg, PipelineState<C::Cfg::kStages>&
   pass_turn<kWgs>(wg);
   wgmma_wait<0>();
   fence_registers(s);
-  c.release(pos.index);
+  c.release_k(pos.index);
   if (w.n_end - 1 == w.n_begin) c.release_q();
   c.transform_scores(s, w.n_end - 1);
   c.softmax(s, rescale);  // O is still 0: its rescale (by 0) is harmless
@@ -377,7 +347,7 @@ __device__ void consume_overlapped(C& c, int wg, PipelineState<C::Cfg::kStages>&
     pass_turn<kWgs>(wg);
     wgmma_wait<1>();  // S_n has landed (groups complete in order); P V may still run
     fence_registers(s);
-    c.release(pos.index);
+    c.release_k(pos.index);
     if (n == w.n_begin) c.release_q();
     c.transform_scores(s, n);
     c.softmax(s, rescale);

@@ -2,8 +2,9 @@
 // 256 (d_v == d), with causal / sliding-window masks, softcap, GQA, varlen and arbitrary tails.
 //
 // Work: tiles of kBlockM = 64 · (consumer warpgroups) query rows of one (batch, head), numbered head-major
-// (forward_tiles.cuh). A persistent grid of one CTA per SM whose CTAs claim the next tile from a global counter
-// as they finish one (TileSequence), or, when forced (Sm90Grid, forward_sm90.h), one CTA per tile.
+// (forward_tiles.cuh). A persistent grid of kCtasPerSm CTAs per SM (two with one consumer warpgroup, else one)
+// whose CTAs claim the next tile from a global counter as they finish one (TileSequence), or, when forced
+// (Sm90Grid, forward_sm90.h), one CTA per tile.
 // Warp roles (128 · (1 + consumer warpgroups) threads):
 //   warpgroup 0  producer: gives registers away (setmaxnreg); one thread issues TMA loads of each tile's Q block
 //                and of its K and V tiles into a kStages-deep shared-memory ring (full/empty mbarriers; Q has
@@ -14,16 +15,16 @@
 //                one FFMA), then O += P V (wgmma with P from registers, V from shared memory, N-major). After
 //                the last key tile: O / rowsum written to global memory in 16-byte runs (the quad's lanes
 //                swap column pairs first), LSE = (m·scale·log2e + log2 l)·ln2.
-// The consumers' steps come in two orderings (forward_mainloop.cuh): serial (wait for each product) and
-// overlapped (S of tile n issued with P V of tile n+1, softmax under P V, the consumer warpgroups taking turns
-// to issue on named barriers). KernelPlan (forward_config.h) picks the tile set and ordering per head dim and
-// mask, and by key count where a plan names a ShortKeysPlan (launch_plan_for_keys).
+// The consumers' steps overlap (forward_mainloop.cuh): S of tile n is issued with P V of tile n+1 and the
+// softmax runs under P V, the consumer warpgroups taking turns to issue on named barriers. KernelPlan
+// (forward_config.h) picks the tile set per head dim and mask, and by key count where a plan names a
+// ShortKeysPlan (launch_plan_for_keys).
 // Key tiles run from the last one down, so the masked diagonal tiles of a causal block come first; a head's
 // heaviest query blocks (largest index, most keys under a causal mask) start first.
 //
-// Shared memory and tile sizes: forward_config.h (120 to 224 KB). Files: this one (kernel, host launcher,
+// Shared memory and tile sizes: forward_config.h (104 to 224 KB per CTA). Files: this one (kernel, host launcher,
 // support check), forward_tiles.cuh (arguments, shared-memory carve-up, a tile's work), forward_mainloop.cuh
-// (producer, consumer steps and orderings, epilogue), primitives_sm90.cuh.
+// (producer, consumer steps and their order, epilogue), primitives_sm90.cuh.
 // Preconditions (sm90_forward_supports): compute capability 9.0, fp16/bf16, d == d_v in {64, 128, 256}, every
 // row/head/batch stride of Q, K, V, O a multiple of 8 elements and 16-byte aligned bases (TMA's rules).
 // Rows past a sequence's end are loaded (zeros past the tensor, the next sequence's rows in varlen) but masked
@@ -51,7 +52,7 @@
 namespace flashattn::cuda::sm90 {
 namespace {
 
-template <typename T, typename Cfg, bool kOverlap>
+template <typename T, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     forward_kernel(const __grid_constant__ ForwardKernelArgs args, const __grid_constant__ CUtensorMap tm_q,
                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -63,8 +64,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     for (int s = 0; s < Cfg::kStages; ++s) {
       mbarrier_init(&sm.k_full()[s], 1);
       mbarrier_init(&sm.v_full()[s], 1);
-      mbarrier_init(&sm.empty()[s], Cfg::kConsumerWarps);
-      mbarrier_init(&sm.empty_v()[s], Cfg::kConsumerWarps);
+      mbarrier_init(&sm.k_empty()[s], Cfg::kConsumerWarps);
+      mbarrier_init(&sm.v_empty()[s], Cfg::kConsumerWarps);
     }
     for (int s = 0; s < kTileRing; ++s) {
       mbarrier_init(&sm.tile_full()[s], 1);
@@ -86,14 +87,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       for (TileSequence<Cfg> seq; seq.valid(args); seq.next_for_producer(args, sm)) {
         const BlockWork w = block_work<Cfg>(args, seq.tile);
         if (w.m_block * Cfg::kBlockM >= w.seqlen_q) continue;
-        produce<Cfg, kOverlap>(sm, w, w.head / args.heads_per_kv, &tm_q, &tm_k, &tm_v, st);
+        produce<Cfg>(sm, w, w.head / args.heads_per_kv, &tm_q, &tm_k, &tm_v, st);
       }
     }
   } else {
     setmaxnreg_increase<Cfg::kConsumerRegisters>();
-    if constexpr (kOverlap) {
-      if (wg - 1 == Cfg::kConsumerWarpgroups - 1) pass_turn<Cfg::kConsumerWarpgroups>(wg - 1);
-    }
+    if (wg - 1 == Cfg::kConsumerWarpgroups - 1) pass_turn<Cfg::kConsumerWarpgroups>(wg - 1);
     for (TileSequence<Cfg> seq; seq.valid(args); seq.next_for_consumer(args, sm)) {
       BlockWork w = block_work<Cfg>(args, seq.tile);
       if (w.m_block * Cfg::kBlockM >= w.seqlen_q) continue;
@@ -103,10 +102,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       w.n_begin = __shfl_sync(0xffffffffu, w.n_begin, 0);
       w.n_end = __shfl_sync(0xffffffffu, w.n_end, 0);
       Consumer<T, Cfg> c(sm, w, args, wg - 1);
-      if constexpr (kOverlap)
-        consume_overlapped(c, wg - 1, st);
-      else
-        consume_serial(c, st);
+      consume(c, wg - 1, st);
       c.epilogue();
     }
   }
@@ -132,7 +128,6 @@ int device_attribute(cudaDeviceAttr attr, int fallback) {
 template <typename T, typename Plan>
 Status launch(const FwdParams& p, Sm90Grid grid) {
   using Cfg = typename Plan::Config;
-  constexpr bool kOverlap = Plan::kOrdering == cuda::sm90::Ordering::overlapped;
   constexpr int kHeadDim = Cfg::kHeadDim;
   const bool varlen = p.is_varlen();
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
@@ -193,7 +188,7 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   a.num_heads = int(p.heads_q);
   a.num_tiles = int(num_tiles);
 
-  auto kernel = cuda::sm90::forward_kernel<T, Cfg, kOverlap>;
+  auto kernel = cuda::sm90::forward_kernel<T, Cfg>;
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   // All of L1 as shared memory, so that kCtasPerSm CTAs fit on an SM.
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));

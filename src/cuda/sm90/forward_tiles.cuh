@@ -59,15 +59,14 @@ struct SharedStorage {
   __device__ uint64_t* q_empty() const { return barriers() + 1; }
   __device__ uint64_t* k_full() const { return barriers() + 2; }
   __device__ uint64_t* v_full() const { return k_full() + Cfg::kStages; }
-  // The stage's K (and, in the serial ordering, its V) may be overwritten.
-  __device__ uint64_t* empty() const { return v_full() + Cfg::kStages; }
-  // Overlapped ordering only: the stage's V may be overwritten.
-  __device__ uint64_t* empty_v() const { return empty() + Cfg::kStages; }
+  // The stage's K / V tile may be overwritten.
+  __device__ uint64_t* k_empty() const { return v_full() + Cfg::kStages; }
+  __device__ uint64_t* v_empty() const { return k_empty() + Cfg::kStages; }
   // Persistent grid: kTileRing claimed tile numbers; full = the slot holds the next number, empty = every
   // reader has taken it.
   static constexpr int kTileSlotWords = (kTileRing * int(sizeof(int)) + 7) / 8;  // the slots, in 8-byte words
-  __device__ int* tile_slot() const { return reinterpret_cast<int*>(empty_v() + Cfg::kStages); }
-  __device__ uint64_t* tile_full() const { return empty_v() + Cfg::kStages + kTileSlotWords; }
+  __device__ int* tile_slot() const { return reinterpret_cast<int*>(v_empty() + Cfg::kStages); }
+  __device__ uint64_t* tile_full() const { return v_empty() + Cfg::kStages + kTileSlotWords; }
   __device__ uint64_t* tile_empty() const { return tile_full() + kTileRing; }
 };
 
