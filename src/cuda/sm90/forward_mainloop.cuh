@@ -26,7 +26,11 @@ struct PipelineState {
 
 // ---- producer: one thread streams each tile's Q, then its K/V tiles through the ring ----
 // K and V of a stage are freed separately (k_empty / v_empty): the consumers free K as soon as S has landed,
-// V only after P V.
+// V only after P V. The consumers read K_n one key tile before V_n (S_n goes out with P_{n+1} V_{n+1}), so K
+// runs one tile ahead here: K_{n-1} is requested before V_n, whose stage frees last (its previous V's P V ends
+// an iteration after that K's S). In tile order, K then V, each K waited behind the previous V's slot and
+// reached the consumers with one iteration to spare; the probe put waits for K/V at 6% of consumer time
+// (sm90-notes.md, v16).
 // The first K tile is loaded before waiting for the Q buffer: in a persistent CTA it then arrives while the
 // consumers still finish the previous tile.
 template <typename Cfg>
@@ -34,34 +38,33 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
                         const CUtensorMap* tm_k, const CUtensorMap* tm_v, PipelineState<Cfg::kStages>& st) {
   constexpr int kPanels = Cfg::kHeadDim / kPanelCols;
   if (w.n_end <= w.n_begin) return;  // no visible keys: the consumers neither read Q nor wait for it
+  // Tile n's K and V share a stage; pos is V's (tile n), the K load runs one position ahead.
   RingPosition<Cfg::kStages>& pos = st.kv;
+  auto load = [&](const CUtensorMap* map, uint8_t* ring, uint64_t* empty, uint64_t* full, int n,
+                  const RingPosition<Cfg::kStages>& at) {
+    mbarrier_wait(&empty[at.index], at.phase ^ 1u);
+    mbarrier_arrive_expect_tx(&full[at.index], Cfg::kKVTileBytes);
+    uint8_t* tile = ring + at.index * Cfg::kKVTileBytes;
+#pragma unroll
+    for (int p = 0; p < kPanels; ++p)
+      tma_load_4d(tile + p * Cfg::kBlockN * kSwizzleBytes, map, p * kPanelCols, w.k_row0 + n * Cfg::kBlockN, kv_head,
+                  w.batch_coord, &full[at.index]);
+  };
+  load(tm_k, sm.k(), sm.k_empty(), sm.k_full(), w.n_end - 1, pos);
+  // Q's previous use has ended (a fresh barrier passes parity 1 at once).
+  mbarrier_wait(sm.q_empty(), st.q_phase ^ 1u);
+  mbarrier_arrive_expect_tx(sm.q_full(), Cfg::kQBytes);
+#pragma unroll
+  for (int p = 0; p < kPanels; ++p)
+    tma_load_4d(sm.q() + p * Cfg::kBlockM * kSwizzleBytes, tm_q, p * kPanelCols, w.q_row0 + w.m_block * Cfg::kBlockM,
+                w.head, w.batch_coord, sm.q_full());
+  st.q_phase ^= 1u;
   for (int n = w.n_end - 1; n >= w.n_begin; --n) {
-    mbarrier_wait(&sm.k_empty()[pos.index], pos.phase ^ 1u);
-    const int row = w.k_row0 + n * Cfg::kBlockN;
-    uint8_t* k_tile = sm.k() + pos.index * Cfg::kKVTileBytes;
-    uint8_t* v_tile = sm.v() + pos.index * Cfg::kKVTileBytes;
-    mbarrier_arrive_expect_tx(&sm.k_full()[pos.index], Cfg::kKVTileBytes);
-#pragma unroll
-    for (int p = 0; p < kPanels; ++p)
-      tma_load_4d(k_tile + p * Cfg::kBlockN * kSwizzleBytes, tm_k, p * kPanelCols, row, kv_head, w.batch_coord,
-                  &sm.k_full()[pos.index]);
-    if (n == w.n_end - 1) {
-      // Q's previous use has ended (a fresh barrier passes parity 1 at once).
-      mbarrier_wait(sm.q_empty(), st.q_phase ^ 1u);
-      mbarrier_arrive_expect_tx(sm.q_full(), Cfg::kQBytes);
-#pragma unroll
-      for (int p = 0; p < kPanels; ++p)
-        tma_load_4d(sm.q() + p * Cfg::kBlockM * kSwizzleBytes, tm_q, p * kPanelCols,
-                    w.q_row0 + w.m_block * Cfg::kBlockM, w.head, w.batch_coord, sm.q_full());
-      st.q_phase ^= 1u;
-    }
-    mbarrier_wait(&sm.v_empty()[pos.index], pos.phase ^ 1u);
-    mbarrier_arrive_expect_tx(&sm.v_full()[pos.index], Cfg::kKVTileBytes);
-#pragma unroll
-    for (int p = 0; p < kPanels; ++p)
-      tma_load_4d(v_tile + p * Cfg::kBlockN * kSwizzleBytes, tm_v, p * kPanelCols, row, kv_head, w.batch_coord,
-                  &sm.v_full()[pos.index]);
-    pos.advance();
+    RingPosition<Cfg::kStages> next = pos;
+    next.advance();
+    if (n > w.n_begin) load(tm_k, sm.k(), sm.k_empty(), sm.k_full(), n - 1, next);
+    load(tm_v, sm.v(), sm.v_empty(), sm.v_full(), n, pos);
+    pos = next;
   }
 }
 
