@@ -53,11 +53,13 @@ tail -5 "$OUT/pytest_cuda.log" | tee -a "$summary"
 if [ "${FULL_MEMCHECK:-1}" = 1 ]; then
 say "memcheck on small cases ($(elapsed))"
 timeout 150 compute-sanitizer --tool memcheck /tmp/build/tests/flashattn_gpu_tests \
-  --gtest_filter='*TinyAllPaths*:Sm90ForwardSupport.*:*smem99k_0*:*smem99k_5*' > "$OUT/memcheck.log" 2>&1
+  --gtest_filter='*TinyAllPaths*:Sm90ForwardSupport.*:*smem99k_0*:*smem99k_5*:*Sm90Forward*f16_d64_causal_sq_lt_sk*:*Sm90Forward*bf16_d64_gqa*' \
+  > "$OUT/memcheck.log" 2>&1
 grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$OUT/memcheck.log" | tee -a "$summary"
 say "racecheck on small cases ($(elapsed))"
 timeout 90 compute-sanitizer --tool racecheck /tmp/build/tests/flashattn_gpu_tests \
-  --gtest_filter='*TinyAllPaths/float16*:*Sm90Forward*bf16_d128_causal_tail*:*smem99k_0*' > "$OUT/racecheck.log" 2>&1
+  --gtest_filter='*TinyAllPaths/float16*:*Sm90Forward*bf16_d128_causal_tail*:*smem99k_0*:*Sm90Forward*f16_d64_causal_sq_lt_sk*' \
+  > "$OUT/racecheck.log" 2>&1
 grep -E "RACECHECK SUMMARY|^\[  (PASSED|FAILED) " "$OUT/racecheck.log" | tee -a "$summary"
 
 fi
