@@ -5,9 +5,9 @@
 // kStages-deep ring of [kBlockN x head_dim] K and V tiles. Shared memory: Q + kStages * (K + V), each 16-bit.
 //
 // The kernel each head dim runs (KernelPlan below), chosen on the H200 from the tile sets, grids and consumer
-// orderings measured in bench/results/sm90-notes.md (v3-v4, v13-v16). Every kernel issues S_n with P_{n+1} V_{n+1}
-// and runs the softmax under P V, its consumer warpgroups taking turns (forward_mainloop.cuh); every plan runs on
-// the persistent grid.
+// orderings measured in bench/results/sm90-notes.md (v3-v4, v13-v16). Every kernel issues S_n with
+// P_{n+1} V_{n+1} and runs the softmax under P V, its consumer warpgroups taking turns (forward_mainloop.cuh);
+// every plan runs on the persistent grid.
 //   hd  64: 192 x 128 (three consumer warpgroups), 3 stages: 24 KB + 3 * 32 KB = 120 KB; under a mask with at
 //           most 2k keys 64 x 128 (one consumer warpgroup, two CTAs per SM), 3 stages (104 KB per CTA)
 //   hd 128: 128 x 176, 2 stages (32 KB + 2 * 88 KB = 208 KB) without a mask past 4k keys, 128 x 128 with 3
@@ -17,10 +17,11 @@
 // Wider key tiles spread each tile's fixed costs (barrier waits, the O rescale, the warpgroup turn) over more
 // products; three consumer warpgroups at hd 64 give each warpgroup's softmax two other warpgroups' products
 // to hide under.
-// Registers: under __launch_bounds__(kThreads, kCtasPerSm) every thread starts at 65536 / (kThreads * kCtasPerSm);
-// setmaxnreg moves them to the producer's and consumers' budgets below (1 consumer, two CTAs per SM: 128 * 24 +
-// 128 * 232 = 32768 of a CTA's 32768; 2 consumers: 128 * 24 + 256 * 240 = 64512; 3 consumers: 128 * 32 + 384 * 160
-// = 65536, of 65536).
+// Registers: under __launch_bounds__(kThreads, kCtasPerSm) every thread starts at 65536 / (kThreads *
+// kCtasPerSm); setmaxnreg moves them to the producer's and consumers' budgets below (1 consumer, two CTAs per SM:
+// 128 * 24 + 128 * 232 = 32768 of a CTA's 32768; 2 consumers: 128 * 24 + 256 * 240 = 64512; 3 consumers:
+// 128 * 32 + 384 * 160 = 65536, of 65536). ptxas compiles every instruction within the launch-bound count, so
+// that count must hold a wgmma's operands (three CTAs per SM, 80 registers, do not compile: C7602).
 #pragma once
 
 #include <cstdint>
@@ -88,13 +89,13 @@ struct Plan {
 template <int kHeadDim, bool kMasked>
 struct KernelPlan;
 // hd 64: three consumer warpgroups (192-row blocks: the fewest K/V bytes per product). The overlapped ordering
-// against v1's serial one (wait for each product, which hd 64 ran until v16): +2-3% at 2k-16k (sm90-notes.md).
+// against v1's serial one (wait for each product, which hd 64 ran until v16): +1-4% past 2k keys (sm90-notes.md).
 template <>
 struct KernelPlan<64, false> : Plan<ForwardConfig<64, 128, 3, 3>> {};
 // hd 64 under a mask, up to 2k keys: 64-row blocks, one consumer warpgroup (3 stages: 8 KB + 3 * 32 KB = 104 KB)
 // and two CTAs per SM. Each CTA's tile boundary (Q, the first S, the last P V, the epilogue) runs under the
 // other CTA's products, and the diagonal wastes the least: against 128-row blocks with two consumer
-// warpgroups in one CTA +9-11% at 512-2k causal (2k 360-366 vs 329 TFLOP/s); from 4k keys the three-warpgroup
+// warpgroups in one CTA +6-11% at 512-2k causal (2k 352-366 vs 329-330 TFLOP/s); from 4k keys the three-warpgroup
 // kernel is ahead (fewer K/V bytes per product: 8k causal 431-440 vs 408; sm90-notes.md, v16).
 using Hd64MaskedShortKeysPlan = Plan<ForwardConfig<64, 128, 1, 3>>;
 template <>

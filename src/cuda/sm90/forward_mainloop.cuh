@@ -1,6 +1,7 @@
 // Hopper forward main loop: the producer (TMA into the K/V ring) and the consumer warpgroups' steps
 // (S = Q Kᵀ, mask and softcap, online softmax, O += P V, epilogue) and their order (S_n issued with
-// P_{n+1} V_{n+1}, the softmax under P V, the consumer warpgroups taking turns). Warp roles and budgets: forward_sm90.cu's header and forward_config.h.
+// P_{n+1} V_{n+1}, the softmax under P V, the consumer warpgroups taking turns). Warp roles and budgets:
+// forward_sm90.cu's header and forward_config.h.
 // Included by forward_sm90.cu only.
 #pragma once
 
@@ -29,8 +30,8 @@ struct PipelineState {
 // V only after P V. The consumers read K_n one key tile before V_n (S_n goes out with P_{n+1} V_{n+1}), so K
 // runs one tile ahead here: K_{n-1} is requested before V_n, whose stage frees last (its previous V's P V ends
 // an iteration after that K's S). In tile order, K then V, each K waited behind the previous V's slot and
-// reached the consumers with one iteration to spare; the probe put waits for K/V at 6% of consumer time
-// (sm90-notes.md, v16).
+// reached the consumers with one iteration to spare. Timed level with that order (the probe's K/V waits, 6% of
+// consumer time, are not this latency), but this loop keeps the producer free of spills (sm90-notes.md, v16).
 // The first K tile is loaded before waiting for the Q buffer: in a persistent CTA it then arrives while the
 // consumers still finish the previous tile.
 template <typename Cfg>
@@ -304,14 +305,15 @@ __device__ __forceinline__ void wait_turn(int wg) {
 }
 template <int kWarpgroups>
 __device__ __forceinline__ void pass_turn(int wg) {
-  if constexpr (kWarpgroups > 1) named_barrier_arrive(kTurnBarrier0 + (wg + 1) % kWarpgroups, 2 * kWarpgroupThreads);
+  if constexpr (kWarpgroups > 1)
+    named_barrier_arrive(kTurnBarrier0 + (wg + 1) % kWarpgroups, 2 * kWarpgroupThreads);
 }
 
 // The consumers' order (v3, FlashAttention-3's: intra-warpgroup overlap and turns): the products of tile n,
-// S_n = Q K_nᵀ and O += P_{n+1} V_{n+1} (the previous tile; keys run downwards), are issued in one turn, with O's rescale by
-// the previous softmax in between (it runs under S_n instead of delaying the next issue). The softmax of S_n
-// then runs while P V is still on the tensor cores. K_n is released as soon as S_n has landed and V_{n+1}
-// after its product, so a 2-stage ring refills K one iteration before it is needed.
+// S_n = Q K_nᵀ and O += P_{n+1} V_{n+1} (the previous tile; keys run downwards), are issued in one turn, with
+// O's rescale by the previous softmax in between (it runs under S_n instead of delaying the next issue). The
+// softmax of S_n then runs while P V is still on the tensor cores. K_n is released as soon as S_n has landed
+// and V_{n+1} after its product, so a 2-stage ring refills K one iteration before it is needed.
 // The turn token starts at warpgroup 0 (the kernel passes it once, before the first tile); every warpgroup
 // takes key tiles + 1 turns per tile, so each tile starts with the token at warpgroup 0 again.
 template <typename C>

@@ -137,9 +137,8 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   if (num_tiles == 0) return Status::success();
   const bool persistent = grid == Sm90Grid::persistent;
   // num_tiles < 2^30 (sm90_forward_supports): a CTA per tile always fits the grid.
-  const int64_t ctas = persistent ? std::min<int64_t>(num_tiles, int64_t(Cfg::kCtasPerSm) *
-                                                                      device_attribute(cudaDevAttrMultiProcessorCount, 1))
-                                  : num_tiles;
+  const int64_t resident = int64_t(Cfg::kCtasPerSm) * device_attribute(cudaDevAttrMultiProcessorCount, 1);
+  const int64_t ctas = persistent ? std::min<int64_t>(num_tiles, resident) : num_tiles;
   // In varlen the batch dimension has extent 1 and is never stepped; any valid stride will do.
   auto batch_stride = [&](int64_t s, int64_t row_stride, int64_t rows) {
     return varlen ? row_stride * std::max<int64_t>(rows, 1) : s;
@@ -191,7 +190,8 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   auto kernel = cuda::sm90::forward_kernel<T, Cfg>;
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   // All of L1 as shared memory, so that kCtasPerSm CTAs fit on an SM.
-  FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  FA_CUDA_TRY(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   // A persistent grid claims tiles from a counter: 4 bytes of workspace (cuda/workspace.h), zeroed and freed on
   // the stream (capturable in a CUDA graph, and private to this call, so concurrent calls cannot interfere).
