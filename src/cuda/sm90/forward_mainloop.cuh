@@ -70,7 +70,7 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
 }
 
 // ---- consumer: one warpgroup, 64 query rows ----
-// The per-warpgroup state and the steps of one key tile; the two drivers below order them differently.
+// The per-warpgroup state and the steps of one key tile; consume() below puts them in order.
 template <typename T, typename Cfg_>
 struct Consumer {
   using Cfg = Cfg_;
