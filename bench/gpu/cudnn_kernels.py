@@ -2,7 +2,9 @@
 twice each, so that a profiler wrapped around it (ncu --section LaunchStats ...) reports which kernel cuDNN launches
 there: its name (tile shape), grid, block, registers and shared memory.
 
-    ncu -k regex:'sdpa|fprop|fort' --section LaunchStats python3 bench/gpu/cudnn_kernels.py [S]
+    ncu -k regex:'sdpa|fprop|fort' --section LaunchStats python3 bench/gpu/cudnn_kernels.py [S] [D,CAUSAL]
+
+D,CAUSAL (e.g. 64,1) runs only that head dim and mask.
 """
 import sys
 
@@ -11,7 +13,11 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 s = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
-for d, causal in ((64, False), (128, False), (128, True), (256, False)):
+cells = ((64, False), (128, False), (128, True), (256, False))
+if len(sys.argv) > 2:
+    d, c = sys.argv[2].split(",")
+    cells = ((int(d), c == "1"),)
+for d, causal in cells:
     b, h = 16384 // s, 2048 // d
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):

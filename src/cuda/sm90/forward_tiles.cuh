@@ -151,11 +151,16 @@ struct TileSequence {
       return;
     }
     mbarrier_wait(&sm.tile_full()[slot()], parity());
-    // Broadcast from lane 0: every lane read the same number, but only a shuffle tells the compiler, and the
-    // loop bounds, ring positions and descriptors derived from it can then stay in uniform registers.
-    tile = __shfl_sync(0xffffffffu, sm.tile_slot()[slot()], 0);
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) mbarrier_arrive(&sm.tile_empty()[slot()]);
+    // Lane 0 reads the slot and frees it (its arrival orders its own read before the producer's next write) and
+    // broadcasts the number: the shuffle also tells the compiler that every lane holds the same tile, so the
+    // loop bounds, ring positions and descriptors derived from it stay in uniform registers.
+    const bool leader = threadIdx.x % 32 == 0;
+    int claimed = 0;
+    if (leader) {
+      claimed = sm.tile_slot()[slot()];
+      mbarrier_arrive(&sm.tile_empty()[slot()]);
+    }
+    tile = __shfl_sync(0xffffffffu, claimed, 0);
     ++posts;
   }
 };
