@@ -39,12 +39,21 @@ constexpr float kStaleMaxLog2 = 8.f;
 // consumers: two lets the producer claim the next tile while the consumers still read the current number.
 constexpr int kTileRing = 2;
 
-template <int kHeadDim_, int kBlockN_, int kConsumerWarpgroups_, int kStages_>
+// How the consumer warpgroups of a CTA issue their matrix products (forward_mainloop.cuh, wait_turn).
+//   turns: round robin on named barriers, so that one warpgroup's softmax runs under the others' products.
+//   free:  each warpgroup issues as soon as its operands are ready; the tensor cores interleave the groups.
+// Measured (sm90-notes.md, v17): free +2-4% at hd 128 in nearly every cell (two warpgroups, 512 to 16k keys,
+// causal and not), turns +3-6% at hd 256 up to 2k keys (level beyond), turns -8% for two hd 64 warpgroups.
+enum class IssueOrder { turns, free };
+
+template <int kHeadDim_, int kBlockN_, int kConsumerWarpgroups_, int kStages_, IssueOrder kIssue_ = IssueOrder::turns>
 struct ForwardConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
   static constexpr int kStages = kStages_;
+  // A single consumer warpgroup has no one to take turns with.
+  static constexpr bool kTakeTurns = kIssue_ == IssueOrder::turns && kConsumerWarpgroups > 1;
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "sm90 forward: head dim 64, 128 or 256");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "sm90 forward: kBlockN a multiple of 16 (P V's k-steps)");
   static_assert(kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 3, "sm90 forward: 1 to 3 consumer warpgroups");
@@ -103,11 +112,13 @@ struct KernelPlan<64, true> : Plan<ForwardConfig<64, 128, 3, 3>, Hd64MaskedShort
 // hd 128 without a mask, up to 4k keys: 128-key tiles with a 3-stage ring (224 KB). Against 176-key tiles: +8% /
 // +6% / +4% / +2% at 512 / 1k / 2k / 4k, level at 8k (sm90-notes.md, v14); a 176-key tile also leaves 3% of a
 // 2k sequence's last tile empty.
-using Hd128ShortKeysPlan = Plan<ForwardConfig<128, 128, 2, 3>>;
+// hd 128's two consumer warpgroups issue freely (IssueOrder above).
+using Hd128ShortKeysPlan = Plan<ForwardConfig<128, 128, 2, 3, IssueOrder::free>>;
 template <>
-struct KernelPlan<128, false> : Plan<ForwardConfig<128, 176, 2, 2>, Hd128ShortKeysPlan, 4096> {};
+struct KernelPlan<128, false>
+    : Plan<ForwardConfig<128, 176, 2, 2, IssueOrder::free>, Hd128ShortKeysPlan, 4096> {};
 template <>
-struct KernelPlan<128, true> : Plan<ForwardConfig<128, 128, 2, 2>> {};
+struct KernelPlan<128, true> : Plan<ForwardConfig<128, 128, 2, 2, IssueOrder::free>> {};
 template <bool kMasked>
 struct KernelPlan<256, kMasked> : Plan<ForwardConfig<256, 80, 2, 2>> {};
 

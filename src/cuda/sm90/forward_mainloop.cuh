@@ -297,16 +297,17 @@ struct Consumer {
 // Turns of the consumer warpgroups (round robin): each issues its matrix products only in its turn, so one
 // warpgroup's softmax runs while the others' products occupy the tensor cores. One token circulates: a
 // warpgroup waits on its own named barrier and, after issuing, arrives on the next warpgroup's; each barrier
-// phase is 128 waiting + 128 arriving threads. A single consumer warpgroup has no one to take turns with (its
-// CTA shares the SM with another one, whose products fill the tensor cores instead).
-template <int kWarpgroups>
+// phase is 128 waiting + 128 arriving threads. Plans whose warpgroups issue freely (IssueOrder::free), and a
+// single consumer warpgroup (its CTA shares the SM with another one, whose products fill the tensor cores
+// instead), skip both.
+template <typename Cfg>
 __device__ __forceinline__ void wait_turn(int wg) {
-  if constexpr (kWarpgroups > 1) named_barrier_sync(kTurnBarrier0 + wg, 2 * kWarpgroupThreads);
+  if constexpr (Cfg::kTakeTurns) named_barrier_sync(kTurnBarrier0 + wg, 2 * kWarpgroupThreads);
 }
-template <int kWarpgroups>
+template <typename Cfg>
 __device__ __forceinline__ void pass_turn(int wg) {
-  if constexpr (kWarpgroups > 1)
-    named_barrier_arrive(kTurnBarrier0 + (wg + 1) % kWarpgroups, 2 * kWarpgroupThreads);
+  if constexpr (Cfg::kTakeTurns)
+    named_barrier_arrive(kTurnBarrier0 + (wg + 1) % Cfg::kConsumerWarpgroups, 2 * kWarpgroupThreads);
 }
 
 // The consumers' order (v3, FlashAttention-3's: intra-warpgroup overlap and turns): the products of tile n,
@@ -318,7 +319,6 @@ __device__ __forceinline__ void pass_turn(int wg) {
 // takes key tiles + 1 turns per tile, so each tile starts with the token at warpgroup 0 again.
 template <typename C>
 __device__ void consume(C& c, int wg, PipelineState<C::Cfg::kStages>& st) {
-  constexpr int kWgs = C::Cfg::kConsumerWarpgroups;
   const BlockWork& w = c.w;
   if (w.n_end <= w.n_begin) return;
   mbarrier_wait(c.sm.q_full(), st.q_phase);
@@ -329,9 +329,9 @@ __device__ void consume(C& c, int wg, PipelineState<C::Cfg::kStages>& st) {
   float rescale[2];
   // First tile: S only.
   mbarrier_wait(&c.sm.k_full()[pos.index], pos.phase);
-  wait_turn<kWgs>(wg);
+  wait_turn<typename C::Cfg>(wg);
   c.issue_qk(s, pos.index);
-  pass_turn<kWgs>(wg);
+  pass_turn<typename C::Cfg>(wg);
   wgmma_wait<0>();
   fence_registers(s);
   c.release_k(pos.index);
@@ -345,11 +345,11 @@ __device__ void consume(C& c, int wg, PipelineState<C::Cfg::kStages>& st) {
   for (int n = w.n_end - 2; n >= w.n_begin; --n) {
     mbarrier_wait(&c.sm.k_full()[pos.index], pos.phase);
     mbarrier_wait(&c.sm.v_full()[prev], prev_phase);
-    wait_turn<kWgs>(wg);
+    wait_turn<typename C::Cfg>(wg);
     c.issue_qk(s, pos.index);
     c.rescale_o(rescale);
     c.issue_pv(p, prev);
-    pass_turn<kWgs>(wg);
+    pass_turn<typename C::Cfg>(wg);
     wgmma_wait<1>();  // S_n has landed (groups complete in order); P V may still run
     fence_registers(s);
     c.release_k(pos.index);
@@ -366,10 +366,10 @@ __device__ void consume(C& c, int wg, PipelineState<C::Cfg::kStages>& st) {
   }
   // Last tile's P V.
   mbarrier_wait(&c.sm.v_full()[prev], prev_phase);
-  wait_turn<kWgs>(wg);
+  wait_turn<typename C::Cfg>(wg);
   c.rescale_o(rescale);
   c.issue_pv(p, prev);
-  pass_turn<kWgs>(wg);
+  pass_turn<typename C::Cfg>(wg);
   wgmma_wait<0>();
   fence_registers(c.o);
   c.release_v(prev);

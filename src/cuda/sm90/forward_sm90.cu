@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     }
   } else {
     setmaxnreg_increase<Cfg::kConsumerRegisters>();
-    if (wg - 1 == Cfg::kConsumerWarpgroups - 1) pass_turn<Cfg::kConsumerWarpgroups>(wg - 1);
+    if (wg - 1 == Cfg::kConsumerWarpgroups - 1) pass_turn<Cfg>(wg - 1);
     for (TileSequence<Cfg> seq; seq.valid(args); seq.next_for_consumer(args, sm)) {
       BlockWork w = block_work<Cfg>(args, seq.tile);
       if (w.m_block * Cfg::kBlockM >= w.seqlen_q) continue;
