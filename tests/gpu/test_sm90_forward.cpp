@@ -221,6 +221,10 @@ std::vector<FwdCase> cases() {
   c.heads_kv = 70; c.seqlen_q = 200; c.seqlen_k = 300; add(c);
   c = {}; c.name = "f16_d256_many_tiles"; c.dtype = DType::f16; c.head_dim = 256; c.heads_q = c.heads_kv = 140;
   c.seqlen_q = 128; c.seqlen_k = 300; add(c);
+  // hd 256 under a mask runs 64-key tiles: a causal diagonal crossing two key tiles per 128-row block, varlen with
+  // unequal lengths, GQA and more tiles than SMs.
+  c = {}; c.name = "bf16_d256_varlen_gqa_causal_many_tiles"; c.head_dim = 256; c.heads_q = 60; c.heads_kv = 20;
+  c.causal = true; c.lens_q = {300, 5, 0, 450}; c.lens_k = {300, 70, 10, 400}; add(c);
   c = {}; c.name = "f16_d256_window_left_only"; c.dtype = DType::f16; c.head_dim = 256; c.seqlen_q = 150;
   c.seqlen_k = 400; c.window_left = 100; add(c);
   // hd 64 under a mask runs a second kernel past 2k keys, hd 128 without one past 4k (forward_config.h,
