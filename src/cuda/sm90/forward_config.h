@@ -5,9 +5,9 @@
 // kStages-deep ring of [kBlockN x head_dim] K and V tiles. Shared memory: Q + kStages * (K + V), each 16-bit.
 //
 // The kernel each head dim runs (KernelPlan below), chosen on the H200 from the tile sets, grids and consumer
-// orderings measured in bench/results/sm90-notes.md (v3-v4, v13-v16). Every kernel issues S_n with
-// P_{n+1} V_{n+1} and runs the softmax under P V, its consumer warpgroups taking turns (forward_mainloop.cuh);
-// every plan runs on the persistent grid.
+// orderings measured in bench/results/sm90-notes.md (v3-v4, v13-v17). Every kernel issues S_n with
+// P_{n+1} V_{n+1} and runs the softmax under P V, its consumer warpgroups taking turns or issuing freely
+// (IssueOrder below; forward_mainloop.cuh); every plan runs on the persistent grid.
 //   hd  64: 192 x 128 (three consumer warpgroups), 3 stages: 24 KB + 3 * 32 KB = 120 KB; under a mask with at
 //           most 2k keys 64 x 128 (one consumer warpgroup, two CTAs per SM), 3 stages (104 KB per CTA)
 //   hd 128: 128 x 176, 2 stages (32 KB + 2 * 88 KB = 208 KB) without a mask past 4k keys, 128 x 128 with 3
@@ -43,8 +43,10 @@ constexpr int kTileRing = 2;
 // How the consumer warpgroups of a CTA issue their matrix products (forward_mainloop.cuh, wait_turn).
 //   turns: round robin on named barriers, so that one warpgroup's softmax runs under the others' products.
 //   free:  each warpgroup issues as soon as its operands are ready; the tensor cores interleave the groups.
-// Measured (sm90-notes.md, v17): free +2-4% at hd 128 in nearly every cell (two warpgroups, 512 to 16k keys,
-// causal and not), turns +3-6% at hd 256 up to 2k keys (level beyond), turns -8% for two hd 64 warpgroups.
+// Measured with two consumer warpgroups (sm90-notes.md, v17): free +2-4% at hd 128 in nearly every cell (512 to
+// 16k keys, causal and not); at hd 256 turns +3-6% up to 2k keys, level beyond (free also spills 8 bytes); at hd
+// 64 (128 x 128, masked, 2k keys) free +8%, which only brings it level with the one-warpgroup kernel run there.
+// Three warpgroups (hd 64) keep turns: not measured without.
 enum class IssueOrder { turns, free };
 
 template <int kHeadDim_, int kBlockN_, int kConsumerWarpgroups_, int kStages_, IssueOrder kIssue_ = IssueOrder::turns>

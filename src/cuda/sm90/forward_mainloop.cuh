@@ -1,7 +1,7 @@
 // Hopper forward main loop: the producer (TMA into the K/V ring) and the consumer warpgroups' steps
 // (S = Q Kᵀ, mask and softcap, online softmax, O += P V, epilogue) and their order (S_n issued with
-// P_{n+1} V_{n+1}, the softmax under P V, the consumer warpgroups taking turns). Warp roles and budgets:
-// forward_sm90.cu's header and forward_config.h.
+// P_{n+1} V_{n+1}, the softmax under P V, the consumer warpgroups taking turns or issuing freely). Warp roles
+// and budgets: forward_sm90.cu's header and forward_config.h.
 // Included by forward_sm90.cu only.
 #pragma once
 

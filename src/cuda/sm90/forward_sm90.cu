@@ -16,9 +16,9 @@
 //                the last key tile: O / rowsum written to global memory in 16-byte runs (the quad's lanes
 //                swap column pairs first), LSE = (m·scale·log2e + log2 l)·ln2.
 // The consumers' steps overlap (forward_mainloop.cuh): S of tile n is issued with P V of tile n+1 and the
-// softmax runs under P V, the consumer warpgroups taking turns to issue on named barriers. KernelPlan
-// (forward_config.h) picks the tile set per head dim and mask, and by key count where a plan names a
-// ShortKeysPlan (launch_plan_for_keys).
+// softmax runs under P V, the consumer warpgroups taking turns to issue on named barriers where the plan says so
+// (IssueOrder). KernelPlan (forward_config.h) picks the tile set per head dim and mask, and by key count where a
+// plan names a ShortKeysPlan (launch_plan_for_keys).
 // Key tiles run from the last one down, so the masked diagonal tiles of a causal block come first; a head's
 // heaviest query blocks (largest index, most keys under a causal mask) start first.
 //
