@@ -235,20 +235,34 @@ struct Consumer {
     for (int kk = 0; kk < kN / kWgmmaK; ++kk) accumulator_to_a_fragment<T>(p[kk], s, kk);
   }
 
-  // A stage's K (release_k) or V (release_v) tile is consumed: one arrival per warp (the wgmma reads completed
-  // for the whole warpgroup once this warp's wait returned).
-  __device__ void release_k(int stage) {
+  // A buffer this warp read through wgmma is free: one arrival per warp (the wgmma reads completed for the whole
+  // warpgroup once this warp's wait returned).
+  __device__ void release(uint64_t* empty) {
     __syncwarp();
-    if (lane == 0) mbarrier_arrive(&sm.k_empty()[stage]);
+    if (lane == 0) mbarrier_arrive(empty);
   }
-  __device__ void release_v(int stage) {
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(&sm.v_empty()[stage]);
-  }
+  __device__ void release_k(int stage) { release(&sm.k_empty()[stage]); }
+  __device__ void release_v(int stage) { release(&sm.v_empty()[stage]); }
   // The tile's last S has landed: Q is no longer read.
-  __device__ void release_q() {
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(sm.q_empty());
+  __device__ void release_q() { release(sm.q_empty()); }
+
+  // Waits for every product in flight (the last is P V from V stage `stage`) and frees that V.
+  __device__ void land_pv(int stage) {
+    wgmma_wait<0>();
+    fence_registers(o);
+    release_v(stage);
+  }
+
+  // Key tile n's S was issued from K stage `stage`, then kLater more commit groups (P V): waits for S, frees K
+  // (and Q after the block's last S, last_s), applies softcap and mask and the online softmax.
+  template <int kLater>
+  __device__ void land_scores(Scores& s, int n, int stage, bool last_s, float (&rescale)[2]) {
+    wgmma_wait<kLater>();
+    fence_registers(s);
+    release_k(stage);
+    if (last_s) release_q();
+    transform_scores(s, n);
+    softmax(s, rescale);
   }
 
   // Normalise, write O and the LSE of the rows inside the sequence. O leaves in 16-byte runs: the quad's four
@@ -332,12 +346,8 @@ __device__ void consume(C& c, int wg, PipelineState<C::Cfg::kStages>& st) {
   wait_turn<typename C::Cfg>(wg);
   c.issue_qk(s, pos.index);
   pass_turn<typename C::Cfg>(wg);
-  wgmma_wait<0>();
-  fence_registers(s);
-  c.release_k(pos.index);
-  if (w.n_end - 1 == w.n_begin) c.release_q();
-  c.transform_scores(s, w.n_end - 1);
-  c.softmax(s, rescale);  // O is still 0: its rescale (by 0) is harmless
+  // O is still 0: its rescale (by 0) is harmless.
+  c.template land_scores<0>(s, w.n_end - 1, pos.index, w.n_end - 1 == w.n_begin, rescale);
   C::to_fragments(p, s);
   int prev = pos.index;
   uint32_t prev_phase = pos.phase;
@@ -350,15 +360,9 @@ __device__ void consume(C& c, int wg, PipelineState<C::Cfg::kStages>& st) {
     c.rescale_o(rescale);
     c.issue_pv(p, prev);
     pass_turn<typename C::Cfg>(wg);
-    wgmma_wait<1>();  // S_n has landed (groups complete in order); P V may still run
-    fence_registers(s);
-    c.release_k(pos.index);
-    if (n == w.n_begin) c.release_q();
-    c.transform_scores(s, n);
-    c.softmax(s, rescale);
-    wgmma_wait<0>();
-    fence_registers(c.o);
-    c.release_v(prev);
+    // S_n lands (groups complete in order); P V may still run.
+    c.template land_scores<1>(s, n, pos.index, n == w.n_begin, rescale);
+    c.land_pv(prev);
     C::to_fragments(p, s);
     prev = pos.index;
     prev_phase = pos.phase;
@@ -370,9 +374,7 @@ __device__ void consume(C& c, int wg, PipelineState<C::Cfg::kStages>& st) {
   c.rescale_o(rescale);
   c.issue_pv(p, prev);
   pass_turn<typename C::Cfg>(wg);
-  wgmma_wait<0>();
-  fence_registers(c.o);
-  c.release_v(prev);
+  c.land_pv(prev);
 }
 
 }  // namespace flashattn::cuda::sm90
