@@ -198,7 +198,7 @@ std::vector<FwdCase> cases() {
   c.lens_q = {17, 0, 300, 129}; c.lens_k = {40, 5, 300, 0}; add(c);
   c = {}; c.name = "f16_d64_varlen_window"; c.dtype = DType::f16; c.head_dim = 64; c.window_left = 20;
   c.window_right = 0; c.lens_q = {1, 250, 64}; c.lens_k = {130, 250, 1}; add(c);
-  // hd 64 has a 3-stage ring: 8 key tiles wrap it twice.
+  // 8 key tiles wrap hd 64's ring (2 stages up to 4k keys, 3 beyond) several times.
   c = {}; c.name = "bf16_d64_ring_wraps"; c.head_dim = 64; c.seqlen_q = 200; c.seqlen_k = 1000; add(c);
   c = {}; c.name = "bf16_d128_varlen_gqa_softcap_causal"; c.heads_q = 4; c.heads_kv = 1; c.causal = true;
   c.softcap = 20; c.lens_q = {300, 77}; c.lens_k = {513, 77}; add(c);
@@ -216,9 +216,12 @@ std::vector<FwdCase> cases() {
   // warpgroup), more tiles than SMs: each persistent CTA reuses its Q buffer and ring across blocks.
   c = {}; c.name = "bf16_d128_causal_aligned_many_tiles"; c.heads_q = c.heads_kv = 140; c.seqlen_q = c.seqlen_k = 256;
   c.causal = true; add(c);
-  // No mask, a last key tile with 44 keys, GQA, and persistent CTAs running several 192-row blocks each.
+  // No mask, a last key tile with 44 keys, GQA, and persistent CTAs running several blocks each: 64-row blocks
+  // on three pipelines per CTA up to 4k keys, 192-row blocks past them.
   c = {}; c.name = "f16_d64_key_tail_many_tiles"; c.dtype = DType::f16; c.head_dim = 64; c.heads_q = 140;
   c.heads_kv = 70; c.seqlen_q = 200; c.seqlen_k = 300; add(c);
+  c = {}; c.name = "f16_d64_key_tail_many_tiles_past_short_keys"; c.dtype = DType::f16; c.head_dim = 64;
+  c.heads_q = 140; c.heads_kv = 70; c.seqlen_q = 100; c.seqlen_k = 4140; add(c);
   c = {}; c.name = "f16_d256_many_tiles"; c.dtype = DType::f16; c.head_dim = 256; c.heads_q = c.heads_kv = 140;
   c.seqlen_q = 128; c.seqlen_k = 300; add(c);
   // hd 256 under a mask runs 64-key tiles: a causal diagonal crossing two key tiles per 128-row block, varlen with
@@ -227,22 +230,25 @@ std::vector<FwdCase> cases() {
   c.causal = true; c.lens_q = {300, 5, 0, 450}; c.lens_k = {300, 70, 10, 400}; add(c);
   c = {}; c.name = "f16_d256_window_left_only"; c.dtype = DType::f16; c.head_dim = 256; c.seqlen_q = 150;
   c.seqlen_k = 400; c.window_left = 100; add(c);
-  // hd 64 under a mask runs a second kernel past 2k keys, hd 128 without one past 4k (forward_config.h,
-  // ShortKeysPlan).
-  c = {}; c.name = "bf16_d64_causal_past_short_keys"; c.head_dim = 64; c.seqlen_q = 200; c.seqlen_k = 2600;
+  // hd 64 runs a second kernel past 4k keys, hd 128 without a mask too (forward_config.h, ShortKeysPlan).
+  c = {}; c.name = "bf16_d64_causal_past_short_keys"; c.head_dim = 64; c.seqlen_q = 200; c.seqlen_k = 4400;
   c.causal = true; add(c);
-  c = {}; c.name = "f16_d64_window_past_short_keys"; c.dtype = DType::f16; c.head_dim = 64; c.seqlen_q = 2100;
-  c.seqlen_k = 2100; c.window_left = 300; c.window_right = 40; c.heads_q = 1; c.heads_kv = 1; add(c);
-  // Past 2k keys hd 64 runs 192-row blocks, whose diagonal crosses two key tiles: square, and varlen with
+  c = {}; c.name = "f16_d64_window_past_short_keys"; c.dtype = DType::f16; c.head_dim = 64; c.seqlen_q = 4200;
+  c.seqlen_k = 4200; c.window_left = 300; c.window_right = 40; c.heads_q = 1; c.heads_kv = 1; add(c);
+  c = {}; c.name = "bf16_d64_past_short_keys"; c.head_dim = 64; c.seqlen_q = 130; c.seqlen_k = 4300; add(c);
+  // Past 4k keys hd 64 runs 192-row blocks, whose diagonal crosses two key tiles: square, and varlen with
   // unequal query and key lengths.
-  c = {}; c.name = "bf16_d64_causal_square_past_short_keys"; c.head_dim = 64; c.seqlen_q = c.seqlen_k = 2300;
+  c = {}; c.name = "bf16_d64_causal_square_past_short_keys"; c.head_dim = 64; c.seqlen_q = c.seqlen_k = 4200;
   c.heads_q = 1; c.heads_kv = 1; c.causal = true; add(c);
-  c = {}; c.name = "bf16_d64_varlen_causal_past_short_keys"; c.head_dim = 64; c.lens_q = {2300, 150, 700};
-  c.lens_k = {2300, 2600, 500}; c.heads_q = 2; c.heads_kv = 1; c.causal = true; add(c);
-  // hd 64 under a mask with at most 2k keys runs 64-row blocks, two CTAs per SM: varlen with GQA, empty
-  // sequences and more tiles than both CTAs of every SM take at once.
-  c = {}; c.name = "bf16_d64_varlen_gqa_causal_two_ctas_per_sm"; c.head_dim = 64; c.heads_q = 48; c.heads_kv = 12;
+  c = {}; c.name = "bf16_d64_varlen_causal_past_short_keys"; c.head_dim = 64; c.lens_q = {4200, 150, 700};
+  c.lens_k = {4200, 4500, 500}; c.heads_q = 2; c.heads_kv = 1; c.causal = true; add(c);
+  // hd 64 with at most 4k keys runs three pipelines per CTA on 64-row blocks: varlen with GQA, empty sequences
+  // and more tiles than every pipeline of the grid takes at once (each carries its ring and Q buffer across
+  // blocks); without a mask, a tile count that leaves pipelines of the grid without a first tile.
+  c = {}; c.name = "bf16_d64_varlen_gqa_causal_pipelines"; c.head_dim = 64; c.heads_q = 48; c.heads_kv = 12;
   c.causal = true; c.lens_q = {1000, 3, 0, 513}; c.lens_k = {1000, 64, 7, 600}; add(c);
+  c = {}; c.name = "f16_d64_pipelines_idle"; c.dtype = DType::f16; c.head_dim = 64; c.heads_q = c.heads_kv = 5;
+  c.seqlen_q = 300; c.seqlen_k = 700; add(c);
   c = {}; c.name = "f16_d128_past_short_keys"; c.dtype = DType::f16; c.head_dim = 128; c.seqlen_q = 130;
   c.seqlen_k = 4200; add(c);
   c = {}; c.name = "bf16_d128_large_scores"; c.seqlen_q = 150; c.seqlen_k = 1000; c.qk_stddev = 3; add(c);

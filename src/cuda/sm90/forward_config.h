@@ -1,15 +1,16 @@
 // Every tile-size decision of the Hopper forward, in one place.
 //
-// A CTA owns kBlockM = 64 * kConsumerWarpgroups query rows of one (batch, head): one consumer warpgroup per 64
-// rows (the M of one wgmma) plus one producer warpgroup that only issues TMA. Keys stream through a
-// kStages-deep ring of [kBlockN x head_dim] K and V tiles. Shared memory: Q + kStages * (K + V), each 16-bit.
+// A block is kBlockM = 64 * kConsumerWarpgroups query rows of one (batch, head): one consumer warpgroup per 64
+// rows (the M of one wgmma), fed by a producer that only issues TMA. Keys stream through a kStages-deep ring of
+// [kBlockN x head_dim] K and V tiles. Shared memory: Q + kStages * (K + V), each 16-bit, per pipeline: a CTA
+// runs kPipelines independent ones (producer warp, consumer warpgroups, buffers, tile sequence), usually one.
 //
 // The kernel each head dim runs (KernelPlan below), chosen on the H200 from the tile sets, grids and consumer
 // orderings measured in bench/results/sm90-notes.md (v3-v4, v13-v17). Every kernel issues S_n with
 // P_{n+1} V_{n+1} and runs the softmax under P V, its consumer warpgroups taking turns or issuing freely
 // (IssueOrder below; forward_mainloop.cuh); every plan runs on the persistent grid.
-//   hd  64: 192 x 128 (three consumer warpgroups), 3 stages: 24 KB + 3 * 32 KB = 120 KB; under a mask with at
-//           most 2k keys 64 x 128 (one consumer warpgroup, two CTAs per SM), 3 stages (104 KB per CTA)
+//   hd  64: 192 x 128 (three consumer warpgroups), 3 stages: 24 KB + 3 * 32 KB = 120 KB; up to 2k keys (4k
+//           under a mask) three pipelines of 64 x 128 (one consumer warpgroup each), 2 stages (3 * 72 KB)
 //   hd 128: 128 x 176, 2 stages (32 KB + 2 * 88 KB = 208 KB) without a mask past 4k keys, 128 x 128 with 3
 //           stages (32 KB + 3 * 64 KB = 224 KB) up to 4k; 128 x 128 (32 KB + 2 * 64 KB = 160 KB) under a causal
 //           or window mask, where narrower key tiles waste less on the diagonal
@@ -19,10 +20,11 @@
 // products; three consumer warpgroups at hd 64 give each warpgroup's softmax two other warpgroups' products
 // to hide under.
 // Registers: under __launch_bounds__(kThreads, kCtasPerSm) every thread starts at 65536 / (kThreads *
-// kCtasPerSm); setmaxnreg moves them to the producer's and consumers' budgets below (1 consumer, two CTAs per SM:
-// 128 * 24 + 128 * 232 = 32768 of a CTA's 32768; 2 consumers: 128 * 24 + 256 * 240 = 64512; 3 consumers:
-// 128 * 32 + 384 * 160 = 65536, of 65536). ptxas compiles every instruction within the launch-bound count, so
-// that count must hold a wgmma's operands (three CTAs per SM, 80 registers, do not compile: C7602).
+// kCtasPerSm); setmaxnreg moves them to the producer's and consumers' budgets below, by the CTA's consumer
+// warpgroups (1, two CTAs per SM: 128 * 24 + 128 * 232 = 32768 of a CTA's 32768; 2: 128 * 24 + 256 * 240 =
+// 64512; 3, of one block or of three pipelines: 128 * 32 + 384 * 160 = 65536, of 65536). ptxas compiles every
+// instruction within the launch-bound count, so that count must hold a wgmma's operands (three CTAs per SM, 80
+// registers, do not compile: C7602).
 #pragma once
 
 #include <cstdint>
@@ -49,7 +51,13 @@ constexpr int kTileRing = 2;
 // Three warpgroups (hd 64) keep turns: not measured without.
 enum class IssueOrder { turns, free };
 
-template <int kHeadDim_, int kBlockN_, int kConsumerWarpgroups_, int kStages_, IssueOrder kIssue_ = IssueOrder::turns>
+// kPipelines_: independent pipelines in one CTA, each with its own producer warp, consumer warpgroup, Q buffer,
+// K/V ring, barriers and tile sequence (SharedStorage's pipeline, TileSequence); they share the SM and
+// setmaxnreg's split of its registers. Three one-warpgroup pipelines put three consumer warps on each scheduler on
+// 64-row blocks (two CTAs of one pipeline: two warps), within the register file (3 x 160 + 32, as three
+// warpgroups of one block) where three CTAs per SM are not (C7602 above).
+template <int kHeadDim_, int kBlockN_, int kConsumerWarpgroups_, int kStages_, IssueOrder kIssue_ = IssueOrder::turns,
+          int kPipelines_ = 1>
 struct ForwardConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
@@ -60,15 +68,23 @@ struct ForwardConfig {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "sm90 forward: head dim 64, 128 or 256");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "sm90 forward: kBlockN a multiple of 16 (P V's k-steps)");
   static_assert(kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 3, "sm90 forward: 1 to 3 consumer warpgroups");
+  static constexpr int kPipelines = kPipelines_;
+  // The turns' named barriers are numbered per consumer warpgroup of one pipeline; one producer warp each.
+  static_assert(kPipelines == 1 || (kConsumerWarpgroups == 1 && kPipelines <= kWarpgroupThreads / 32),
+                "sm90 forward: several pipelines per CTA only with one consumer warpgroup each");
   static constexpr int kBlockM = kConsumerWarpgroups * kWgmmaRows;
-  static constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
-  static constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpgroupThreads / 32;
+  // Consumer warpgroups of the whole CTA (every pipeline); the producer warpgroup comes first.
+  static constexpr int kCtaConsumerWarpgroups = kPipelines * kConsumerWarpgroups;
+  static constexpr int kThreads = (1 + kCtaConsumerWarpgroups) * kWarpgroupThreads;
+  static constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpgroupThreads / 32;  // of one pipeline
   // One consumer warpgroup: two CTAs share an SM, each on its own 64-row block, so one CTA's tile boundary
   // (first S, last P V, epilogue) runs under the other's products instead of idling the tensor cores.
-  static constexpr int kCtasPerSm = kConsumerWarpgroups == 1 ? 2 : 1;
-  static constexpr int kProducerRegisters = kConsumerWarpgroups == 3 ? 32 : 24;
-  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 1 ? 232 : kConsumerWarpgroups == 2 ? 240 : 160;
-  static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters) <=
+  static constexpr int kCtasPerSm = kCtaConsumerWarpgroups == 1 ? 2 : 1;
+  static constexpr int kProducerRegisters = kCtaConsumerWarpgroups == 3 ? 32 : 24;
+  static constexpr int kConsumerRegisters =
+      kCtaConsumerWarpgroups == 1 ? 232 : kCtaConsumerWarpgroups == 2 ? 240 : 160;
+  static_assert(kCtaConsumerWarpgroups <= 3, "sm90 forward: at most 3 consumer warpgroups per CTA");
+  static_assert(kWarpgroupThreads * (kProducerRegisters + kCtaConsumerWarpgroups * kConsumerRegisters) <=
                     65536 / kCtasPerSm,
                 "sm90 forward: register budgets over the CTA's share of the 64K-register file");
 
@@ -80,7 +96,10 @@ struct ForwardConfig {
   // 8 here), tile_full[], tile_empty[].
   static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages) + 8 * 3 * kTileRing;
   static constexpr int kAlignSlack = 1024;                     // the dynamic window rounded up to a swizzle atom
-  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVTileBytes + kBarrierBytes + kAlignSlack;
+  static constexpr int kPipelineBytes = kQBytes + 2 * kStages * kKVTileBytes + kBarrierBytes;
+  // Each pipeline's region starts on a swizzle atom (its Q tile first).
+  static constexpr int kPipelineStride = (kPipelineBytes + 1023) / 1024 * 1024;
+  static constexpr int kSmemBytes = (kPipelines - 1) * kPipelineStride + kPipelineBytes + kAlignSlack;
   // 228 KB per SM, of which the hardware reserves 1 KB per resident CTA.
   static_assert(kSmemBytes <= (228 / kCtasPerSm - 1) * 1024, "sm90 forward: over the shared-memory limit");
 };
@@ -102,16 +121,19 @@ template <int kHeadDim, bool kMasked>
 struct KernelPlan;
 // hd 64: three consumer warpgroups (192-row blocks: the fewest K/V bytes per product). The overlapped ordering
 // against v1's serial one (wait for each product, which hd 64 ran until v16): +1-4% past 2k keys (sm90-notes.md).
+// hd 64 on short sequences (up to 2k keys, 4k under a mask): three pipelines per CTA (kPipelines), each running
+// 64-row blocks with one consumer warpgroup and a 2-stage ring (8 KB + 2 * 32 KB = 72 KB each, 219 KB in all).
+// A block's boundary (Q, the first S, the last P V, the epilogue) runs under the other pipelines' products, the
+// diagonal wastes the least, and each scheduler has three consumer warps where the two CTAs of one warpgroup
+// each (the plan before) gave it two: +13-15% at 512-1k causal, +7-14% at 2k causal (371-394 vs 345 TFLOP/s),
+// +9% at 512-1k without a mask, level at 2k without and 4k with one (sm90-notes.md, v18).
+// Past that three warpgroups share each K/V tile over 192-row blocks (a third of the K/V bytes per product):
+// pipelines at 4k without a mask -3 to -5%, at 8k -3 to -8%.
+using Hd64ShortKeysPlan = Plan<ForwardConfig<64, 128, 1, 2, IssueOrder::free, 3>>;
 template <>
-struct KernelPlan<64, false> : Plan<ForwardConfig<64, 128, 3, 3>> {};
-// hd 64 under a mask, up to 2k keys: 64-row blocks, one consumer warpgroup (3 stages: 8 KB + 3 * 32 KB = 104 KB)
-// and two CTAs per SM. Each CTA's tile boundary (Q, the first S, the last P V, the epilogue) runs under the
-// other CTA's products, and the diagonal wastes the least: against 128-row blocks with two consumer
-// warpgroups in one CTA +6-11% at 512-2k causal (2k 352-366 vs 329-330 TFLOP/s); from 4k keys the three-warpgroup
-// kernel is ahead (fewer K/V bytes per product: 8k causal 431-440 vs 408; sm90-notes.md, v16).
-using Hd64MaskedShortKeysPlan = Plan<ForwardConfig<64, 128, 1, 3>>;
+struct KernelPlan<64, false> : Plan<ForwardConfig<64, 128, 3, 3>, Hd64ShortKeysPlan, 2048> {};
 template <>
-struct KernelPlan<64, true> : Plan<ForwardConfig<64, 128, 3, 3>, Hd64MaskedShortKeysPlan, 2048> {};
+struct KernelPlan<64, true> : Plan<ForwardConfig<64, 128, 3, 3>, Hd64ShortKeysPlan, 4096> {};
 // hd 128 without a mask, up to 4k keys: 128-key tiles with a 3-stage ring (224 KB). Against 176-key tiles: +8% /
 // +6% / +4% / +2% at 512 / 1k / 2k / 4k, level at 8k (sm90-notes.md, v14); a 176-key tile also leaves 3% of a
 // 2k sequence's last tile empty.

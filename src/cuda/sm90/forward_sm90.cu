@@ -2,19 +2,20 @@
 // 256 (d_v == d), with causal / sliding-window masks, softcap, GQA, varlen and arbitrary tails.
 //
 // Work: tiles of kBlockM = 64 · (consumer warpgroups) query rows of one (batch, head), numbered head-major
-// (forward_tiles.cuh). A persistent grid of kCtasPerSm CTAs per SM (two with one consumer warpgroup, else one)
-// whose CTAs claim the next tile from a global counter as they finish one (TileSequence), or, when forced
-// (Sm90Grid, forward_sm90.h), one CTA per tile.
-// Warp roles (128 · (1 + consumer warpgroups) threads):
-//   warpgroup 0  producer: gives registers away (setmaxnreg); one thread issues TMA loads of each tile's Q block
-//                and of its K and V tiles into a kStages-deep shared-memory ring (full/empty mbarriers; Q has
-//                its own full/empty pair so a persistent CTA loads the next Q once the last S has landed); in a
-//                persistent grid it also claims the CTA's next tile and posts it to the consumers (TileSequence).
-//   warpgroups 1..  consumers (setmaxnreg), 64 query rows each: per key tile S = Q Kᵀ (wgmma, both from
-//                shared memory), mask + softcap, online softmax in registers (exp2 with scale·log2e folded into
-//                one FFMA), then O += P V (wgmma with P from registers, V from shared memory, N-major). After
-//                the last key tile: O / rowsum written to global memory in 16-byte runs (the quad's lanes
-//                swap column pairs first), LSE = (m·scale·log2e + log2 l)·ln2.
+// (forward_tiles.cuh). A CTA runs kPipelines independent pipelines (forward_config.h; one, or three at hd 64 on
+// short sequences), each with its own buffers, barriers and tile sequence. A persistent grid of kCtasPerSm CTAs
+// per SM (two with a single consumer warpgroup, else one) whose pipelines claim the next tile from a global
+// counter as they finish one (TileSequence), or, when forced (Sm90Grid, forward_sm90.h), a pipeline per tile.
+// Warp roles (128 · (1 + consumer warpgroups of all pipelines) threads):
+//   warpgroup 0  producer: gives registers away (setmaxnreg); lane 0 of warp p issues pipeline p's TMA loads of
+//                each tile's Q block and of its K and V tiles into a kStages-deep shared-memory ring (full/empty
+//                mbarriers; Q has its own full/empty pair so the next Q loads once the last S has landed); in a
+//                persistent grid it also claims the pipeline's next tile and posts it to its consumers.
+//   warpgroups 1..  consumers (setmaxnreg), 64 query rows each, pipeline by pipeline: per key tile S = Q Kᵀ
+//                (wgmma, both from shared memory), mask + softcap, online softmax in registers (exp2 with scale·log2e
+//                folded into one FFMA), then O += P V (wgmma with P from registers, V from shared memory, N-major).
+//                After the last key tile: O / rowsum written to global memory in 16-byte runs (the quad's lanes swap
+//                column pairs first), LSE = (m·scale·log2e + log2 l)·ln2.
 // The consumers' steps overlap (forward_mainloop.cuh): S of tile n is issued with P V of tile n+1 and the
 // softmax runs under P V, the consumer warpgroups taking turns to issue on named barriers where the plan says so
 // (IssueOrder). KernelPlan (forward_config.h) picks the tile set per head dim and mask, and by key count where a
@@ -57,19 +58,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     forward_kernel(const __grid_constant__ ForwardKernelArgs args, const __grid_constant__ CUtensorMap tm_q,
                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
   extern __shared__ uint8_t smem_raw[];
-  SharedStorage<Cfg> sm(smem_raw);
   if (threadIdx.x == 0) {
-    mbarrier_init(sm.q_full(), 1);
-    mbarrier_init(sm.q_empty(), Cfg::kConsumerWarps);
-    for (int s = 0; s < Cfg::kStages; ++s) {
-      mbarrier_init(&sm.k_full()[s], 1);
-      mbarrier_init(&sm.v_full()[s], 1);
-      mbarrier_init(&sm.k_empty()[s], Cfg::kConsumerWarps);
-      mbarrier_init(&sm.v_empty()[s], Cfg::kConsumerWarps);
-    }
-    for (int s = 0; s < kTileRing; ++s) {
-      mbarrier_init(&sm.tile_full()[s], 1);
-      mbarrier_init(&sm.tile_empty()[s], Cfg::kConsumerWarps);
+    for (int pipeline = 0; pipeline < Cfg::kPipelines; ++pipeline) {
+      const SharedStorage<Cfg> sm(smem_raw, pipeline);
+      mbarrier_init(sm.q_full(), 1);
+      mbarrier_init(sm.q_empty(), Cfg::kConsumerWarps);
+      for (int s = 0; s < Cfg::kStages; ++s) {
+        mbarrier_init(&sm.k_full()[s], 1);
+        mbarrier_init(&sm.v_full()[s], 1);
+        mbarrier_init(&sm.k_empty()[s], Cfg::kConsumerWarps);
+        mbarrier_init(&sm.v_empty()[s], Cfg::kConsumerWarps);
+      }
+      for (int s = 0; s < kTileRing; ++s) {
+        mbarrier_init(&sm.tile_full()[s], 1);
+        mbarrier_init(&sm.tile_empty()[s], Cfg::kConsumerWarps);
+      }
     }
     mbarrier_init_fence();
   }
@@ -80,11 +83,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   PipelineState<Cfg::kStages> st;
   if (wg == 0) {
     setmaxnreg_decrease<Cfg::kProducerRegisters>();
-    if (threadIdx.x == 0) {
+    // Lane 0 of warp p is pipeline p's producer (a single pipeline's index is a constant: its registers are few).
+    const int pipeline = Cfg::kPipelines == 1 ? 0 : int(threadIdx.x) / 32;
+    if (int(threadIdx.x) == 32 * pipeline && pipeline < Cfg::kPipelines) {
+      const SharedStorage<Cfg> sm(smem_raw, pipeline);
       tma_prefetch_map(&tm_q);
       tma_prefetch_map(&tm_k);
       tma_prefetch_map(&tm_v);
-      for (TileSequence<Cfg> seq; seq.valid(args); seq.next_for_producer(args, sm)) {
+      for (TileSequence<Cfg> seq(pipeline); seq.valid(args); seq.next_for_producer(args, sm)) {
         const BlockWork w = block_work<Cfg>(args, seq.tile);
         if (w.m_block * Cfg::kBlockM >= w.seqlen_q) continue;
         produce<Cfg>(sm, w, w.head / args.heads_per_kv, &tm_q, &tm_k, &tm_v, st);
@@ -92,8 +98,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     }
   } else {
     setmaxnreg_increase<Cfg::kConsumerRegisters>();
-    if (wg - 1 == Cfg::kConsumerWarpgroups - 1) pass_turn<Cfg>(wg - 1);
-    for (TileSequence<Cfg> seq; seq.valid(args); seq.next_for_consumer(args, sm)) {
+    const int pipeline = Cfg::kPipelines == 1 ? 0 : (wg - 1) / Cfg::kConsumerWarpgroups;
+    const int consumer = Cfg::kPipelines == 1 ? wg - 1 : (wg - 1) % Cfg::kConsumerWarpgroups;
+    const SharedStorage<Cfg> sm(smem_raw, pipeline);
+    if (consumer == Cfg::kConsumerWarpgroups - 1) pass_turn<Cfg>(consumer);
+    for (TileSequence<Cfg> seq(pipeline); seq.valid(args); seq.next_for_consumer(args, sm)) {
       BlockWork w = block_work<Cfg>(args, seq.tile);
       if (w.m_block * Cfg::kBlockM >= w.seqlen_q) continue;
       // In varlen the key-tile range comes from loads of cu_seqlens, which the compiler cannot see are equal in
@@ -101,8 +110,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       // for the descriptors; TileSequence does the same for the tile number).
       w.n_begin = __shfl_sync(0xffffffffu, w.n_begin, 0);
       w.n_end = __shfl_sync(0xffffffffu, w.n_end, 0);
-      Consumer<T, Cfg> c(sm, w, args, wg - 1);
-      consume(c, wg - 1, st);
+      Consumer<T, Cfg> c(sm, w, args, consumer);
+      consume(c, consumer, st);
       c.epilogue();
     }
   }
@@ -138,7 +147,9 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   const bool persistent = grid == Sm90Grid::persistent;
   // num_tiles < 2^30 (sm90_forward_supports): a CTA per tile always fits the grid.
   const int64_t resident = int64_t(Cfg::kCtasPerSm) * device_attribute(cudaDevAttrMultiProcessorCount, 1);
-  const int64_t ctas = persistent ? std::min<int64_t>(num_tiles, resident) : num_tiles;
+  // Each CTA runs kPipelines tile sequences (forward_config.h).
+  const int64_t per_tile_ctas = (num_tiles + Cfg::kPipelines - 1) / Cfg::kPipelines;
+  const int64_t ctas = persistent ? std::min<int64_t>(per_tile_ctas, resident) : per_tile_ctas;
   // In varlen the batch dimension has extent 1 and is never stepped; any valid stride will do.
   auto batch_stride = [&](int64_t s, int64_t row_stride, int64_t rows) {
     return varlen ? row_stride * std::max<int64_t>(rows, 1) : s;
@@ -196,7 +207,7 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   // A persistent grid claims tiles from a counter: 4 bytes of workspace (cuda/workspace.h), zeroed and freed on
   // the stream (capturable in a CUDA graph, and private to this call, so concurrent calls cannot interfere).
   a.tile_counter = nullptr;
-  if (ctas < num_tiles) {
+  if (ctas * Cfg::kPipelines < num_tiles) {
     void* counter = nullptr;
     Status got = workspace_alloc(&counter, sizeof(unsigned), p.device.index, stream);
     if (!got.ok()) return got;

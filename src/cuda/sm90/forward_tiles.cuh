@@ -28,15 +28,16 @@ struct ForwardKernelArgs {
   bool causal;
   int window_left, window_right;
   // Tiles: num_m_blocks query blocks x num_heads x batch, numbered head-major (every query block of one head,
-  // heaviest first under a causal mask, then the next head: CTAs running at once share K/V in L2). CTA c
-  // starts with tile c.
-  // With a CTA per tile that is all. In a persistent grid (fewer CTAs than tiles) a CTA that finishes a tile
-  // claims the next unclaimed one from tile_counter (zeroed before the launch; claims count from gridDim.x),
+  // heaviest first under a causal mask, then the next head: CTAs running at once share K/V in L2). Pipeline p
+  // of CTA c (ForwardConfig::kPipelines) starts with tile c + p * gridDim.x.
+  // With a pipeline per tile that is all. In a persistent grid (fewer pipelines than tiles) a pipeline that
+  // finishes a tile claims the next unclaimed one from tile_counter (zeroed before the launch; claims count from
+  // gridDim.x * kPipelines),
   // so tiles start in order however unequal their costs. A static stride (c, c + gridDim.x, ...) instead left
   // up to 1.8x the mean work on one CTA at 16k causal (bench/results/sm90-notes.md, v3).
   int num_m_blocks, num_heads;
-  int num_tiles;  // below 2^30 (sm90_forward_supports), so tile + gridDim.x cannot overflow
-  unsigned* tile_counter;  // null: static tiles c, c + gridDim.x, ...
+  int num_tiles;  // below 2^30 (sm90_forward_supports), so tile + gridDim.x * kPipelines cannot overflow
+  unsigned* tile_counter;  // null: static tiles, gridDim.x * kPipelines apart
 };
 
 // One base pointer; every region is a constant offset from it (forward_config.h has the sizes), so the
@@ -45,7 +46,9 @@ template <typename Cfg>
 struct SharedStorage {
   uint8_t* base;
 
-  __device__ explicit SharedStorage(uint8_t* raw) : base(align_to_swizzle_atom(raw)) {}
+  // The region of one of the CTA's pipelines (ForwardConfig::kPipelines).
+  __device__ SharedStorage(uint8_t* raw, int pipeline)
+      : base(align_to_swizzle_atom(raw) + pipeline * Cfg::kPipelineStride) {}
   static constexpr int kKOffset = Cfg::kQBytes;
   static constexpr int kVOffset = kKOffset + Cfg::kStages * Cfg::kKVTileBytes;
   static constexpr int kBarrierOffset = kVOffset + Cfg::kStages * Cfg::kKVTileBytes;
@@ -116,16 +119,19 @@ __device__ BlockWork block_work(const ForwardKernelArgs& a, int t) {
   return w;
 }
 
-// The sequence of tiles one CTA runs (ForwardKernelArgs::tile_counter); every CTA starts with tile blockIdx.x.
-// Static: tile c, c + gridDim.x, ..., computed on each side. Claimed (persistent grid): the TMA thread claims
-// each next tile from the global counter and posts it through the shared-memory tile ring, which the
+// The sequence of tiles one pipeline of a CTA runs (ForwardKernelArgs::tile_counter). Static: tiles
+// gridDim.x * kPipelines apart, computed on each side. Claimed (persistent grid): the pipeline's TMA thread claims
+// each next tile from the global counter and posts it through the pipeline's shared-memory tile ring, which its
 // consumer warps read. Producer and consumers see the same sequence.
 template <typename Cfg>
 struct TileSequence {
   int tile;
   unsigned posts = 0;  // tiles passed through the ring so far: slot posts % kTileRing, parity its pass's
 
-  __device__ TileSequence() : tile(blockIdx.x) {}
+  // A CTA's pipelines are gridDim.x apart in the first tiles, so that the grid starts on tiles 0, 1, ... .
+  __device__ explicit TileSequence(int pipeline) : tile(blockIdx.x + pipeline * gridDim.x) {}
+  // Tiles the grid's pipelines start on; claims count on from there.
+  __device__ static int first_claim() { return gridDim.x * Cfg::kPipelines; }
   __device__ int slot() const { return int(posts % kTileRing); }
   __device__ uint32_t parity() const { return (posts / kTileRing) & 1u; }
   __device__ bool valid(const ForwardKernelArgs& a) const { return tile < a.num_tiles; }
@@ -134,10 +140,10 @@ struct TileSequence {
   // the consumers' loops.
   __device__ void next_for_producer(const ForwardKernelArgs& a, const SharedStorage<Cfg>& sm) {
     if (!a.tile_counter) {
-      tile += gridDim.x;
+      tile += first_claim();
       return;
     }
-    tile = int(gridDim.x + atomicAdd(a.tile_counter, 1u));
+    tile = int(first_claim() + atomicAdd(a.tile_counter, 1u));
     mbarrier_wait(&sm.tile_empty()[slot()], parity() ^ 1u);
     sm.tile_slot()[slot()] = tile;
     mbarrier_arrive(&sm.tile_full()[slot()]);
@@ -147,7 +153,7 @@ struct TileSequence {
   // Every thread of the consumer warpgroups (one arrival per warp frees the slot).
   __device__ void next_for_consumer(const ForwardKernelArgs& a, const SharedStorage<Cfg>& sm) {
     if (!a.tile_counter) {
-      tile += gridDim.x;
+      tile += first_claim();
       return;
     }
     mbarrier_wait(&sm.tile_full()[slot()], parity());
