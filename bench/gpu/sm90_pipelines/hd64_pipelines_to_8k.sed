@@ -1,2 +1,2 @@
-# Pipelines up to 8k keys.
-s/Hd64ShortKeysPlan, 4096> {};/Hd64ShortKeysPlan, 8192> {};/
+# Pipelines up to 8k keys, with a mask or without.
+s/Hd64ShortKeysPlan, [0-9]*> {};/Hd64ShortKeysPlan, 8192> {};/
