@@ -154,15 +154,28 @@ struct Consumer {
 #pragma unroll
       for (int i = 0; i < kN / 2; ++i) s[i] = a.softcap * tanhf(s[i] * a.softcap_in_scale);
     }
-    const int key0 = n * kN;
-    if (n < full_lo || n >= full_hi) {
+    if (n >= full_lo && n < full_hi) return;
+    // The bounds are taken relative to this lane's first key in the tile, so that each score compares them with
+    // its column's compile-time offset: one ISETP with an immediate per bound and a FSEL (the key's own add and
+    // a compare per bound and row cost 3.5 instructions per score). A causal mask has no lower bound inside the
+    // tile: one compare per score.
+    const int first_key = n * kN + 2 * quad;
+    int lo[2], hi[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) lo[r] = key_lo[r] - first_key, hi[r] = key_hi[r] - first_key;
+    if (lo[0] <= 0 && lo[1] <= 0) {
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (8 * j + (e & 1) >= hi[e >> 1]) s[4 * j + e] = -INFINITY;
+    } else {
 #pragma unroll
       for (int j = 0; j < kN / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int key = key0 + 8 * j + 2 * quad + (e & 1);
-          const int r = e >> 1;
-          if (key < key_lo[r] || key >= key_hi[r]) s[4 * j + e] = -INFINITY;
+          const int column = 8 * j + (e & 1);
+          if (column < lo[e >> 1] || column >= hi[e >> 1]) s[4 * j + e] = -INFINITY;
         }
     }
   }
