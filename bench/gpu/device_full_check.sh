@@ -57,7 +57,7 @@ timeout 150 compute-sanitizer --tool memcheck /tmp/build/tests/flashattn_gpu_tes
   > "$OUT/memcheck.log" 2>&1
 grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$OUT/memcheck.log" | tee -a "$summary"
 say "racecheck on small cases ($(elapsed))"
-timeout 90 compute-sanitizer --tool racecheck /tmp/build/tests/flashattn_gpu_tests \
+timeout 150 compute-sanitizer --tool racecheck /tmp/build/tests/flashattn_gpu_tests \
   --gtest_filter='*TinyAllPaths/float16*:*Sm90Forward*bf16_d128_causal_tail*:*smem99k_0*:*Sm90Forward*f16_d64_causal_sq_lt_sk*' \
   > "$OUT/racecheck.log" 2>&1
 grep -E "RACECHECK SUMMARY|^\[  (PASSED|FAILED) " "$OUT/racecheck.log" | tee -a "$summary"
