@@ -45,7 +45,12 @@ for v in $variants; do
       if [ "$v" = tree ]; then
         true
       elif [ -f "$dir/$v.sed" ]; then
-        sed -i -f "$dir/$v.sed" "/tmp/v-$v/src/cuda/sm90/forward_config.h"
+        sed -i -f "$dir/$v.sed" "/tmp/v-$v/src/cuda/sm90/forward_config.h" &&
+          # A sed whose lines no longer match the config would time the tree under the variant's name.
+          if cmp -s src/cuda/sm90/forward_config.h "/tmp/v-$v/src/cuda/sm90/forward_config.h"; then
+            echo "variant $v: its sed changed nothing in forward_config.h (written for an older config?)" >> "$log"
+            false
+          fi
       else
         patch -s -p1 -d "/tmp/v-$v" < "$dir/$v.patch"
       fi &&
