@@ -13,6 +13,8 @@
 #   SM90V_DIR: where the variants are (default bench/gpu/sm90_variants; e.g. bench/gpu/sm90_experiments);
 #   SM90V_VARIANTS="a b" (default: every .sed and .patch there); SM90V_PASSES=2; SM90V_GRID=persistent; SM90V_ITERS=20;
 #   SM90V_TESTS=<gtest filter> also builds and runs those GPU tests on the baseline (carry .gtest-src).
+#   SM90V_SUSTAINED="persistent,64,2048,1:3000 ..." (cell:launches) adds SM90V_ROUNDS (3) rounds of sustained
+#   timing per build, after the passes (SM90V_PASSES=0 for sustained only): $OUT/sustained.txt and its summary.
 #   SM90V_KERNEL=backward: variants recompile src/cuda/sm90/backward_sm90.cu instead and are timed with
 #   backward_bench (FA_BWD_BACKEND=cuda_sm90) at SM90V_SEQS (default "1024 2048 4096 16384"); a variant's
 #   .patch then edits the backward sources, and the "causal" column reads "det" for the deterministic rows.
@@ -119,7 +121,24 @@ for k in keys:
     print(f"{k[0]:3d} {k[1]:6d} {'det' if k[2] < 0 else k[2]:>4}   " + "".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
 print("(TFLOP/s: the lower pass, and in brackets the spread between passes)")
 PY
+# Sustained timing (forward only): each cell's reading is the median of many back-to-back launches (about a
+# second), so the card runs at the clock its power draw allows; rounds rotate the builds. Readings repeat within
+# 1% where 20-launch passes spread by 5-15% (sm90-notes.md, v18).
+if [ "${SM90V_SUSTAINED:-}" ] && [ "$kernel" = forward ]; then
+  for round in $(seq 1 "${SM90V_ROUNDS:-3}"); do
+    for v in "${builds[@]}"; do
+      [ -x "/tmp/bench_v_$v" ] || continue
+      for cell in $SM90V_SUSTAINED; do  # GRID,HD,S,CAUSAL:LAUNCHES
+        printf '%s %s %s\n' "$round" "$v" \
+          "$(timeout 60 "/tmp/bench_v_$v" --csv --only "${cell%%:*}" --iters "${cell##*:}" | tail -1)"
+      done
+    done
+  done > "$OUT/sustained.txt"
+  sort -k2,2 -s "$OUT/sustained.txt" | awk -F'[ ,]' '{print $2, $3 "," $4 "," $5 "," $6, $8}' |
+    awk '{k = $1 " " $2; v[k] = v[k] " " $3} END {for (k in v) print k ":" v[k]}' | sort > "$OUT/sustained_summary.txt"
+fi
 grep -E "rc=|spill|serialised" "$log"
+[ -f "$OUT/sustained_summary.txt" ] && { echo "sustained TFLOP/s per round (build cell: rounds):"; cat "$OUT/sustained_summary.txt"; }
 # The base's own ptxas lines (the variants' are summarised above as "serialised").
 grep -oE "^ptxas.*\(C75[0-9]+\)" "$log" | sort | uniq -c | sed 's/^/base build: wgmma serialised /'
 [ -f "$OUT/tests.log" ] && grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|tests rc|Failure" "$OUT/tests.log" | head -20
