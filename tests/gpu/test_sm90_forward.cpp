@@ -228,6 +228,10 @@ std::vector<FwdCase> cases() {
   // unequal lengths, GQA and more tiles than SMs.
   c = {}; c.name = "bf16_d256_varlen_gqa_causal_many_tiles"; c.head_dim = 256; c.heads_q = 60; c.heads_kv = 20;
   c.causal = true; c.lens_q = {300, 5, 0, 450}; c.lens_k = {300, 70, 10, 400}; add(c);
+  // Windows past 2^31 reach every key: the kernel's 32-bit window arguments clamp them (window_arg), where a
+  // truncation would leave a window of 5 and 3 keys.
+  c = {}; c.name = "bf16_d64_window_past_int32"; c.head_dim = 64; c.seqlen_q = 200; c.seqlen_k = 300;
+  c.window_left = (int64_t(1) << 32) + 5; c.window_right = (int64_t(1) << 32) + 3; add(c);
   c = {}; c.name = "f16_d256_window_left_only"; c.dtype = DType::f16; c.head_dim = 256; c.seqlen_q = 150;
   c.seqlen_k = 400; c.window_left = 100; add(c);
   // hd 64 runs a second kernel past 4k keys, hd 128 without a mask too (forward_config.h, ShortKeysPlan).
