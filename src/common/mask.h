@@ -30,6 +30,15 @@ struct MaskSpec {
 
   FA_HD bool has_mask() const { return left >= 0 || right >= 0; }
 
+  // The same window for every row of the sequence with edges no wider than needed: a left edge of seqlen_k or
+  // more reaches every key of every row (diag - left < 0), a right edge of seqlen_q or more past every key (diag +
+  // right >= seqlen_k). -1 stays unbounded. Kernels with 32-bit window arguments take these (sequence lengths
+  // below 2^31); rows past the end, which they compute but never write, may see other keys.
+  FA_HD static int64_t narrowest_left(int64_t window_left, int64_t sk) { return window_left < sk ? window_left : sk; }
+  FA_HD static int64_t narrowest_right(int64_t window_right, int64_t sq) {
+    return window_right < sq ? window_right : sq;
+  }
+
   // Half-open range [lo, hi) of visible keys of query row i; empty (lo >= hi) when the row sees nothing.
   FA_HD void key_range(int64_t i, int64_t* lo, int64_t* hi) const {
     const int64_t diag = i + seqlen_k - seqlen_q;

@@ -152,6 +152,36 @@ TEST(CpuPrimitives, TileMasksAgreeWithMaskSpec) {
   }
 }
 
+// The narrowest window edges (what the 32-bit kernel arguments carry) let every row of the sequence see exactly
+// the keys the given ones do, for windows just inside, at and past the lengths and past 2^31, causal or not.
+TEST(CpuPrimitives, NarrowestWindowEdgesMeanTheSame) {
+  const int64_t shapes[][2] = {{40, 70}, {70, 40}, {64, 64}, {1, 90}, {90, 1}};
+  const int64_t huge = (int64_t(1) << 32) + 5;
+  for (const auto& sh : shapes) {
+    const int64_t sq = sh[0], sk = sh[1];
+    const int64_t edges[] = {-1, 0, 3, sq - 1, sq, sq + 1, sk - 1, sk, sk + 1, sq + sk, huge};
+    for (int causal = 0; causal < 2; ++causal)
+      for (int64_t left : edges)
+        for (int64_t right : edges) {
+          if (left < -1 || right < -1) continue;
+          const MaskSpec given = MaskSpec::make(sq, sk, causal != 0, left, right);
+          const MaskSpec narrow =
+              MaskSpec::make(sq, sk, causal != 0, MaskSpec::narrowest_left(left, sk), MaskSpec::narrowest_right(right, sq));
+          for (int64_t i = 0; i < sq; ++i) {
+            int64_t lo_given, hi_given, lo_narrow, hi_narrow;
+            given.key_range(i, &lo_given, &hi_given);
+            narrow.key_range(i, &lo_narrow, &hi_narrow);
+            const int64_t seen_given = hi_given > lo_given ? hi_given - lo_given : 0;
+            const int64_t seen_narrow = hi_narrow > lo_narrow ? hi_narrow - lo_narrow : 0;
+            ASSERT_EQ(seen_given, seen_narrow) << sq << "x" << sk << " causal " << causal << " window (" << left << ", "
+                                               << right << ") row " << i;
+            if (seen_given > 0) ASSERT_EQ(lo_given, lo_narrow) << sq << "x" << sk << " row " << i;
+            for (int64_t j = -1; j <= sk; ++j) ASSERT_EQ(given.visible(i, j), narrow.visible(i, j)) << i << "," << j;
+          }
+        }
+  }
+}
+
 TEST(CpuPrimitives, SoftmaxStateHelpersMatchTheScalarState) {
   using S = SoftmaxState<double>;
   const double inf = std::numeric_limits<double>::infinity();

@@ -623,8 +623,9 @@ Status launch(const BwdParams& p) {
       a.scale = rows.scale, a.scale_log2 = rows.scale_log2;
       a.softcap = rows.softcap, a.tanh_scale = rows.tanh_scale, a.softcap_log2 = rows.softcap_log2;
       a.causal = rows.causal;
-      a.window_left = sm90_checks::window_arg(rows.window_left, p.seqlen_k);
-      a.window_right = sm90_checks::window_arg(rows.window_right, p.seqlen_q);
+      // 32-bit window arguments: the narrowest edges that mean the same (a window past 2^31 would truncate).
+      a.window_left = int(MaskSpec::narrowest_left(rows.window_left, p.seqlen_k));
+      a.window_right = int(MaskSpec::narrowest_right(rows.window_right, p.seqlen_q));
 
       auto kernel = cuda::sm90::backward_kernel<T, Cfg>;
       FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));

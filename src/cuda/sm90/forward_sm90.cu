@@ -192,8 +192,9 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   a.softcap_in_scale = p.softcap > 0.f ? p.softmax_scale / p.softcap : 0.f;
   a.scale_log2 = float(p.softcap > 0.f ? kLog2e : double(p.softmax_scale) * kLog2e);
   a.causal = p.causal;
-  a.window_left = sm90_checks::window_arg(p.window_left, p.seqlen_k);
-  a.window_right = sm90_checks::window_arg(p.window_right, p.seqlen_q);
+  // 32-bit window arguments: the narrowest edges that mean the same (a window past 2^31 would truncate).
+  a.window_left = int(MaskSpec::narrowest_left(p.window_left, p.seqlen_k));
+  a.window_right = int(MaskSpec::narrowest_right(p.window_right, p.seqlen_q));
   a.num_m_blocks = int(m_blocks);
   a.num_heads = int(p.heads_q);
   a.num_tiles = int(num_tiles);

@@ -31,13 +31,4 @@ inline Status common(const FwdParams& p) {
   return Status::success();
 }
 
-// A window edge as the kernels' 32-bit argument. -1 stays unbounded; a left edge of seqlen_k keys or more already
-// reaches every key of every row (diag - left < 0), a right edge of seqlen_q or more past every key (diag + right
-// >= seqlen_k), so a wider window is clamped to that and means the same (int(window) of a window past 2^31 would
-// not). `covering` is seqlen_k for the left edge, seqlen_q for the right (the longest sequence in varlen), both
-// below 2^31 (common()).
-inline int window_arg(int64_t window, int64_t covering) {
-  return window < 0 ? -1 : int(window < covering ? window : covering);
-}
-
 }  // namespace flashattn::detail::sm90_checks
