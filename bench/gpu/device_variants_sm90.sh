@@ -138,7 +138,10 @@ if [ "${SM90V_SUSTAINED:-}" ] && [ "$kernel" = forward ]; then
     awk '{k = $1 " " $2; v[k] = v[k] " " $3} END {for (k in v) print k ":" v[k]}' | sort > "$OUT/sustained_summary.txt"
 fi
 grep -E "rc=|spill|serialised" "$log"
-[ -f "$OUT/sustained_summary.txt" ] && { echo "sustained TFLOP/s per round (build cell: rounds):"; cat "$OUT/sustained_summary.txt"; }
+if [ -f "$OUT/sustained_summary.txt" ]; then
+  echo "sustained TFLOP/s per round (build cell: rounds):"
+  cat "$OUT/sustained_summary.txt"
+fi
 # The base's own ptxas lines (the variants' are summarised above as "serialised").
 grep -oE "^ptxas.*\(C75[0-9]+\)" "$log" | sort | uniq -c | sed 's/^/base build: wgmma serialised /'
 [ -f "$OUT/tests.log" ] && grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|tests rc|Failure" "$OUT/tests.log" | head -20

@@ -165,8 +165,9 @@ TEST(CpuPrimitives, NarrowestWindowEdgesMeanTheSame) {
         for (int64_t right : edges) {
           if (left < -1 || right < -1) continue;
           const MaskSpec given = MaskSpec::make(sq, sk, causal != 0, left, right);
-          const MaskSpec narrow =
-              MaskSpec::make(sq, sk, causal != 0, MaskSpec::narrowest_left(left, sk), MaskSpec::narrowest_right(right, sq));
+          const int64_t narrow_left = MaskSpec::narrowest_left(left, sk);
+          const int64_t narrow_right = MaskSpec::narrowest_right(right, sq);
+          const MaskSpec narrow = MaskSpec::make(sq, sk, causal != 0, narrow_left, narrow_right);
           for (int64_t i = 0; i < sq; ++i) {
             int64_t lo_given, hi_given, lo_narrow, hi_narrow;
             given.key_range(i, &lo_given, &hi_given);

@@ -32,9 +32,9 @@ struct ForwardKernelArgs {
   // of CTA c (ForwardConfig::kPipelines) starts with tile c + p * gridDim.x.
   // With a pipeline per tile that is all. In a persistent grid (fewer pipelines than tiles) a pipeline that
   // finishes a tile claims the next unclaimed one from tile_counter (zeroed before the launch; claims count from
-  // gridDim.x * kPipelines),
-  // so tiles start in order however unequal their costs. A static stride (c, c + gridDim.x, ...) instead left
-  // up to 1.8x the mean work on one CTA at 16k causal (bench/results/sm90-notes.md, v3).
+  // gridDim.x * kPipelines), so tiles start in order however unequal their costs. A static stride (c, c +
+  // gridDim.x, ...) instead left up to 1.8x the mean work on one CTA at 16k causal (bench/results/sm90-notes.md,
+  // v3).
   int num_m_blocks, num_heads;
   int num_tiles;  // below 2^30 (sm90_forward_supports), so tile + gridDim.x * kPipelines cannot overflow
   unsigned* tile_counter;  // null: static tiles, gridDim.x * kPipelines apart
