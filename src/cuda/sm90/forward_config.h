@@ -125,7 +125,7 @@ struct KernelPlan;
 // 64-row blocks with one consumer warpgroup and a 2-stage ring (8 KB + 2 * 32 KB = 72 KB each, 219 KB in all).
 // A block's boundary (Q, the first S, the last P V, the epilogue) runs under the other pipelines' products, the
 // diagonal wastes the least, and each scheduler has three consumer warps where the two CTAs of one warpgroup
-// each (the plan before) gave it two: +13-15% at 512-1k causal, +7-14% at 2k causal (371-394 vs 345 TFLOP/s),
+// each (the plan before) gave it two: +11-15% at 512-1k causal, +7-14% at 2k causal (371-394 vs 345 TFLOP/s),
 // +9% at 512-1k without a mask, level at 2k without and 4k with one (sm90-notes.md, v18).
 // Past that three warpgroups share each K/V tile over 192-row blocks (a third of the K/V bytes per product):
 // pipelines at 4k without a mask -3 to -5%, at 8k -3 to -8%.
