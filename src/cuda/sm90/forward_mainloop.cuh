@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/sm90/forward_config.h"
 #include "cuda/sm90/forward_tiles.cuh"
@@ -163,21 +164,19 @@ struct Consumer {
     int lo[2], hi[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) lo[r] = key_lo[r] - first_key, hi[r] = key_hi[r] - first_key;
-    if (lo[0] <= 0 && lo[1] <= 0) {
-#pragma unroll
-      for (int j = 0; j < kN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (8 * j + (e & 1) >= hi[e >> 1]) s[4 * j + e] = -INFINITY;
-    } else {
+    auto mask = [&](auto with_lower_bound) {
 #pragma unroll
       for (int j = 0; j < kN / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int column = 8 * j + (e & 1);
-          if (column < lo[e >> 1] || column >= hi[e >> 1]) s[4 * j + e] = -INFINITY;
+          if ((with_lower_bound && column < lo[e >> 1]) || column >= hi[e >> 1]) s[4 * j + e] = -INFINITY;
         }
-    }
+    };
+    if (lo[0] <= 0 && lo[1] <= 0)
+      mask(std::false_type{});
+    else
+      mask(std::true_type{});
   }
 
   // Online softmax: raises the running maxima, turns S into P in place, updates the row sums and returns in
