@@ -115,10 +115,7 @@ struct Consumer {
     row[0] = w.m_block * Cfg::kBlockM + wg * kWgmmaRows + 16 * warp + lane / 4;
     row[1] = row[0] + 8;
     for (int r = 0; r < 2; ++r) {
-      int64_t lo, hi;
-      w.mask.key_range(row[r], &lo, &hi);
-      key_lo[r] = int(lo);
-      key_hi[r] = int(hi);
+      w.mask.key_range(row[r], &key_lo[r], &key_hi[r]);
     }
     // Both edges of the visible band move right with the row, so the keys every row of the tile sees are
     // [first key of the last row, end of the first row's keys); a key tile inside that needs no mask. The
@@ -126,11 +123,11 @@ struct Consumer {
     // end (in a cluster, the other CTA's block has rows) counts as one row: its rows are never written.
     const int row_begin = w.m_block * Cfg::kBlockM;
     const int row_end = min(row_begin + Cfg::kBlockM, max(w.seqlen_q, row_begin + 1));
-    int64_t lo_first, hi_first, lo_last, hi_last;
+    int lo_first, hi_first, lo_last, hi_last;
     w.mask.key_range(row_begin, &lo_first, &hi_first);
     w.mask.key_range(row_end - 1, &lo_last, &hi_last);
-    full_lo = int((lo_last + kN - 1) / kN);
-    full_hi = int(hi_first / kN);
+    full_lo = (lo_last + kN - 1) / kN;
+    full_hi = hi_first / kN;
     q_desc = make_desc_k_major(smem_address(sm.q()) + wg * kWgmmaRows * kSwizzleBytes);
     k_desc = make_desc_k_major(smem_address(sm.k()));
     v_desc = make_desc_mn_major(smem_address(sm.v()), kN * kSwizzleBytes);

@@ -97,8 +97,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       tma_prefetch_map(&tm_q);
       tma_prefetch_map(&tm_k);
       tma_prefetch_map(&tm_v);
-      // The rank is read where it is used, not held: the producer's 32 registers have none to spare.
-      auto cta_rank = [] { return Cfg::kClusterCtas == 1 ? 0u : cluster_cta_rank_volatile(); };
+      // The rank is read where it is used, not held (cluster_cta_rank): the producer's 32 registers have none to
+      // spare in a cluster.
+      auto cta_rank = [] { return Cfg::kClusterCtas == 1 ? 0u : cluster_cta_rank(); };
       for (TileSequence<Cfg> seq(pipeline); seq.valid(args); seq.next_for_producer(args, sm, cta_rank())) {
         const BlockWork w = block_work<Cfg>(args, seq.tile, int(cta_rank()));
         if (!w.has_rows) continue;
@@ -301,6 +302,10 @@ Status sm90_forward_supports(const FwdParams& p) {
   if (!aligned(p.q, 16) || !aligned(p.k, 16) || !aligned(p.v, 16) || !aligned(p.o, 16))
     return Status::unsupported("cuda_sm90: TMA needs 16-byte aligned Q, K, V, O");
   if (p.heads_q > 65535 || p.batch > 65535) return Status::unsupported("cuda_sm90: more than 65535 heads or batches");
+  // The kernel's mask arithmetic is 32-bit (MaskSpec32): a row's diagonal and window edges, with the edges narrowed
+  // to the lengths, stay below 2^31 when the lengths add up to less (a tile of padding rows to spare).
+  if (p.seqlen_q + p.seqlen_k > (int64_t(1) << 31) - 1024)
+    return Status::unsupported("cuda_sm90: seqlen_q + seqlen_k past 2^31 - 1024 (the forward's 32-bit mask arithmetic)");
   // Tiles are numbered in int (the kernel adds the grid size to a tile number); counted at the smallest kBlockM.
   const int64_t kMaxTiles = int64_t(1) << 30;
   if ((p.seqlen_q + cuda::sm90::kWgmmaRows - 1) / cuda::sm90::kWgmmaRows * p.heads_q * p.batch >= kMaxTiles)

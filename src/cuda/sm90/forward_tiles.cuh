@@ -82,7 +82,7 @@ struct BlockWork {
   int seqlen_q, seqlen_k;
   int n_begin, n_end;  // key tiles [n_begin, n_end)
   bool has_rows;       // the tile has query rows (this CTA's block may not, in a cluster: block_work)
-  MaskSpec mask;
+  MaskSpec32 mask;     // 32-bit: sm90_forward_supports bounds the lengths, the launcher narrows the window edges
 };
 
 // Tile t as seen by the CTA of cluster rank `rank`: a tile is Cfg::kClusterCtas blocks of kBlockM rows, this
@@ -111,13 +111,13 @@ __device__ BlockWork block_work(const ForwardKernelArgs& a, int t, int rank) {
     w.seqlen_k = a.seqlen_k;
     w.batch_coord = w.batch;
   }
-  w.mask = MaskSpec::make(w.seqlen_q, w.seqlen_k, a.causal, a.window_left, a.window_right);
+  w.mask = MaskSpec32::make(w.seqlen_q, w.seqlen_k, a.causal, a.window_left, a.window_right);
   w.n_begin = w.n_end = 0;
   const int row_begin = m_tile * Cfg::kTileRows;
   w.has_rows = row_begin < w.seqlen_q;
   if (w.has_rows) {
     const int row_end = min(row_begin + Cfg::kTileRows, w.seqlen_q);
-    int64_t lo, hi;
+    int lo, hi;
     w.mask.key_range_for_rows(row_begin, row_end, &lo, &hi);
     if (hi > lo) {
       w.n_begin = int(lo / Cfg::kBlockN);

@@ -282,12 +282,13 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 }
 
 // ---- thread-block clusters: another CTA's shared memory (distributed shared memory) ----
-// This CTA's rank in its cluster (blockIdx.x % cluster size for the forward's one-dimensional clusters).
-__device__ __forceinline__ uint32_t cluster_cta_rank() { return ::cuda::ptx::get_sreg_cluster_ctarank(); }
-__device__ __forceinline__ uint32_t cluster_cta_rank_volatile() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
+// This CTA's rank in its cluster (blockIdx.x % cluster size for the forward's one-dimensional clusters). Read
+// anew at every call (a volatile read of the special register, where CCCL's get_sreg_cluster_ctarank lets the
+// compiler keep the value): a thread short of registers then holds no register for it between uses.
+__device__ __forceinline__ uint32_t cluster_cta_rank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
 }
 // Every thread of every CTA of the cluster: the arrive releases this thread's earlier shared-memory writes
 // (barrier initialisation included) to the cluster, the wait acquires the others'. Also a barrier for the CTA.
