@@ -34,6 +34,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 #include <type_traits>
@@ -231,10 +232,19 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   if (persistent) {
     int resident = Cfg::kCtasPerSm * device_attribute(cudaDevAttrMultiProcessorCount, 1);
     if constexpr (Cfg::kClusterCtas > 1) {
-      // Clusters are placed within a GPC, whose SMs may not pair up: ask the driver how many fit at once.
-      config.gridDim = dim3(unsigned(Cfg::kClusterCtas));
-      FA_CUDA_TRY(cudaOccupancyMaxActiveClusters(&resident, kernel, &config));
-      if (resident < 1) return Status::unsupported("cuda_sm90: no cluster of this forward kernel fits the device");
+      // Clusters are placed within a GPC, whose SMs may not pair up: the driver says how many fit at once. Asked
+      // once per kernel and device (static storage starts at 0, "not asked"): the answer does not change.
+      constexpr int kCachedDevices = 64;
+      static std::atomic<int> asked[kCachedDevices];
+      const int dev = p.device.index;
+      int fit = dev >= 0 && dev < kCachedDevices ? asked[dev].load(std::memory_order_relaxed) : 0;
+      if (fit == 0) {
+        config.gridDim = dim3(unsigned(Cfg::kClusterCtas));
+        FA_CUDA_TRY(cudaOccupancyMaxActiveClusters(&fit, kernel, &config));
+        if (fit < 1) return Status::unsupported("cuda_sm90: no cluster of this forward kernel fits the device");
+        if (dev >= 0 && dev < kCachedDevices) asked[dev].store(fit, std::memory_order_relaxed);
+      }
+      resident = fit;
     }
     clusters = std::min<int64_t>(tile_clusters, resident);
   }
