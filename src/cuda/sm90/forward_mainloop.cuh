@@ -50,7 +50,7 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
   RingPosition<Cfg::kStages>& pos = st.kv;
   auto load = [&](const CUtensorMap* map, uint8_t* ring, uint64_t* empty, uint64_t* full, int n,
                   const RingPosition<Cfg::kStages>& at) {
-    pipeline_wait<Cfg>(&empty[at.index], at.phase ^ 1u);
+    mbarrier_wait(&empty[at.index], at.phase ^ 1u);
     mbarrier_arrive_expect_tx(&full[at.index], Cfg::kKVTileBytes);
     uint8_t* part = ring + at.index * Cfg::kKVTileBytes + rank * Cfg::kKVPartRows * kSwizzleBytes;
     const int row = w.k_row0 + n * Cfg::kBlockN + int(rank) * Cfg::kKVPartRows;
@@ -271,7 +271,8 @@ struct Consumer {
     } else {
       __syncwarp();
       if (lane == 0)
-        for (uint32_t r = 0; r < uint32_t(Cfg::kClusterCtas); ++r) mbarrier_arrive_cluster(cluster_shared_address(empty, r));
+        for (uint32_t r = 0; r < uint32_t(Cfg::kClusterCtas); ++r)
+          mbarrier_arrive_cluster_after_reads(cluster_shared_address(empty, r));
     }
   }
   __device__ void release_k(int stage) { release_kv(&sm.k_empty()[stage]); }

@@ -127,8 +127,10 @@ __device__ BlockWork block_work(const ForwardKernelArgs& a, int t, int rank) {
   return w;
 }
 
-// mbarrier_wait for a barrier of a pipeline; other CTAs of a cluster arrive on some of them (kClusterCtas > 1),
-// whose writes and reads before arriving must be ordered before what this thread does next.
+// mbarrier_wait for a tile ring's full barrier, on which, in a cluster (kClusterCtas > 1), rank 0's producer
+// arrives after storing the tile number into this CTA: the store must be seen (cluster-scope acquire). Barriers
+// that other CTAs only arrive on once they have read a buffer need no more than mbarrier_wait (the arrival is
+// mbarrier_arrive_cluster_after_reads): a cluster-scope acquire costs an L1 invalidation (CCTL.IVALL).
 template <typename Cfg>
 __device__ __forceinline__ void pipeline_wait(uint64_t* bar, uint32_t parity) {
   if constexpr (Cfg::kClusterCtas > 1)
@@ -165,7 +167,7 @@ struct TileSequence {
     }
     if (rank == 0) {
       tile = int(first_claim() + atomicAdd(a.tile_counter, 1u));
-      pipeline_wait<Cfg>(&sm.tile_empty()[slot()], parity() ^ 1u);
+      mbarrier_wait(&sm.tile_empty()[slot()], parity() ^ 1u);
       sm.tile_slot()[slot()] = tile;
       mbarrier_arrive(&sm.tile_full()[slot()]);
       for (uint32_t r = 1; r < uint32_t(Cfg::kClusterCtas); ++r) {
@@ -175,7 +177,7 @@ struct TileSequence {
     } else {
       pipeline_wait<Cfg>(&sm.tile_full()[slot()], parity());
       tile = sm.tile_slot()[slot()];
-      mbarrier_arrive_cluster(cluster_shared_address(&sm.tile_empty()[slot()], 0));
+      mbarrier_arrive_cluster_after_reads(cluster_shared_address(&sm.tile_empty()[slot()], 0));
     }
     ++posts;
   }
@@ -197,7 +199,7 @@ struct TileSequence {
       if (rank == 0)
         mbarrier_arrive(&sm.tile_empty()[slot()]);
       else
-        mbarrier_arrive_cluster(cluster_shared_address(&sm.tile_empty()[slot()], 0));
+        mbarrier_arrive_cluster_after_reads(cluster_shared_address(&sm.tile_empty()[slot()], 0));
     }
     tile = __shfl_sync(0xffffffffu, claimed, 0);
     ++posts;

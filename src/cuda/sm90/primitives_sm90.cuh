@@ -306,9 +306,17 @@ __device__ __forceinline__ uint32_t cluster_shared_address(const void* local, ui
   return remote;
 }
 // One arrival on a barrier of any CTA of the cluster (cluster_shared_address), releasing this thread's earlier
-// memory operations at cluster scope.
+// memory operations at cluster scope: what it wrote (st_shared_cluster) is seen by whoever waits with
+// mbarrier_wait_cluster. The release compiles to MEMBAR.ALL.GPU, which waits for every outstanding store of the
+// thread (global ones included): keep it off hot loops.
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// One arrival on a barrier of any CTA of the cluster that says "this CTA has finished reading the buffer" (a K / V
+// slot, a tile number): a CTA-scope release, as CUTLASS's cluster barriers arrive, so no GPU-wide fence. It
+// publishes no data; a TMA load that overwrites the buffer after the barrier completes is ordered by it.
+__device__ __forceinline__ void mbarrier_arrive_cluster_after_reads(uint32_t bar) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 // A 32-bit store into any CTA of the cluster; a later mbarrier_arrive_cluster publishes it.
 __device__ __forceinline__ void st_shared_cluster(uint32_t addr, uint32_t value) {
