@@ -6,6 +6,9 @@
 // short sequences), each with its own buffers, barriers and tile sequence. A persistent grid of kCtasPerSm CTAs
 // per SM (two with a single consumer warpgroup, else one) whose pipelines claim the next tile from a global
 // counter as they finish one (TileSequence), or, when forced (Sm90Grid, forward_sm90.h), a pipeline per tile.
+// Clusters (kClusterCtas = 2, hd 64's pipelines): a tile is two blocks, one per CTA of the cluster, which share
+// each K / V tile: every CTA TMA-multicasts its half of it into both (half the L2 reads per product); rank 0's
+// producer claims the tiles and posts them into both CTAs' tile rings.
 // Warp roles (128 · (1 + consumer warpgroups of all pipelines) threads):
 //   warpgroup 0  producer: gives registers away (setmaxnreg); lane 0 of warp p issues pipeline p's TMA loads of
 //                each tile's Q block and of its K and V tiles into a kStages-deep shared-memory ring (full/empty
