@@ -228,7 +228,7 @@ std::vector<FwdCase> cases() {
   // unequal lengths, GQA and more tiles than SMs.
   c = {}; c.name = "bf16_d256_varlen_gqa_causal_many_tiles"; c.head_dim = 256; c.heads_q = 60; c.heads_kv = 20;
   c.causal = true; c.lens_q = {300, 5, 0, 450}; c.lens_k = {300, 70, 10, 400}; add(c);
-  // Windows past 2^31 reach every key: the kernel's 32-bit window arguments clamp them (window_arg), where a
+  // Windows past 2^31 reach every key: the kernel's 32-bit window arguments narrow them (MaskSpec::narrowest_left / right), where a
   // truncation would leave a window of 5 and 3 keys.
   c = {}; c.name = "bf16_d64_window_past_int32"; c.head_dim = 64; c.seqlen_q = 200; c.seqlen_k = 300;
   c.window_left = (int64_t(1) << 32) + 5; c.window_right = (int64_t(1) << 32) + 3; add(c);

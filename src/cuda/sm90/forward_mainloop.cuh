@@ -324,8 +324,8 @@ struct Consumer {
 // warpgroup's softmax runs while the others' products occupy the tensor cores. One token circulates: a
 // warpgroup waits on its own named barrier and, after issuing, arrives on the next warpgroup's; each barrier
 // phase is 128 waiting + 128 arriving threads. Plans whose warpgroups issue freely (IssueOrder::free), and a
-// single consumer warpgroup (its CTA shares the SM with another one, whose products fill the tensor cores
-// instead), skip both.
+// single consumer warpgroup (another CTA or the CTA's other pipelines share the SM, and their products fill the
+// tensor cores instead), skip both.
 template <typename Cfg>
 __device__ __forceinline__ void wait_turn(int wg) {
   if constexpr (Cfg::kTakeTurns) named_barrier_sync(kTurnBarrier0 + wg, 2 * kWarpgroupThreads);

@@ -23,7 +23,7 @@
 // Key tiles run from the last one down, so the masked diagonal tiles of a causal block come first; a head's
 // heaviest query blocks (largest index, most keys under a causal mask) start first.
 //
-// Shared memory and tile sizes: forward_config.h (104 to 224 KB per CTA). Files: this one (kernel, host launcher,
+// Shared memory and tile sizes: forward_config.h (120 to 224 KB per CTA). Files: this one (kernel, host launcher,
 // support check), forward_tiles.cuh (arguments, shared-memory carve-up, a tile's work), forward_mainloop.cuh
 // (producer, consumer steps and their order, epilogue), primitives_sm90.cuh.
 // Preconditions (sm90_forward_supports): compute capability 9.0, fp16/bf16, d == d_v in {64, 128, 256}, every
