@@ -12,14 +12,15 @@
 
 namespace flashattn {
 
-struct MaskSpec {
-  int64_t seqlen_q = 0;
-  int64_t seqlen_k = 0;
-  int64_t left = -1;   // -1 = unbounded
-  int64_t right = -1;  // -1 = unbounded; causal folds into right = min(right, 0)
+template <typename Index>
+struct BasicMaskSpec {
+  Index seqlen_q = 0;
+  Index seqlen_k = 0;
+  Index left = -1;   // -1 = unbounded
+  Index right = -1;  // -1 = unbounded; causal folds into right = min(right, 0)
 
-  FA_HD static MaskSpec make(int64_t sq, int64_t sk, bool causal, int64_t window_left, int64_t window_right) {
-    MaskSpec m;
+  FA_HD static BasicMaskSpec make(Index sq, Index sk, bool causal, Index window_left, Index window_right) {
+    BasicMaskSpec m;
     m.seqlen_q = sq;
     m.seqlen_k = sk;
     m.left = window_left;
@@ -34,23 +35,23 @@ struct MaskSpec {
   // more reaches every key of every row (diag - left < 0), a right edge of seqlen_q or more past every key (diag +
   // right >= seqlen_k). -1 stays unbounded. Kernels with 32-bit window arguments take these (sequence lengths
   // below 2^31); rows past the end, which they compute but never write, may see other keys.
-  FA_HD static int64_t narrowest_left(int64_t window_left, int64_t sk) { return window_left < sk ? window_left : sk; }
-  FA_HD static int64_t narrowest_right(int64_t window_right, int64_t sq) {
+  FA_HD static Index narrowest_left(Index window_left, Index sk) { return window_left < sk ? window_left : sk; }
+  FA_HD static Index narrowest_right(Index window_right, Index sq) {
     return window_right < sq ? window_right : sq;
   }
 
   // Half-open range [lo, hi) of visible keys of query row i; empty (lo >= hi) when the row sees nothing.
-  FA_HD void key_range(int64_t i, int64_t* lo, int64_t* hi) const {
-    const int64_t diag = i + seqlen_k - seqlen_q;
-    int64_t a = 0, b = seqlen_k;
+  FA_HD void key_range(Index i, Index* lo, Index* hi) const {
+    const Index diag = i + seqlen_k - seqlen_q;
+    Index a = 0, b = seqlen_k;
     if (left >= 0 && diag - left > a) a = diag - left;
     if (right >= 0 && diag + right + 1 < b) b = diag + right + 1;
     *lo = a;
     *hi = b < a ? a : b;
   }
 
-  FA_HD bool visible(int64_t i, int64_t j) const {
-    const int64_t diag = i + seqlen_k - seqlen_q;
+  FA_HD bool visible(Index i, Index j) const {
+    const Index diag = i + seqlen_k - seqlen_q;
     if (j < 0 || j >= seqlen_k) return false;
     if (left >= 0 && j < diag - left) return false;
     if (right >= 0 && j > diag + right) return false;
@@ -58,8 +59,8 @@ struct MaskSpec {
   }
 
   // Keys visible to any row in [row_begin, row_end): the union of the rows' ranges, half-open.
-  FA_HD void key_range_for_rows(int64_t row_begin, int64_t row_end, int64_t* lo, int64_t* hi) const {
-    int64_t lo_first, hi_first, lo_last, hi_last;
+  FA_HD void key_range_for_rows(Index row_begin, Index row_end, Index* lo, Index* hi) const {
+    Index lo_first, hi_first, lo_last, hi_last;
     key_range(row_begin, &lo_first, &hi_first);
     key_range(row_end - 1, &lo_last, &hi_last);
     // Both edges move monotonically with the row, so the first and last rows bound the union.
@@ -69,9 +70,9 @@ struct MaskSpec {
   }
 
   // Queries that see any key in [key_begin, key_end): half-open, used by the backward's key-major loop.
-  FA_HD void query_range_for_keys(int64_t key_begin, int64_t key_end, int64_t* lo, int64_t* hi) const {
-    const int64_t shift = seqlen_k - seqlen_q;  // diag = i + shift
-    int64_t a = 0, b = seqlen_q;
+  FA_HD void query_range_for_keys(Index key_begin, Index key_end, Index* lo, Index* hi) const {
+    const Index shift = seqlen_k - seqlen_q;  // diag = i + shift
+    Index a = 0, b = seqlen_q;
     // right edge: j <= diag + right  <=>  i >= j - shift - right; the smallest j of the block is the loosest.
     if (right >= 0 && key_begin - shift - right > a) a = key_begin - shift - right;
     // left edge: j >= diag - left  <=>  i <= j - shift + left; the largest j of the block is the loosest.
@@ -81,12 +82,20 @@ struct MaskSpec {
   }
 
   // True when every (row, key) of the tile is visible, so the kernel may skip per-element masking.
-  FA_HD bool tile_fully_visible(int64_t row_begin, int64_t row_end, int64_t key_begin, int64_t key_end) const {
-    const int64_t shift = seqlen_k - seqlen_q;
+  FA_HD bool tile_fully_visible(Index row_begin, Index row_end, Index key_begin, Index key_end) const {
+    const Index shift = seqlen_k - seqlen_q;
     if (right >= 0 && key_end - 1 > row_begin + shift + right) return false;
     if (left >= 0 && key_begin < (row_end - 1) + shift - left) return false;
     return true;
   }
 };
+
+
+// The mask in 64-bit arithmetic: every backend's host code, the CPU paths and the kernels that take 64-bit lengths.
+using MaskSpec = BasicMaskSpec<int64_t>;
+// In 32-bit arithmetic, half the registers: for kernels whose sequence lengths add up to below 2^31 minus a
+// tile, with window edges narrowed to the lengths (narrowest_left / narrowest_right), so that no diagonal, edge
+// or range of a row inside the sequence or in its last tile overflows.
+using MaskSpec32 = BasicMaskSpec<int32_t>;
 
 }  // namespace flashattn

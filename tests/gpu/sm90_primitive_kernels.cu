@@ -257,7 +257,60 @@ cudaError_t launch_chain(const uint16_t* q, const uint16_t* k, const uint16_t* v
   return finish(cudaSuccess);
 }
 
+// ---- thread-block clusters: TMA multicast, remote stores and arrivals ----
+// A cluster of two CTAs. Each loads its half of a [2 * half_rows x 64] box (rows [rank * half_rows, ...)) into the
+// same offset of both CTAs, whose barrier expects the whole tile; each then dumps its tile to dump[rank]. Rank 0
+// also posts `token` into rank 1's shared memory and arrives on rank 1's barrier; rank 1 echoes it to *echo and
+// arrives back on rank 0's, which rank 0 waits for before both leave through the cluster barrier.
+__global__ void cluster_multicast_kernel(const __grid_constant__ CUtensorMap map, int half_rows, uint32_t token,
+                                         uint8_t* dump, uint32_t* echo) {
+  extern __shared__ uint8_t raw[];
+  uint8_t* tile = align_to_swizzle_atom(raw);
+  __shared__ uint64_t full, posted, acked;
+  __shared__ uint32_t slot;
+  const uint32_t rank = cluster_cta_rank();
+  const int tile_bytes = 2 * half_rows * kSwizzleBytes;
+  if (threadIdx.x == 0) {
+    mbarrier_init(&full, 1);
+    mbarrier_init(&posted, 1);
+    mbarrier_init(&acked, 1);
+    mbarrier_init_fence();
+  }
+  cluster_sync();  // both CTAs' barriers exist before either's loads or arrivals reach them
+  if (threadIdx.x == 0) {
+    mbarrier_arrive_expect_tx(&full, uint32_t(tile_bytes));
+    tma_load_4d_multicast(tile + rank * half_rows * kSwizzleBytes, &map, 0, int(rank) * half_rows, 0, 0, &full,
+                          uint16_t(0x3));
+    if (rank == 0) {
+      st_shared_cluster(cluster_shared_address(&slot, 1), token);
+      mbarrier_arrive_cluster(cluster_shared_address(&posted, 1));
+      mbarrier_wait_cluster(&acked, 0);
+    } else {
+      mbarrier_wait_cluster(&posted, 0);
+      *echo = slot;
+      mbarrier_arrive_cluster(cluster_shared_address(&acked, 0));
+    }
+  }
+  mbarrier_wait(&full, 0);
+  for (int i = threadIdx.x; i < tile_bytes; i += blockDim.x) dump[rank * tile_bytes + i] = tile[i];
+  cluster_sync();  // no CTA leaves while the other may still write into it or arrive on its barriers
+}
+
+__global__ void count_differing_words_kernel(const uint32_t* a, const uint32_t* b, size_t words, unsigned* count) {
+  unsigned differ = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x)
+    differ += a[i] != b[i];
+  if (differ) atomicAdd(count, differ);
+}
+
 }  // namespace
+
+cudaError_t count_differing_words(const void* a, const void* b, size_t bytes, unsigned* count) {
+  constexpr int kThreads = 256, kBlocks = 1024;
+  count_differing_words_kernel<<<kBlocks, kThreads>>>(static_cast<const uint32_t*>(a),
+                                                      static_cast<const uint32_t*>(b), bytes / 4, count);
+  return cudaGetLastError();
+}
 
 cudaError_t tma_load_and_dump(const CUtensorMap& map, int col0, int row0, int box_rows, int panels, uint8_t* dump) {
   const int smem = panels * box_rows * kSwizzleBytes + kSwizzleAtomBytes;
@@ -265,6 +318,23 @@ cudaError_t tma_load_and_dump(const CUtensorMap& map, int col0, int row0, int bo
   if (e != cudaSuccess) return e;
   tma_dump_kernel<<<1, kWarpgroupThreads, smem>>>(map, col0, row0, box_rows, panels, dump);
   return finish(cudaSuccess);
+}
+
+cudaError_t cluster_multicast(const CUtensorMap& map, int half_rows, uint32_t token, uint8_t* dump, uint32_t* echo) {
+  const int smem = 2 * half_rows * kSwizzleBytes + kSwizzleAtomBytes;
+  cudaError_t e = cudaFuncSetAttribute(cluster_multicast_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  cudaLaunchConfig_t config{};
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 2;
+  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+  config.gridDim = dim3(2);
+  config.blockDim = dim3(kWarpgroupThreads);
+  config.dynamicSmemBytes = smem;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  return finish(cudaLaunchKernelEx(&config, cluster_multicast_kernel, map, half_rows, token, dump, echo));
 }
 
 // The shapes the forward kernel uses (N = 64/128/256; K = 64/128), in both 16-bit types.

@@ -10,9 +10,19 @@
 
 namespace flashattn::test::sm90 {
 
+// Adds to *count the number of 32-bit words at which a and b (bytes long, a multiple of 4) differ. Asynchronous
+// on the default stream, unlike the launchers below: for comparing the outputs of many back-to-back launches.
+cudaError_t count_differing_words(const void* a, const void* b, size_t bytes, unsigned* count);
+
 // One TMA load of `panels` boxes of [box_rows x 64] at (col0, row0) into shared memory, then a raw dump of
 // that shared memory (panels * box_rows * 128 bytes) to `dump`.
 cudaError_t tma_load_and_dump(const CUtensorMap& map, int col0, int row0, int box_rows, int panels, uint8_t* dump);
+
+// A cluster of two CTAs: each TMA-multicasts its half (half_rows rows from row rank * half_rows, 64 columns) of a
+// [2 * half_rows x 64] box into both, then dumps its shared tile (2 * half_rows * 128 bytes) to dump[rank];
+// rank 0 stores `token` into rank 1's shared memory and arrives on its barrier, rank 1 writes what it received
+// to *echo and arrives back (st_shared_cluster, mbarrier_arrive_cluster, mbarrier_wait_cluster, cluster_sync).
+cudaError_t cluster_multicast(const CUtensorMap& map, int half_rows, uint32_t token, uint8_t* dump, uint32_t* echo);
 
 // C[64 x n] = A[64 x k] * B[n x k]ᵀ (A, B row-major) through wgmma with both operands in shared memory, K-major.
 cudaError_t wgmma_ss_product(bool bf16, int n, int k, const uint16_t* a, const uint16_t* b, float* c);

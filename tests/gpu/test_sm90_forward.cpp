@@ -16,6 +16,7 @@
 
 #include "cuda/sm90/forward_sm90.h"
 #include "gpu/device_tensor.h"
+#include "gpu/sm90_primitive_kernels.h"
 
 namespace flashattn::test {
 namespace {
@@ -228,8 +229,8 @@ std::vector<FwdCase> cases() {
   // unequal lengths, GQA and more tiles than SMs.
   c = {}; c.name = "bf16_d256_varlen_gqa_causal_many_tiles"; c.head_dim = 256; c.heads_q = 60; c.heads_kv = 20;
   c.causal = true; c.lens_q = {300, 5, 0, 450}; c.lens_k = {300, 70, 10, 400}; add(c);
-  // Windows past 2^31 reach every key: the kernel's 32-bit window arguments narrow them (MaskSpec::narrowest_left / right), where a
-  // truncation would leave a window of 5 and 3 keys.
+  // Windows past 2^31 reach every key: the kernel's 32-bit window arguments narrow them
+  // (MaskSpec::narrowest_left / right), where a truncation would leave a window of 5 and 3 keys.
   c = {}; c.name = "bf16_d64_window_past_int32"; c.head_dim = 64; c.seqlen_q = 200; c.seqlen_k = 300;
   c.window_left = (int64_t(1) << 32) + 5; c.window_right = (int64_t(1) << 32) + 3; add(c);
   c = {}; c.name = "f16_d256_window_left_only"; c.dtype = DType::f16; c.head_dim = 256; c.seqlen_q = 150;
@@ -267,6 +268,65 @@ std::vector<FwdCase> cases() {
 
 INSTANTIATE_TEST_SUITE_P(Grid, Sm90Forward, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<FwdCase>& i) { return i.param.name; });
+
+// Races in the persistent grid's tile hand-off (between a producer and its consumers, or between the CTAs of a
+// cluster) show up rarely, as a hang or as a tile computed for the wrong rows. Many back-to-back launches of a
+// shape with many short tiles must give bitwise the same O and LSE every time (a tile's arithmetic does not
+// depend on which pipeline runs it). The first such race (a cluster's tile ring read after the slot was freed)
+// hung within 20000 launches of hd 64 causal 512 at this size.
+TEST(Sm90ForwardStress, BackToBackLaunchesGiveIdenticalOutputs) {
+  FA_REQUIRE_GPU();
+  if (flashattn::cuda_compute_capability(0) != 90) GTEST_SKIP() << "needs compute capability 9.0";
+  struct Shape {
+    int64_t seqlen;
+    bool causal;
+    int launches;
+  };
+  constexpr int64_t kBatch = 32, kHeads = 32, kHeadDim = 64;
+  for (const Shape s : {Shape{512, true, 10000}, Shape{512, false, 4000}, Shape{1024, true, 4000}}) {
+    SCOPED_TRACE("seqlen " + std::to_string(s.seqlen) + (s.causal ? " causal" : ""));
+    HostTensor q(DType::bf16, {kBatch, s.seqlen, kHeads, kHeadDim}), o = q, k = q, v = q;
+    HostTensor lse(DType::f32, {kBatch, kHeads, s.seqlen});
+    std::mt19937_64 rng(uint64_t(s.seqlen) * 2 + s.causal);
+    q.fill_normal(rng, 1.0);
+    k.fill_normal(rng, 1.0);
+    v.fill_normal(rng, 1.0);
+    DeviceTensor dq(q), dk(k), dv(v), dout(o), dlse(lse), first_out(o), first_lse(lse);
+    ForwardArgs a;
+    a.q = dq.view(q);
+    a.k = dk.view(k);
+    a.v = dv.view(v);
+    a.out = dout.view(o);
+    a.lse = dlse.view(lse);
+    AttentionOptions opt;
+    opt.causal = s.causal;
+    FwdParams p;
+    Status st = make_forward_params(a, opt, &p);
+    ASSERT_TRUE(st.ok()) << st.message;
+    st = detail::sm90_forward_run(p, detail::Sm90Grid::persistent);
+    ASSERT_TRUE(st.ok()) << st.message;
+    FA_CUDA_CHECK(cudaMemcpy(first_out.data(), dout.data(), o.bytes(), cudaMemcpyDeviceToDevice));
+    FA_CUDA_CHECK(cudaMemcpy(first_lse.data(), dlse.data(), lse.bytes(), cudaMemcpyDeviceToDevice));
+    unsigned* differing = nullptr;
+    FA_CUDA_CHECK(cudaMalloc(&differing, sizeof(unsigned)));
+    FA_CUDA_CHECK(cudaMemset(differing, 0, sizeof(unsigned)));
+    cudaError_t compared = cudaSuccess;
+    for (int i = 1; i < s.launches && st.ok() && compared == cudaSuccess; ++i) {
+      st = detail::sm90_forward_run(p, detail::Sm90Grid::persistent);
+      if (st.ok()) compared = sm90::count_differing_words(dout.data(), first_out.data(), o.bytes(), differing);
+      if (compared == cudaSuccess)
+        compared = sm90::count_differing_words(dlse.data(), first_lse.data(), lse.bytes(), differing);
+    }
+    unsigned total = 0;
+    const cudaError_t synced = cudaMemcpy(&total, differing, sizeof total, cudaMemcpyDeviceToHost);
+    cudaFree(differing);
+    ASSERT_TRUE(st.ok()) << st.message;
+    FA_CUDA_CHECK(compared);
+    FA_CUDA_CHECK(synced);
+    EXPECT_EQ(total, 0u) << "32-bit words of O and LSE that differed from the first launch's, over "
+                         << s.launches - 1 << " launches";
+  }
+}
 
 TEST(Sm90ForwardSupport, ReportsWhyItDeclines) {
   FA_REQUIRE_GPU();

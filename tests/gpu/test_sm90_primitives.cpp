@@ -118,6 +118,38 @@ TEST(Sm90Primitives, TmaLoadWritesThe128ByteSwizzleWithZeroFilledTail) {
   EXPECT_EQ(wrong, 0);
 }
 
+TEST(Sm90Primitives, ClusterMulticastFillsBothCtasAndRemoteArrivalsCarryAStore) {
+  FA_REQUIRE_SM90();
+  constexpr int kRows = 64, kCols = 64, kHalfRows = 32;
+  std::vector<uint16_t> host(size_t(kRows) * kCols);
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < kCols; ++c) host[size_t(r) * kCols + c] = uint16_t(1 + r * kCols + c);  // never 0
+  DeviceBuffer<uint16_t> src(host.size());
+  src.upload(host);
+  const size_t tile_bytes = size_t(kRows) * cuda::sm90::kSwizzleBytes;
+  DeviceBuffer<uint8_t> dump(2 * tile_bytes);
+  DeviceBuffer<uint32_t> echo(1);
+  CUtensorMap map;
+  const int64_t dims[4] = {kCols, kRows, 1, 1}, strides[3] = {kCols, int64_t(kRows) * kCols, int64_t(kRows) * kCols};
+  Status st = detail::make_tensor_map_sw128(&map, src.ptr, DType::bf16, dims, strides, kHalfRows);
+  ASSERT_TRUE(st.ok()) << st.message;
+  constexpr uint32_t kToken = 0x5eed1234u;
+  FA_CUDA_CHECK(test::sm90::cluster_multicast(map, kHalfRows, kToken, dump.ptr, echo.ptr));
+  EXPECT_EQ(echo.download()[0], kToken);
+  const std::vector<uint8_t> bytes = dump.download();
+  int wrong = 0;
+  for (int rank = 0; rank < 2; ++rank)
+    for (int r = 0; r < kRows; ++r)
+      for (int c = 0; c < kCols; ++c) {
+        uint16_t got;
+        std::memcpy(&got, &bytes[rank * tile_bytes + cuda::sm90::swizzled_offset(r, c, kRows)], 2);
+        const uint16_t want = host[size_t(r) * kCols + c];
+        if (got != want && ++wrong <= 5)
+          ADD_FAILURE() << "CTA " << rank << " smem (" << r << ", " << c << "): got " << got << " want " << want;
+      }
+  EXPECT_EQ(wrong, 0);
+}
+
 struct ProductCase {
   bool bf16;
   int n, k;

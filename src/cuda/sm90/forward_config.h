@@ -56,8 +56,13 @@ enum class IssueOrder { turns, free };
 // setmaxnreg's split of its registers. Three one-warpgroup pipelines put three consumer warps on each scheduler on
 // 64-row blocks (two CTAs of one pipeline: two warps), within the register file (3 x 160 + 32, as three
 // warpgroups of one block) where three CTAs per SM are not (C7602 above).
+// kClusterCtas_: CTAs per thread-block cluster (1 or 2). With 2, pipeline p of the two CTAs runs the two 64 *
+// kConsumerWarpgroups-row blocks of one tile of 2 * kBlockM rows (block_work), over the same key tiles (the pair's
+// union: a causal pair starting on an even block needs no more), and each CTA loads one half of every K and V tile
+// into both CTAs' shared memory (TMA multicast): the L2 reads per product halve. The halves' slots are freed by
+// both CTAs' consumers, and the pair's tile numbers come from rank 0's producer (TileSequence).
 template <int kHeadDim_, int kBlockN_, int kConsumerWarpgroups_, int kStages_, IssueOrder kIssue_ = IssueOrder::turns,
-          int kPipelines_ = 1>
+          int kPipelines_ = 1, int kClusterCtas_ = 1>
 struct ForwardConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
@@ -73,10 +78,21 @@ struct ForwardConfig {
   static_assert(kPipelines == 1 || (kConsumerWarpgroups == 1 && kPipelines <= kWarpgroupThreads / 32),
                 "sm90 forward: several pipelines per CTA only with one consumer warpgroup each");
   static constexpr int kBlockM = kConsumerWarpgroups * kWgmmaRows;
+  static constexpr int kClusterCtas = kClusterCtas_;
+  static_assert(kClusterCtas == 1 || kClusterCtas == 2, "sm90 forward: clusters of one or two CTAs");
+  // Query rows per tile (one block per CTA of the cluster) and key rows each CTA loads of a K / V tile.
+  static constexpr int kTileRows = kBlockM * kClusterCtas;
+  static constexpr int kKVPartRows = kBlockN_ / kClusterCtas;
+  static_assert(kKVPartRows % 8 == 0, "sm90 forward: each CTA's part of a K/V tile whole 8-row swizzle atoms");
   // Consumer warpgroups of the whole CTA (every pipeline); the producer warpgroup comes first.
   static constexpr int kCtaConsumerWarpgroups = kPipelines * kConsumerWarpgroups;
   static constexpr int kThreads = (1 + kCtaConsumerWarpgroups) * kWarpgroupThreads;
   static constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpgroupThreads / 32;  // of one pipeline
+  // Arrivals that free a K / V slot: every consumer warp of the pipeline in every CTA of the cluster.
+  static constexpr int kKVReleases = kConsumerWarps * kClusterCtas;
+  // Arrivals that free a tile-ring slot of rank 0 (whose producer posts the tile numbers): every consumer warp of
+  // the pipeline in every CTA, and the other CTAs' producers.
+  static constexpr int kTileReleases = kConsumerWarps * kClusterCtas + kClusterCtas - 1;
   // One consumer warpgroup: two CTAs share an SM, each on its own 64-row block, so one CTA's tile boundary
   // (first S, last P V, epilogue) runs under the other's products instead of idling the tensor cores.
   static constexpr int kCtasPerSm = kCtaConsumerWarpgroups == 1 ? 2 : 1;
@@ -129,7 +145,10 @@ struct KernelPlan;
 // +9% at 512-1k without a mask, level at 2k without and 4k with one (sm90-notes.md, v18).
 // Past that three warpgroups share each K/V tile over 192-row blocks (a third of the K/V bytes per product):
 // pipelines at 4k without a mask -3 to -5%, at 8k -3 to -8%.
-using Hd64ShortKeysPlan = Plan<ForwardConfig<64, 128, 1, 2, IssueOrder::free, 3>>;
+// The pipelines run in clusters of two CTAs sharing each K/V tile (kClusterCtas): in sustained timing +2% at 2k
+// causal (368-372 vs 363), +3% at 2k without a mask and at 4k causal, +1% at 1k without (sm90-notes.md, v19).
+// Clusters did not pay for the 192-row kernel (-2 to -7%) nor for pipelines past these lengths (-2%).
+using Hd64ShortKeysPlan = Plan<ForwardConfig<64, 128, 1, 2, IssueOrder::free, 3, 2>>;
 template <>
 struct KernelPlan<64, false> : Plan<ForwardConfig<64, 128, 3, 3>, Hd64ShortKeysPlan, 2048> {};
 template <>

@@ -35,9 +35,15 @@ struct PipelineState {
 // consumer time, are not this latency), but this loop keeps the producer free of spills (sm90-notes.md, v16).
 // The first K tile is loaded before waiting for the Q buffer: in a persistent CTA it then arrives while the
 // consumers still finish the previous tile.
+// In a cluster (kClusterCtas > 1) the producer of rank r loads rows [r, r + 1) * kKVPartRows of each K / V tile
+// into the same slot of every CTA (the tensor maps' boxes are that tall): it waits until the slot is free in
+// all of them (empty counts every CTA's consumer warps), and its own full barrier expects the whole tile, whose
+// other parts the other CTAs' loads deliver (their bytes may arrive before this expect_tx: the phase still needs
+// this arrival).
 template <typename Cfg>
 __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv_head, const CUtensorMap* tm_q,
-                        const CUtensorMap* tm_k, const CUtensorMap* tm_v, PipelineState<Cfg::kStages>& st) {
+                        const CUtensorMap* tm_k, const CUtensorMap* tm_v, PipelineState<Cfg::kStages>& st,
+                        uint32_t rank) {
   constexpr int kPanels = Cfg::kHeadDim / kPanelCols;
   if (w.n_end <= w.n_begin) return;  // no visible keys: the consumers neither read Q nor wait for it
   // Tile n's K and V share a stage; pos is V's (tile n), the K load runs one position ahead.
@@ -46,11 +52,17 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
                   const RingPosition<Cfg::kStages>& at) {
     mbarrier_wait(&empty[at.index], at.phase ^ 1u);
     mbarrier_arrive_expect_tx(&full[at.index], Cfg::kKVTileBytes);
-    uint8_t* tile = ring + at.index * Cfg::kKVTileBytes;
+    uint8_t* part = ring + at.index * Cfg::kKVTileBytes + rank * Cfg::kKVPartRows * kSwizzleBytes;
+    const int row = w.k_row0 + n * Cfg::kBlockN + int(rank) * Cfg::kKVPartRows;
 #pragma unroll
-    for (int p = 0; p < kPanels; ++p)
-      tma_load_4d(tile + p * Cfg::kBlockN * kSwizzleBytes, map, p * kPanelCols, w.k_row0 + n * Cfg::kBlockN, kv_head,
-                  w.batch_coord, &full[at.index]);
+    for (int p = 0; p < kPanels; ++p) {
+      if constexpr (Cfg::kClusterCtas > 1)
+        tma_load_4d_multicast(part + p * Cfg::kBlockN * kSwizzleBytes, map, p * kPanelCols, row, kv_head,
+                              w.batch_coord, &full[at.index], uint16_t((1u << Cfg::kClusterCtas) - 1));
+      else
+        tma_load_4d(part + p * Cfg::kBlockN * kSwizzleBytes, map, p * kPanelCols, row, kv_head, w.batch_coord,
+                    &full[at.index]);
+    }
   };
   load(tm_k, sm.k(), sm.k_empty(), sm.k_full(), w.n_end - 1, pos);
   // Q's previous use has ended (a fresh barrier passes parity 1 at once).
@@ -103,20 +115,19 @@ struct Consumer {
     row[0] = w.m_block * Cfg::kBlockM + wg * kWgmmaRows + 16 * warp + lane / 4;
     row[1] = row[0] + 8;
     for (int r = 0; r < 2; ++r) {
-      int64_t lo, hi;
-      w.mask.key_range(row[r], &lo, &hi);
-      key_lo[r] = int(lo);
-      key_hi[r] = int(hi);
+      w.mask.key_range(row[r], &key_lo[r], &key_hi[r]);
     }
     // Both edges of the visible band move right with the row, so the keys every row of the tile sees are
     // [first key of the last row, end of the first row's keys); a key tile inside that needs no mask. The
-    // end is at most seqlen_k, so the tile holding the end of the keys is masked too.
-    const int row_begin = w.m_block * Cfg::kBlockM, row_end = min(row_begin + Cfg::kBlockM, w.seqlen_q);
-    int64_t lo_first, hi_first, lo_last, hi_last;
+    // end is at most seqlen_k, so the tile holding the end of the keys is masked too. A block past the sequence's
+    // end (in a cluster, the other CTA's block has rows) counts as one row: its rows are never written.
+    const int row_begin = w.m_block * Cfg::kBlockM;
+    const int row_end = min(row_begin + Cfg::kBlockM, max(w.seqlen_q, row_begin + 1));
+    int lo_first, hi_first, lo_last, hi_last;
     w.mask.key_range(row_begin, &lo_first, &hi_first);
     w.mask.key_range(row_end - 1, &lo_last, &hi_last);
-    full_lo = int((lo_last + kN - 1) / kN);
-    full_hi = int(hi_first / kN);
+    full_lo = (lo_last + kN - 1) / kN;
+    full_hi = hi_first / kN;
     q_desc = make_desc_k_major(smem_address(sm.q()) + wg * kWgmmaRows * kSwizzleBytes);
     k_desc = make_desc_k_major(smem_address(sm.k()));
     v_desc = make_desc_mn_major(smem_address(sm.v()), kN * kSwizzleBytes);
@@ -253,8 +264,19 @@ struct Consumer {
     __syncwarp();
     if (lane == 0) mbarrier_arrive(empty);
   }
-  __device__ void release_k(int stage) { release(&sm.k_empty()[stage]); }
-  __device__ void release_v(int stage) { release(&sm.v_empty()[stage]); }
+  // A K / V slot is filled by every CTA of the cluster (produce): its release reaches each CTA's barrier.
+  __device__ void release_kv(uint64_t* empty) {
+    if constexpr (Cfg::kClusterCtas == 1) {
+      release(empty);
+    } else {
+      __syncwarp();
+      if (lane == 0)
+        for (uint32_t r = 0; r < uint32_t(Cfg::kClusterCtas); ++r)
+          mbarrier_arrive_cluster_after_reads(cluster_shared_address(empty, r));
+    }
+  }
+  __device__ void release_k(int stage) { release_kv(&sm.k_empty()[stage]); }
+  __device__ void release_v(int stage) { release_kv(&sm.v_empty()[stage]); }
   // The tile's last S has landed: Q is no longer read.
   __device__ void release_q() { release(sm.q_empty()); }
 

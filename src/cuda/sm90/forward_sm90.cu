@@ -6,6 +6,9 @@
 // short sequences), each with its own buffers, barriers and tile sequence. A persistent grid of kCtasPerSm CTAs
 // per SM (two with a single consumer warpgroup, else one) whose pipelines claim the next tile from a global
 // counter as they finish one (TileSequence), or, when forced (Sm90Grid, forward_sm90.h), a pipeline per tile.
+// Clusters (kClusterCtas = 2, hd 64's pipelines): a tile is two blocks, one per CTA of the cluster, which share
+// each K / V tile: every CTA TMA-multicasts its half of it into both (half the L2 reads per product); rank 0's
+// producer claims the tiles and posts them into both CTAs' tile rings.
 // Warp roles (128 · (1 + consumer warpgroups of all pipelines) threads):
 //   warpgroup 0  producer: gives registers away (setmaxnreg); lane 0 of warp p issues pipeline p's TMA loads of
 //                each tile's Q block and of its K and V tiles into a kStages-deep shared-memory ring (full/empty
@@ -34,6 +37,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 #include <type_traits>
@@ -58,6 +62,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     forward_kernel(const __grid_constant__ ForwardKernelArgs args, const __grid_constant__ CUtensorMap tm_q,
                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
   extern __shared__ uint8_t smem_raw[];
+  const uint32_t rank = Cfg::kClusterCtas == 1 ? 0u : cluster_cta_rank();
   if (threadIdx.x == 0) {
     for (int pipeline = 0; pipeline < Cfg::kPipelines; ++pipeline) {
       const SharedStorage<Cfg> sm(smem_raw, pipeline);
@@ -66,17 +71,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       for (int s = 0; s < Cfg::kStages; ++s) {
         mbarrier_init(&sm.k_full()[s], 1);
         mbarrier_init(&sm.v_full()[s], 1);
-        mbarrier_init(&sm.k_empty()[s], Cfg::kConsumerWarps);
-        mbarrier_init(&sm.v_empty()[s], Cfg::kConsumerWarps);
+        mbarrier_init(&sm.k_empty()[s], Cfg::kKVReleases);
+        mbarrier_init(&sm.v_empty()[s], Cfg::kKVReleases);
       }
+      // Only rank 0's tile_empty is used in a cluster (TileSequence).
       for (int s = 0; s < kTileRing; ++s) {
         mbarrier_init(&sm.tile_full()[s], 1);
-        mbarrier_init(&sm.tile_empty()[s], Cfg::kConsumerWarps);
+        mbarrier_init(&sm.tile_empty()[s], rank == 0 ? Cfg::kTileReleases : 1);
       }
     }
     mbarrier_init_fence();
   }
-  __syncthreads();
+  // In a cluster the other CTAs' producers and consumers use this CTA's barriers: none may start before all are
+  // initialised.
+  if constexpr (Cfg::kClusterCtas > 1)
+    cluster_sync();
+  else
+    __syncthreads();
 
   // A tile with no rows (a varlen sequence shorter than the longest) is skipped by every thread alike.
   const int wg = warpgroup_index();
@@ -90,10 +101,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       tma_prefetch_map(&tm_q);
       tma_prefetch_map(&tm_k);
       tma_prefetch_map(&tm_v);
-      for (TileSequence<Cfg> seq(pipeline); seq.valid(args); seq.next_for_producer(args, sm)) {
-        const BlockWork w = block_work<Cfg>(args, seq.tile);
-        if (w.m_block * Cfg::kBlockM >= w.seqlen_q) continue;
-        produce<Cfg>(sm, w, w.head / args.heads_per_kv, &tm_q, &tm_k, &tm_v, st);
+      // The rank is read where it is used, not held (cluster_cta_rank): the producer's 32 registers have none to
+      // spare in a cluster.
+      auto cta_rank = [] { return Cfg::kClusterCtas == 1 ? 0u : cluster_cta_rank(); };
+      for (TileSequence<Cfg> seq(pipeline); seq.valid(args); seq.next_for_producer(args, sm, cta_rank())) {
+        const BlockWork w = block_work<Cfg>(args, seq.tile, int(cta_rank()));
+        if (!w.has_rows) continue;
+        produce<Cfg>(sm, w, w.head / args.heads_per_kv, &tm_q, &tm_k, &tm_v, st, cta_rank());
       }
     }
   } else {
@@ -102,9 +116,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     const int consumer = Cfg::kPipelines == 1 ? wg - 1 : (wg - 1) % Cfg::kConsumerWarpgroups;
     const SharedStorage<Cfg> sm(smem_raw, pipeline);
     if (consumer == Cfg::kConsumerWarpgroups - 1) pass_turn<Cfg>(consumer);
-    for (TileSequence<Cfg> seq(pipeline); seq.valid(args); seq.next_for_consumer(args, sm)) {
-      BlockWork w = block_work<Cfg>(args, seq.tile);
-      if (w.m_block * Cfg::kBlockM >= w.seqlen_q) continue;
+    for (TileSequence<Cfg> seq(pipeline); seq.valid(args); seq.next_for_consumer(args, sm, rank)) {
+      BlockWork w = block_work<Cfg>(args, seq.tile, int(rank));
+      if (!w.has_rows) continue;
       // In varlen the key-tile range comes from loads of cu_seqlens, which the compiler cannot see are equal in
       // every lane; broadcast it so the loop counters and ring positions stay warp-uniform (uniform registers
       // for the descriptors; TileSequence does the same for the tile number).
@@ -115,6 +129,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       c.epilogue();
     }
   }
+  // The other CTAs of a cluster still arrive on this CTA's barriers (their last K / V releases, tile ring reads)
+  // and their loads write into its shared memory until they are done: no CTA exits before every one is.
+  if constexpr (Cfg::kClusterCtas > 1) cluster_sync();
 }
 
 }  // namespace
@@ -141,15 +158,10 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   const bool varlen = p.is_varlen();
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   const int64_t batch_dim = varlen ? 1 : p.batch;
-  const int64_t m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  const int64_t num_tiles = m_blocks * p.heads_q * p.batch;
+  const int64_t m_tiles = (p.seqlen_q + Cfg::kTileRows - 1) / Cfg::kTileRows;
+  const int64_t num_tiles = m_tiles * p.heads_q * p.batch;
   if (num_tiles == 0) return Status::success();
   const bool persistent = grid == Sm90Grid::persistent;
-  // num_tiles < 2^30 (sm90_forward_supports): a CTA per tile always fits the grid.
-  const int64_t resident = int64_t(Cfg::kCtasPerSm) * device_attribute(cudaDevAttrMultiProcessorCount, 1);
-  // Each CTA runs kPipelines tile sequences (forward_config.h).
-  const int64_t per_tile_ctas = (num_tiles + Cfg::kPipelines - 1) / Cfg::kPipelines;
-  const int64_t ctas = persistent ? std::min<int64_t>(per_tile_ctas, resident) : per_tile_ctas;
   // In varlen the batch dimension has extent 1 and is never stepped; any valid stride will do.
   auto batch_stride = [&](int64_t s, int64_t row_stride, int64_t rows) {
     return varlen ? row_stride * std::max<int64_t>(rows, 1) : s;
@@ -167,10 +179,11 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   {
     const int64_t dims[4] = {kHeadDim, rows_k, p.heads_kv, batch_dim};
     const int64_t strides[3] = {p.k_row_stride, p.k_head_stride, batch_stride(p.k_batch_stride, p.k_row_stride, rows_k)};
-    Status st = make_tensor_map_sw128(&tm_k, k_base, p.dtype, dims, strides, Cfg::kBlockN);
+    // Each CTA of a cluster loads its part of every K / V tile (produce).
+    Status st = make_tensor_map_sw128(&tm_k, k_base, p.dtype, dims, strides, Cfg::kKVPartRows);
     if (!st.ok()) return st;
     const int64_t vstrides[3] = {p.v_row_stride, p.v_head_stride, batch_stride(p.v_batch_stride, p.v_row_stride, rows_k)};
-    st = make_tensor_map_sw128(&tm_v, v_base, p.dtype, dims, vstrides, Cfg::kBlockN);
+    st = make_tensor_map_sw128(&tm_v, v_base, p.dtype, dims, vstrides, Cfg::kKVPartRows);
     if (!st.ok()) return st;
   }
 
@@ -195,7 +208,7 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   // 32-bit window arguments: the narrowest edges that mean the same (a window past 2^31 would truncate).
   a.window_left = int(MaskSpec::narrowest_left(p.window_left, p.seqlen_k));
   a.window_right = int(MaskSpec::narrowest_right(p.window_right, p.seqlen_q));
-  a.num_m_blocks = int(m_blocks);
+  a.num_m_tiles = int(m_tiles);
   a.num_heads = int(p.heads_q);
   a.num_tiles = int(num_tiles);
 
@@ -205,10 +218,44 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   FA_CUDA_TRY(
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  cudaLaunchConfig_t config{};
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = Cfg::kClusterCtas;
+  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+  config.blockDim = dim3(Cfg::kThreads);
+  config.dynamicSmemBytes = Cfg::kSmemBytes;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = Cfg::kClusterCtas > 1 ? 1 : 0;  // a cluster of one CTA: an ordinary launch
+  // Each cluster runs kPipelines tile sequences (forward_config.h); num_tiles < 2^30 (sm90_forward_supports), so
+  // a cluster per tile always fits the grid.
+  const int64_t tile_clusters = (num_tiles + Cfg::kPipelines - 1) / Cfg::kPipelines;
+  int64_t clusters = tile_clusters;
+  if (persistent) {
+    int resident = Cfg::kCtasPerSm * device_attribute(cudaDevAttrMultiProcessorCount, 1);
+    if constexpr (Cfg::kClusterCtas > 1) {
+      // Clusters are placed within a GPC, whose SMs may not pair up: the driver says how many fit at once. Asked
+      // once per kernel and device (static storage starts at 0, "not asked"): the answer does not change.
+      constexpr int kCachedDevices = 64;
+      static std::atomic<int> asked[kCachedDevices];
+      const int dev = p.device.index;
+      int fit = dev >= 0 && dev < kCachedDevices ? asked[dev].load(std::memory_order_relaxed) : 0;
+      if (fit == 0) {
+        config.gridDim = dim3(unsigned(Cfg::kClusterCtas));
+        FA_CUDA_TRY(cudaOccupancyMaxActiveClusters(&fit, kernel, &config));
+        if (fit < 1) return Status::unsupported("cuda_sm90: no cluster of this forward kernel fits the device");
+        if (dev >= 0 && dev < kCachedDevices) asked[dev].store(fit, std::memory_order_relaxed);
+      }
+      resident = fit;
+    }
+    clusters = std::min<int64_t>(tile_clusters, resident);
+  }
+  config.gridDim = dim3(unsigned(clusters * Cfg::kClusterCtas));
   // A persistent grid claims tiles from a counter: 4 bytes of workspace (cuda/workspace.h), zeroed and freed on
   // the stream (capturable in a CUDA graph, and private to this call, so concurrent calls cannot interfere).
   a.tile_counter = nullptr;
-  if (ctas * Cfg::kPipelines < num_tiles) {
+  if (clusters * Cfg::kPipelines < num_tiles) {
     void* counter = nullptr;
     Status got = workspace_alloc(&counter, sizeof(unsigned), p.device.index, stream);
     if (!got.ok()) return got;
@@ -217,10 +264,7 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   Status st = cuda_status(a.tile_counter ? cudaMemsetAsync(a.tile_counter, 0, sizeof(unsigned), stream)
                                          : cudaSuccess,
                           "cudaMemsetAsync(sm90 tile counter)");
-  if (st.ok()) {
-    kernel<<<unsigned(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a, tm_q, tm_k, tm_v);
-    st = cuda_status(cudaGetLastError(), "cuda_sm90 forward launch");
-  }
+  if (st.ok()) st = cuda_status(cudaLaunchKernelEx(&config, kernel, a, tm_q, tm_k, tm_v), "cuda_sm90 forward launch");
   if (a.tile_counter) {
     Status freed = workspace_free(a.tile_counter, stream);
     if (st.ok()) st = freed;
@@ -271,6 +315,10 @@ Status sm90_forward_supports(const FwdParams& p) {
   if (!aligned(p.q, 16) || !aligned(p.k, 16) || !aligned(p.v, 16) || !aligned(p.o, 16))
     return Status::unsupported("cuda_sm90: TMA needs 16-byte aligned Q, K, V, O");
   if (p.heads_q > 65535 || p.batch > 65535) return Status::unsupported("cuda_sm90: more than 65535 heads or batches");
+  // The kernel's mask arithmetic is 32-bit (MaskSpec32): a row's diagonal and window edges, with the edges narrowed
+  // to the lengths, stay below 2^31 when the lengths add up to less (a tile of padding rows to spare).
+  if (p.seqlen_q + p.seqlen_k > (int64_t(1) << 31) - 1024)
+    return Status::unsupported("cuda_sm90: seqlen_q + seqlen_k past 2^31 - 1024 (the forward's 32-bit mask arithmetic)");
   // Tiles are numbered in int (the kernel adds the grid size to a tile number); counted at the smallest kBlockM.
   const int64_t kMaxTiles = int64_t(1) << 30;
   if ((p.seqlen_q + cuda::sm90::kWgmmaRows - 1) / cuda::sm90::kWgmmaRows * p.heads_q * p.batch >= kMaxTiles)

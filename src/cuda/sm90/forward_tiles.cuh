@@ -27,17 +27,18 @@ struct ForwardKernelArgs {
   float softcap_in_scale;  // softmax_scale / softcap
   bool causal;
   int window_left, window_right;
-  // Tiles: num_m_blocks query blocks x num_heads x batch, numbered head-major (every query block of one head,
-  // heaviest first under a causal mask, then the next head: CTAs running at once share K/V in L2). Pipeline p
-  // of CTA c (ForwardConfig::kPipelines) starts with tile c + p * gridDim.x.
+  // Tiles: num_m_tiles query tiles (kTileRows rows: a block per CTA of a cluster) x num_heads x batch, numbered
+  // head-major (every query tile of one head, heaviest first under a causal mask, then the next head: CTAs
+  // running at once share K/V in L2). Pipeline p of cluster c (ForwardConfig::kPipelines, kClusterCtas; a
+  // cluster of one CTA unless the plan says otherwise) starts with tile c + p * clusters.
   // With a pipeline per tile that is all. In a persistent grid (fewer pipelines than tiles) a pipeline that
   // finishes a tile claims the next unclaimed one from tile_counter (zeroed before the launch; claims count from
-  // gridDim.x * kPipelines), so tiles start in order however unequal their costs. A static stride (c, c +
+  // clusters * kPipelines), so tiles start in order however unequal their costs. A static stride (c, c +
   // gridDim.x, ...) instead left up to 1.8x the mean work on one CTA at 16k causal (bench/results/sm90-notes.md,
   // v3).
-  int num_m_blocks, num_heads;
+  int num_m_tiles, num_heads;
   int num_tiles;  // below 2^30 (sm90_forward_supports), so tile + gridDim.x * kPipelines cannot overflow
-  unsigned* tile_counter;  // null: static tiles, gridDim.x * kPipelines apart
+  unsigned* tile_counter;  // null: static tiles, clusters * kPipelines apart
 };
 
 // One base pointer; every region is a constant offset from it (forward_config.h has the sizes), so the
@@ -80,16 +81,22 @@ struct BlockWork {
   int batch_coord;     // TMA batch coordinate (0 in varlen, where the row dimension is the packed one)
   int seqlen_q, seqlen_k;
   int n_begin, n_end;  // key tiles [n_begin, n_end)
-  MaskSpec mask;
+  bool has_rows;       // the tile has query rows (this CTA's block may not, in a cluster: block_work)
+  MaskSpec32 mask;     // 32-bit: sm90_forward_supports bounds the lengths, the launcher narrows the window edges
 };
 
+// Tile t as seen by the CTA of cluster rank `rank`: a tile is Cfg::kClusterCtas blocks of kBlockM rows, this
+// CTA's the rank-th; the key tiles are those any row of the tile sees, the same for every CTA of the cluster
+// (they share each K/V tile). A tile past a sequence's end (varlen, or rows padded to whole tiles) has no rows
+// and no key tiles; a CTA whose own block is past the end still takes part in its tile's K/V stream.
 template <typename Cfg>
-__device__ BlockWork block_work(const ForwardKernelArgs& a, int t) {
+__device__ BlockWork block_work(const ForwardKernelArgs& a, int t, int rank) {
   BlockWork w;
   // CTAs start roughly in tile order, so t's order is the order in which tiles start.
-  const int m_blocks = a.num_m_blocks, heads = a.num_heads;
-  w.m_block = m_blocks - 1 - t % m_blocks;  // heaviest (causal) blocks of a head first
-  const int bh = t / m_blocks;
+  const int m_tiles = a.num_m_tiles, heads = a.num_heads;
+  const int m_tile = m_tiles - 1 - t % m_tiles;  // heaviest (causal) tiles of a head first
+  w.m_block = m_tile * Cfg::kClusterCtas + rank;
+  const int bh = t / m_tiles;
   w.head = int(bh % heads);
   w.batch = int(bh / heads);
   if (a.cu_seqlens_q) {
@@ -104,12 +111,13 @@ __device__ BlockWork block_work(const ForwardKernelArgs& a, int t) {
     w.seqlen_k = a.seqlen_k;
     w.batch_coord = w.batch;
   }
-  w.mask = MaskSpec::make(w.seqlen_q, w.seqlen_k, a.causal, a.window_left, a.window_right);
+  w.mask = MaskSpec32::make(w.seqlen_q, w.seqlen_k, a.causal, a.window_left, a.window_right);
   w.n_begin = w.n_end = 0;
-  const int row_begin = w.m_block * Cfg::kBlockM;
-  if (row_begin < w.seqlen_q) {
-    const int row_end = min(row_begin + Cfg::kBlockM, w.seqlen_q);
-    int64_t lo, hi;
+  const int row_begin = m_tile * Cfg::kTileRows;
+  w.has_rows = row_begin < w.seqlen_q;
+  if (w.has_rows) {
+    const int row_end = min(row_begin + Cfg::kTileRows, w.seqlen_q);
+    int lo, hi;
     w.mask.key_range_for_rows(row_begin, row_end, &lo, &hi);
     if (hi > lo) {
       w.n_begin = int(lo / Cfg::kBlockN);
@@ -119,52 +127,83 @@ __device__ BlockWork block_work(const ForwardKernelArgs& a, int t) {
   return w;
 }
 
-// The sequence of tiles one pipeline of a CTA runs (ForwardKernelArgs::tile_counter). Static: tiles
-// gridDim.x * kPipelines apart, computed on each side. Claimed (persistent grid): the pipeline's TMA thread claims
-// each next tile from the global counter and posts it through the pipeline's shared-memory tile ring, which its
-// consumer warps read. Producer and consumers see the same sequence.
+// mbarrier_wait for a tile ring's full barrier, on which, in a cluster (kClusterCtas > 1), rank 0's producer
+// arrives after storing the tile number into this CTA: the store must be seen (cluster-scope acquire). Barriers
+// that other CTAs only arrive on once they have read a buffer need no more than mbarrier_wait (the arrival is
+// mbarrier_arrive_cluster_after_reads): a cluster-scope acquire costs an L1 invalidation (CCTL.IVALL).
+template <typename Cfg>
+__device__ __forceinline__ void pipeline_wait(uint64_t* bar, uint32_t parity) {
+  if constexpr (Cfg::kClusterCtas > 1)
+    mbarrier_wait_cluster(bar, parity);
+  else
+    mbarrier_wait(bar, parity);
+}
+
+// The sequence of tiles one pipeline of a CTA runs (ForwardKernelArgs::tile_counter); pipeline p of every CTA of a
+// cluster runs the same one. Static: tiles (clusters x kPipelines) apart, computed on each side. Claimed
+// (persistent grid): the TMA thread of the pipeline in cluster rank 0 claims each next tile from the global counter
+// and posts it through the tile ring of the pipeline in every CTA of the cluster; the consumer warps, and in the
+// other ranks the TMA thread, read it there. Rank 0's tile_empty collects every reader's arrival.
 template <typename Cfg>
 struct TileSequence {
   int tile;
   unsigned posts = 0;  // tiles passed through the ring so far: slot posts % kTileRing, parity its pass's
 
-  // A CTA's pipelines are gridDim.x apart in the first tiles, so that the grid starts on tiles 0, 1, ... .
-  __device__ explicit TileSequence(int pipeline) : tile(blockIdx.x + pipeline * gridDim.x) {}
+  // A cluster's pipelines are `clusters()` apart in the first tiles, so that the grid starts on tiles 0, 1, ... .
+  __device__ explicit TileSequence(int pipeline) : tile(int(blockIdx.x) / Cfg::kClusterCtas + pipeline * clusters()) {}
+  __device__ static int clusters() { return int(gridDim.x) / Cfg::kClusterCtas; }
   // Tiles the grid's pipelines start on; claims count on from there.
-  __device__ static int first_claim() { return gridDim.x * Cfg::kPipelines; }
+  __device__ static int first_claim() { return clusters() * Cfg::kPipelines; }
   __device__ int slot() const { return int(posts % kTileRing); }
   __device__ uint32_t parity() const { return (posts / kTileRing) & 1u; }
   __device__ bool valid(const ForwardKernelArgs& a) const { return tile < a.num_tiles; }
 
   // The TMA thread, once it has issued the current tile's loads. A number past the end is posted too: it ends
   // the consumers' loops.
-  __device__ void next_for_producer(const ForwardKernelArgs& a, const SharedStorage<Cfg>& sm) {
+  __device__ void next_for_producer(const ForwardKernelArgs& a, const SharedStorage<Cfg>& sm, uint32_t rank) {
     if (!a.tile_counter) {
       tile += first_claim();
       return;
     }
-    tile = int(first_claim() + atomicAdd(a.tile_counter, 1u));
-    mbarrier_wait(&sm.tile_empty()[slot()], parity() ^ 1u);
-    sm.tile_slot()[slot()] = tile;
-    mbarrier_arrive(&sm.tile_full()[slot()]);
+    if (rank == 0) {
+      tile = int(first_claim() + atomicAdd(a.tile_counter, 1u));
+      mbarrier_wait(&sm.tile_empty()[slot()], parity() ^ 1u);
+      sm.tile_slot()[slot()] = tile;
+      mbarrier_arrive(&sm.tile_full()[slot()]);
+      for (uint32_t r = 1; r < uint32_t(Cfg::kClusterCtas); ++r) {
+        st_shared_cluster(cluster_shared_address(&sm.tile_slot()[slot()], r), uint32_t(tile));
+        mbarrier_arrive_cluster(cluster_shared_address(&sm.tile_full()[slot()], r));
+      }
+    } else {
+      pipeline_wait<Cfg>(&sm.tile_full()[slot()], parity());
+      tile = ld_shared_acquire_cluster(&sm.tile_slot()[slot()]);  // read before the arrival frees the slot
+      mbarrier_arrive_cluster_after_reads(cluster_shared_address(&sm.tile_empty()[slot()], 0));
+    }
     ++posts;
   }
 
   // Every thread of the consumer warpgroups (one arrival per warp frees the slot).
-  __device__ void next_for_consumer(const ForwardKernelArgs& a, const SharedStorage<Cfg>& sm) {
+  __device__ void next_for_consumer(const ForwardKernelArgs& a, const SharedStorage<Cfg>& sm, uint32_t rank) {
     if (!a.tile_counter) {
       tile += first_claim();
       return;
     }
-    mbarrier_wait(&sm.tile_full()[slot()], parity());
+    pipeline_wait<Cfg>(&sm.tile_full()[slot()], parity());
     // Lane 0 reads the slot and frees it (its arrival orders its own read before the producer's next write) and
     // broadcasts the number: the shuffle also tells the compiler that every lane holds the same tile, so the
     // loop bounds, ring positions and descriptors derived from it stay in uniform registers.
     const bool leader = threadIdx.x % 32 == 0;
     int claimed = 0;
     if (leader) {
-      claimed = sm.tile_slot()[slot()];
-      mbarrier_arrive(&sm.tile_empty()[slot()]);
+      if (rank == 0) {
+        claimed = sm.tile_slot()[slot()];
+        mbarrier_arrive(&sm.tile_empty()[slot()]);
+      } else {
+        // The arrival goes to rank 0, whose producer then overwrites this slot remotely: the read must have
+        // returned first (ld_shared_acquire_cluster); in rank 0 read and arrival are ordered at CTA scope.
+        claimed = ld_shared_acquire_cluster(&sm.tile_slot()[slot()]);
+        mbarrier_arrive_cluster_after_reads(cluster_shared_address(&sm.tile_empty()[slot()], 0));
+      }
     }
     tile = __shfl_sync(0xffffffffu, claimed, 0);
     ++posts;

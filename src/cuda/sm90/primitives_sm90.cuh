@@ -281,6 +281,68 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   }
 }
 
+// ---- thread-block clusters: another CTA's shared memory (distributed shared memory) ----
+// This CTA's rank in its cluster (blockIdx.x % cluster size for the forward's one-dimensional clusters). Read
+// anew at every call (a volatile read of the special register, where CCCL's get_sreg_cluster_ctarank lets the
+// compiler keep the value): a thread short of registers then holds no register for it between uses.
+__device__ __forceinline__ uint32_t cluster_cta_rank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+// Every thread of every CTA of the cluster: the arrive releases this thread's earlier shared-memory writes
+// (barrier initialisation included) to the cluster, the wait acquires the others'. Also a barrier for the CTA.
+__device__ __forceinline__ void cluster_sync() {
+  ::cuda::ptx::barrier_cluster_arrive();
+  ::cuda::ptx::barrier_cluster_wait();
+}
+// The shared::cluster address of the variable at `local` in the CTA of rank `rank`: the same offset in that CTA's
+// window. Inline PTX: CCCL has no mapa, and its remote-arrive wrapper takes a generic pointer, not this address.
+__device__ __forceinline__ uint32_t cluster_shared_address(const void* local, uint32_t rank) {
+  uint32_t remote;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;\n"
+      : "=r"(remote)
+      : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(local))), "r"(rank));
+  return remote;
+}
+// One arrival on a barrier of any CTA of the cluster (cluster_shared_address), releasing this thread's earlier
+// memory operations at cluster scope: what it wrote (st_shared_cluster) is seen by whoever waits with
+// mbarrier_wait_cluster. The release compiles to MEMBAR.ALL.GPU, which waits for every outstanding store of the
+// thread (global ones included): keep it off hot loops.
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// One arrival on a barrier of any CTA of the cluster that says "this CTA has finished reading the buffer" (a K / V
+// slot, a tile number): a CTA-scope release, as CUTLASS's cluster barriers arrive, so no GPU-wide fence. It
+// publishes no data; a TMA load that overwrites the buffer after the barrier completes is ordered by it. The reads
+// must have returned before it issues: wgmma's do once waited for, a plain load's does not (ld_shared_acquire_cluster).
+__device__ __forceinline__ void mbarrier_arrive_cluster_after_reads(uint32_t bar) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// A 32-bit read of this CTA's shared memory that completes before any later memory operation of the thread
+// (an acquire at cluster scope). For a value read before an arrival on another CTA's barrier that lets that CTA
+// overwrite it: ptxas issues the remote arrival (SYNCS.ARRIVE...RED) without waiting for an earlier plain load's
+// result, so the overwrite could land first and the load return the next value; the acquire load's CCTL waits for
+// the value (SASS). Inline PTX: CCCL's ld has no acquire form for shared memory.
+__device__ __forceinline__ int ld_shared_acquire_cluster(const int* local) {
+  int value;
+  asm volatile("ld.acquire.cluster.shared::cta.b32 %0, [%1];\n"
+               : "=r"(value)
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(local)))
+               : "memory");
+  return value;
+}
+// A 32-bit store into any CTA of the cluster; a later mbarrier_arrive_cluster publishes it.
+__device__ __forceinline__ void st_shared_cluster(uint32_t addr, uint32_t value) {
+  asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(addr), "r"(value) : "memory");
+}
+// mbarrier_wait for a barrier that other CTAs of the cluster arrive on: acquires at cluster scope, so what they
+// wrote before arriving (a remote store, their reads of a buffer this thread overwrites next) is ordered before.
+__device__ __forceinline__ void mbarrier_wait_cluster(uint64_t* bar, uint32_t parity) {
+  while (!::cuda::ptx::mbarrier_try_wait_parity(::cuda::ptx::sem_acquire, ::cuda::ptx::scope_cluster, bar, parity)) {
+  }
+}
+
 // Position in a ring of kStages slots and the parity of the current pass over it: each slot's barrier
 // completes once per pass, so the parity to wait for flips every time the index wraps.
 template <int kStages>
@@ -310,6 +372,14 @@ __device__ __forceinline__ void tma_load_4d(void* smem_dst, const void* map, int
                                     bar);
 }
 
+// tma_load_4d into the same shared-memory offset of every CTA in `cta_mask` (bit r: cluster rank r), each
+// destination's barrier at `bar`'s offset receiving the box's bytes as transactions.
+__device__ __forceinline__ void tma_load_4d_multicast(void* smem_dst, const void* map, int c0, int c1, int c2, int c3,
+                                                      uint64_t* bar, uint16_t cta_mask) {
+  const int32_t coords[4] = {c0, c1, c2, c3};
+  ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, smem_dst, map, coords, bar,
+                                    cta_mask);
+}
 __device__ __forceinline__ void tma_load_2d(void* smem_dst, const void* map, int c0, int c1, uint64_t* bar) {
   const int32_t coords[2] = {c0, c1};
   ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_shared, ::cuda::ptx::space_global, smem_dst, map, coords,
