@@ -1,0 +1,66 @@
+"""The warm-card comparison with cuDNN over a grid of cells in one process: for each (head dim, S, causal), REPEATS
+alternating bursts of back-to-back forward launches per library (recheck_cell.py's burst timing; odd repeats
+time cuDNN first). Prints one markdown row per cell: each library's TFLOP/s range and the lowest and highest
+per-repeat ratio ours / cuDNN.
+
+    PYTHONPATH=<build>/python python3 bench/gpu/burst_grid.py [--hd 64 128 256] [--seqlens 2048 ...]
+        [--causal 0 1] [--repeats 3] [--seconds 1]
+"""
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel
+
+import flashattn
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from bench_vs_torch import TORCH_BACKENDS, flops  # noqa: E402
+from recheck_cell import burst  # noqa: E402
+
+
+def cell(d, s, causal, repeats, seconds):
+    b, h = 16384 // s, 2048 // d  # the benchmark grid's shapes: B·S = 16k tokens, H·D = 2048
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    qb, kb, vb = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # flash_attn layout [b, s, h, d]
+
+    def ours():
+        return burst(lambda: flashattn.flash_attn_func(qb, kb, vb, causal=causal), seconds)
+
+    def cudnn():
+        with sdpa_kernel([TORCH_BACKENDS["cudnn"]]):
+            return burst(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), seconds)
+
+    f = flops(b, h, s, d, causal, backward=False) * 1e-12
+    readings = []
+    for i in range(repeats):
+        pair = (cudnn(), ours())[::-1] if i % 2 else (ours(), cudnn())
+        readings.append((f / pair[0], f / pair[1]))
+    return readings
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hd", type=int, nargs="+", default=[64, 128, 256])
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
+    ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=1.0)
+    args = ap.parse_args()
+    print(f"forward TFLOP/s, bursts of ~{args.seconds:g} s, {args.repeats} alternating repeats per cell "
+          f"({torch.cuda.get_device_name()})")
+    print("| hd | S | causal | ours | cuDNN | ours/cuDNN (lowest-highest) |")
+    print("|---|---|---|---|---|---|")
+    for d in args.hd:
+        for causal in args.causal:
+            for s in args.seqlens:
+                r = cell(d, s, bool(causal), args.repeats, args.seconds)
+                ours, cud = [x[0] for x in r], [x[1] for x in r]
+                ratios = [o / c for o, c in r]
+                print(f"| {d} | {s} | {'yes' if causal else 'no'} | {min(ours):.0f}-{max(ours):.0f} | "
+                      f"{min(cud):.0f}-{max(cud):.0f} | {min(ratios):.2f}-{max(ratios):.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
