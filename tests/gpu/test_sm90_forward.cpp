@@ -65,6 +65,22 @@ std::string first_mismatches(const HostTensor& got_t, const HostTensor& want_t, 
   return out;
 }
 
+// Device copies of a forward's tensors (the host tensors' shapes, strides and padding) and the arguments that
+// point at them.
+struct DeviceForward {
+  DeviceTensor q, k, v, out, lse;
+  ForwardArgs args;
+  DeviceForward(const HostTensor& hq, const HostTensor& hk, const HostTensor& hv, const HostTensor& ho,
+                const HostTensor& hlse)
+      : q(hq), k(hk), v(hv), out(ho), lse(hlse) {
+    args.q = q.view(hq);
+    args.k = k.view(hk);
+    args.v = v.view(hv);
+    args.out = out.view(ho);
+    args.lse = lse.view(hlse);
+  }
+};
+
 class Sm90Forward : public ::testing::TestWithParam<FwdCase> {};
 
 TEST_P(Sm90Forward, MatchesReference) {
@@ -129,14 +145,9 @@ TEST_P(Sm90Forward, MatchesReference) {
 
   o.poison();
   lse.poison();
-  DeviceTensor dq(q), dk(k), dv(v), dout(o), dlse(lse);
+  DeviceForward dev(q, k, v, o, lse);
   DeviceTensor dcuq, dcuk;
-  ForwardArgs a;
-  a.q = dq.view(q);
-  a.k = dk.view(k);
-  a.v = dv.view(v);
-  a.out = dout.view(o);
-  a.lse = dlse.view(lse);
+  ForwardArgs& a = dev.args;
   if (varlen) {
     dcuq = DeviceTensor(cuq_h);
     dcuk = DeviceTensor(cuk_h);
@@ -159,13 +170,13 @@ TEST_P(Sm90Forward, MatchesReference) {
                             : std::string("grid ") + detail::sm90_grid_name(detail::kSm90Grids[run]));
     o.poison();
     lse.poison();
-    dout.upload(o);
-    dlse.upload(lse);
+    dev.out.upload(o);
+    dev.lse.upload(lse);
     st = dispatched ? attention_forward(a, opt) : detail::sm90_forward_run(p, detail::kSm90Grids[run]);
     ASSERT_TRUE(st.ok()) << st.message;
     FA_CUDA_CHECK(cudaDeviceSynchronize());
-    dout.download(o);
-    dlse.download(lse);
+    dev.out.download(o);
+    dev.lse.download(lse);
 
     const double u = unit_roundoff(c.dtype);
     const double o_err = relative_error(o.values(), o_ref.values());
@@ -273,49 +284,49 @@ INSTANTIATE_TEST_SUITE_P(Grid, Sm90Forward, ::testing::ValuesIn(cases()),
 // cluster) show up rarely, as a hang or as a tile computed for the wrong rows. Many back-to-back launches of a
 // shape with many short tiles must give bitwise the same O and LSE every time (a tile's arithmetic does not
 // depend on which pipeline runs it). The first such race (a cluster's tile ring read after the slot was freed)
-// hung within 20000 launches of hd 64 causal 512 at this size.
+// hung within 20000 launches of hd 64 causal 512 at this size (bench/gpu/sm90_multicast/README.md).
 TEST(Sm90ForwardStress, BackToBackLaunchesGiveIdenticalOutputs) {
   FA_REQUIRE_GPU();
   if (flashattn::cuda_compute_capability(0) != 90) GTEST_SKIP() << "needs compute capability 9.0";
   struct Shape {
-    int64_t seqlen;
+    int64_t head_dim, seqlen;
     bool causal;
     int launches;
   };
-  constexpr int64_t kBatch = 32, kHeads = 32, kHeadDim = 64;
-  for (const Shape s : {Shape{512, true, 10000}, Shape{512, false, 4000}, Shape{1024, true, 4000}}) {
-    SCOPED_TRACE("seqlen " + std::to_string(s.seqlen) + (s.causal ? " causal" : ""));
-    HostTensor q(DType::bf16, {kBatch, s.seqlen, kHeads, kHeadDim}), o = q, k = q, v = q;
-    HostTensor lse(DType::f32, {kBatch, kHeads, s.seqlen});
-    std::mt19937_64 rng(uint64_t(s.seqlen) * 2 + s.causal);
+  // The benchmark grid's shapes (B·S = 16k tokens, H·D = 2048). hd 64 up to 2k keys runs in clusters (the race
+  // above); the other head dims' kernels hand tiles from producer to consumers through the same ring in one CTA.
+  constexpr int64_t kTokens = 16384, kModelWidth = 2048;
+  for (const Shape s : {Shape{64, 512, true, 10000}, Shape{64, 512, false, 4000}, Shape{64, 1024, true, 4000},
+                        Shape{128, 512, true, 3000}, Shape{256, 512, true, 3000}}) {
+    SCOPED_TRACE("hd " + std::to_string(s.head_dim) + " seqlen " + std::to_string(s.seqlen) +
+                 (s.causal ? " causal" : ""));
+    const int64_t batch = kTokens / s.seqlen, heads = kModelWidth / s.head_dim;
+    HostTensor q(DType::bf16, {batch, s.seqlen, heads, s.head_dim}), o = q, k = q, v = q;
+    HostTensor lse(DType::f32, {batch, heads, s.seqlen});
+    std::mt19937_64 rng(uint64_t(s.head_dim * s.seqlen) * 2 + s.causal);
     q.fill_normal(rng, 1.0);
     k.fill_normal(rng, 1.0);
     v.fill_normal(rng, 1.0);
-    DeviceTensor dq(q), dk(k), dv(v), dout(o), dlse(lse), first_out(o), first_lse(lse);
-    ForwardArgs a;
-    a.q = dq.view(q);
-    a.k = dk.view(k);
-    a.v = dv.view(v);
-    a.out = dout.view(o);
-    a.lse = dlse.view(lse);
+    DeviceForward dev(q, k, v, o, lse);
+    DeviceTensor first_out(o), first_lse(lse);
     AttentionOptions opt;
     opt.causal = s.causal;
     FwdParams p;
-    Status st = make_forward_params(a, opt, &p);
+    Status st = make_forward_params(dev.args, opt, &p);
     ASSERT_TRUE(st.ok()) << st.message;
     st = detail::sm90_forward_run(p, detail::Sm90Grid::persistent);
     ASSERT_TRUE(st.ok()) << st.message;
-    FA_CUDA_CHECK(cudaMemcpy(first_out.data(), dout.data(), o.bytes(), cudaMemcpyDeviceToDevice));
-    FA_CUDA_CHECK(cudaMemcpy(first_lse.data(), dlse.data(), lse.bytes(), cudaMemcpyDeviceToDevice));
+    FA_CUDA_CHECK(cudaMemcpy(first_out.data(), dev.out.data(), o.bytes(), cudaMemcpyDeviceToDevice));
+    FA_CUDA_CHECK(cudaMemcpy(first_lse.data(), dev.lse.data(), lse.bytes(), cudaMemcpyDeviceToDevice));
     unsigned* differing = nullptr;
     FA_CUDA_CHECK(cudaMalloc(&differing, sizeof(unsigned)));
     FA_CUDA_CHECK(cudaMemset(differing, 0, sizeof(unsigned)));
     cudaError_t compared = cudaSuccess;
     for (int i = 1; i < s.launches && st.ok() && compared == cudaSuccess; ++i) {
       st = detail::sm90_forward_run(p, detail::Sm90Grid::persistent);
-      if (st.ok()) compared = sm90::count_differing_words(dout.data(), first_out.data(), o.bytes(), differing);
+      if (st.ok()) compared = sm90::count_differing_words(dev.out.data(), first_out.data(), o.bytes(), differing);
       if (compared == cudaSuccess)
-        compared = sm90::count_differing_words(dlse.data(), first_lse.data(), lse.bytes(), differing);
+        compared = sm90::count_differing_words(dev.lse.data(), first_lse.data(), lse.bytes(), differing);
     }
     unsigned total = 0;
     const cudaError_t synced = cudaMemcpy(&total, differing, sizeof total, cudaMemcpyDeviceToHost);
