@@ -147,7 +147,8 @@ struct KernelPlan;
 // pipelines at 4k without a mask -3 to -5%, at 8k -3 to -8%.
 // The pipelines run in clusters of two CTAs sharing each K/V tile (kClusterCtas): in sustained timing +2% at 2k
 // causal (368-372 vs 363), +3% at 2k without a mask and at 4k causal, +1% at 1k without (sm90-notes.md, v19).
-// Clusters did not pay for the 192-row kernel (-2 to -7%) nor for pipelines past these lengths (-2%).
+// Clusters did not pay for the 192-row kernel (-2 to -7%) nor for pipelines past these lengths (-2%); 64- or 80-key
+// tiles with deeper rings here lose 9-14% (v20).
 using Hd64ShortKeysPlan = Plan<ForwardConfig<64, 128, 1, 2, IssueOrder::free, 3, 2>>;
 template <>
 struct KernelPlan<64, false> : Plan<ForwardConfig<64, 128, 3, 3>, Hd64ShortKeysPlan, 2048> {};
