@@ -1,6 +1,7 @@
 // sm_90a test kernels, one per primitive of src/cuda/sm90/primitives_sm90.cuh (see sm90_primitive_kernels.h).
 // Built with -gencode=arch=compute_90a,code=sm_90a only. Each kernel is a plain single-block program whose
-// result the host compares with a reference computed on the CPU.
+// result the host compares with a reference computed on the CPU. Also a comparison kernel for the forward's
+// stress test (count_differing_words).
 #include "sm90_primitive_kernels.h"
 
 #include "cuda/sm90/primitives_sm90.cuh"
