@@ -90,7 +90,6 @@ struct BasicMaskSpec {
   }
 };
 
-
 // The mask in 64-bit arithmetic: every backend's host code, the CPU paths and the kernels that take 64-bit lengths.
 using MaskSpec = BasicMaskSpec<int64_t>;
 // In 32-bit arithmetic, half the registers: for kernels whose sequence lengths add up to below 2^31 minus a

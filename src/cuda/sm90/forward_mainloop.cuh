@@ -266,14 +266,11 @@ struct Consumer {
   }
   // A K / V slot is filled by every CTA of the cluster (produce): its release reaches each CTA's barrier.
   __device__ void release_kv(uint64_t* empty) {
-    if constexpr (Cfg::kClusterCtas == 1) {
-      release(empty);
-    } else {
-      __syncwarp();
-      if (lane == 0)
-        for (uint32_t r = 0; r < uint32_t(Cfg::kClusterCtas); ++r)
-          mbarrier_arrive_cluster_after_reads(cluster_shared_address(empty, r));
-    }
+    if constexpr (Cfg::kClusterCtas == 1) return release(empty);
+    __syncwarp();
+    if (lane == 0)
+      for (uint32_t r = 0; r < uint32_t(Cfg::kClusterCtas); ++r)
+        mbarrier_arrive_cluster_after_reads(cluster_shared_address(empty, r));
   }
   __device__ void release_k(int stage) { release_kv(&sm.k_empty()[stage]); }
   __device__ void release_v(int stage) { release_kv(&sm.v_empty()[stage]); }

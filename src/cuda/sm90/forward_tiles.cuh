@@ -176,8 +176,7 @@ struct TileSequence {
       }
     } else {
       pipeline_wait<Cfg>(&sm.tile_full()[slot()], parity());
-      tile = ld_shared_acquire_cluster(&sm.tile_slot()[slot()]);  // read before the arrival frees the slot
-      mbarrier_arrive_cluster_after_reads(cluster_shared_address(&sm.tile_empty()[slot()], 0));
+      tile = take_posted(sm, rank);
     }
     ++posts;
   }
@@ -193,20 +192,25 @@ struct TileSequence {
     // broadcasts the number: the shuffle also tells the compiler that every lane holds the same tile, so the
     // loop bounds, ring positions and descriptors derived from it stay in uniform registers.
     const bool leader = threadIdx.x % 32 == 0;
-    int claimed = 0;
-    if (leader) {
-      if (rank == 0) {
-        claimed = sm.tile_slot()[slot()];
-        mbarrier_arrive(&sm.tile_empty()[slot()]);
-      } else {
-        // The arrival goes to rank 0, whose producer then overwrites this slot remotely: the read must have
-        // returned first (ld_shared_acquire_cluster); in rank 0 read and arrival are ordered at CTA scope.
-        claimed = ld_shared_acquire_cluster(&sm.tile_slot()[slot()]);
-        mbarrier_arrive_cluster_after_reads(cluster_shared_address(&sm.tile_empty()[slot()], 0));
-      }
-    }
+    const int claimed = leader ? take_posted(sm, rank) : 0;
     tile = __shfl_sync(0xffffffffu, claimed, 0);
     ++posts;
+  }
+
+  // One reader's turn at the current slot, whose full barrier has completed: the posted tile number, and the
+  // reader's arrival on rank 0's tile_empty (rank 0's producer posts every CTA's numbers). The arrival lets rank 0
+  // overwrite the slot, in another CTA remotely: there the read must have returned first (ld_shared_acquire_cluster);
+  // in rank 0 read and arrival are ordered at CTA scope.
+  __device__ int take_posted(const SharedStorage<Cfg>& sm, uint32_t rank) const {
+    int* posted = &sm.tile_slot()[slot()];
+    if (rank == 0) {
+      const int t = *posted;
+      mbarrier_arrive(&sm.tile_empty()[slot()]);
+      return t;
+    }
+    const int t = ld_shared_acquire_cluster(posted);
+    mbarrier_arrive_cluster_after_reads(cluster_shared_address(&sm.tile_empty()[slot()], 0));
+    return t;
   }
 };
 
