@@ -2,7 +2,8 @@
 """CPU benchmark of issue 2: flashattn's CPU flash path against PyTorch's
 torch.nn.functional.scaled_dot_product_attention on the CPU, on the same shapes and thread count, plus the
 naive reference and the machine's fp32 GEMM rate (torch.matmul). Writes a markdown table and the raw numbers
-as JSON under bench/results/ (cpu-YYYY-MM-DD.md / .json).
+as JSON under bench/results/data/ (cpu-vs-torch-YYYY-MM-DD-COMMIT.md / .json; bench/results/cpu.md shows the
+latest table).
 
     python3 bench/cpu/compare_torch.py [--build-dir build-cpu] [--threads N] [--min-time 0.5]
 
@@ -111,9 +112,11 @@ def main():
     ap.add_argument("--min-time", type=float, default=0.5)
     ap.add_argument("--naive-max-seconds", type=float, default=8)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--out-dir", default=os.path.join(ROOT, "bench", "results"))
-    ap.add_argument("--name", default="cpu-" + datetime.date.today().isoformat())
+    ap.add_argument("--out-dir", default=os.path.join(ROOT, "bench", "results", "data"))
+    ap.add_argument("--name", default=None, help="file name without extension (default cpu-vs-torch-DATE-COMMIT)")
     args = ap.parse_args()
+    if args.name is None:
+        args.name = f"cpu-vs-torch-{datetime.date.today().isoformat()}-{git_commit()[:7]}"
 
     exe = os.path.join(args.build_dir, "bench", "cpu", "flashattn_bench_cpu")
     if not os.path.exists(exe):

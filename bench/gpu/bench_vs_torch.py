@@ -4,7 +4,7 @@ Grid as in the FlashAttention papers and shared/ANCHORS.md: B*S = 16k tokens, H*
 64/128/256, causal and not, S = 512 ... 16k. Timing: median of triton.testing.do_bench (25 ms warm-up,
 100 ms of repeats). FLOPs: forward 4*B*H*S^2*D, half for causal; backward 2.5x the forward.
 
-    python3 bench/gpu/bench_vs_torch.py --out bench/results/gpu-YYYY-MM-DD  [--quick]
+    python3 bench/gpu/bench_vs_torch.py --out bench/results/data/gpu-vs-sdpa-YYYY-MM-DD-COMMIT  [--quick]
 
 Writes OUT.json, OUT.md (tables of TFLOP/s and our ratio to each backend) and OUT.png (chart).
 """

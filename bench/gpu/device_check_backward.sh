@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for the CUDA backward (the sm80 kernels and the Hopper kernel, src/cuda/sm80/backward*,
+# One GPU run for the CUDA backward (the sm80 kernels and the Hopper kernel, src/cuda/sm80/backward*,
 # src/cuda/sm90/backward_sm90.cu): build (sm_90 + sm_90a, all cores), the backward GPU tests with the sm80
 # kernels forced and through dispatch (which must pick cuda_sm90 where it supports the call), compute-sanitizer
 # memcheck / racecheck / synccheck on the tiny cases, resource usage, the timing program on each backend and

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for the sm80 forward: build (whole tree, sm_90, all cores), GPU tests, compute-sanitizer
+# One GPU run for the sm80 forward: build (whole tree, sm_90, all cores), GPU tests, compute-sanitizer
 # memcheck + racecheck on the tiny cases, resource usage, our timings and PyTorch's flash backend side by side.
 # Logs go to $OUT (6 files); a short summary is printed last. Needs googletest: the system's, or sources in
 # .gtest-src (carried).

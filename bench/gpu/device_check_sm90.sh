@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for the Hopper forward (issue 4): build the tree (sm_90 + sm_90a, all cores), the sm90 GPU
+# One GPU run for the Hopper forward: build the tree (sm_90 + sm_90a, all cores), the sm90 GPU
 # tests (primitives, the forward grid on every launch grid, dispatch), compute-sanitizer memcheck / racecheck /
 # synccheck on a few small cases, the resource report of the forward kernels, bench_sm90_forward (the planned
 # kernels on each grid) and, with SM90_TORCH=quick|full, the side-by-side benchmark against PyTorch SDPA

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call that checks the whole project on a GPU: builds everything (library, CLI, C++ suites, Python
+# One run that checks the whole project on a GPU: builds everything (library, CLI, C++ suites, Python
 # module) with 16 cores, runs every GPU test, memcheck on small cases, the Python suite on CUDA, the
 # side-by-side benchmark against PyTorch SDPA and the long-sequence memory check through the CLI.
 # Results go to $OUT (summary.txt, bench.*, the logs in logs.tgz); the summary is printed last.

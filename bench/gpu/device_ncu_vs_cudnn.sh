@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call: Nsight Compute on our forward kernel and on cuDNN's (PyTorch SDPA) at the same cells, one
+# One GPU run: Nsight Compute on our forward kernel and on cuDNN's (PyTorch SDPA) at the same cells, one
 # launch each under the same locked clocks, so that their pipe use (tensor, MUFU), L2 traffic, warp states and
 # launch shapes can be read side by side. Optionally a gtest filter first (NCU_TESTS, carry .gtest-src), also
 # under racecheck (NCU_RACECHECK: a second filter).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call that profiles one launch of a Hopper kernel with Nsight Compute: speed of light, warp states,
+# One GPU run that profiles one launch of a Hopper kernel with Nsight Compute: speed of light, warp states,
 # scheduler, then a full-set report whose per-instruction source counters are summarised by
 # bench/gpu/ncu_source_summary.py (the SASS lines and opcodes where warps stall). Optionally the whole C++ GPU
 # suite first. Logs in $OUT (logs.tgz; the summaries are printed). Carry .gtest-src when PROF_TESTS=1.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for tuning the sm80 backward: build this tree (all cores), the backward GPU tests and
+# One GPU run for tuning the sm80 backward: build this tree (all cores), the backward GPU tests and
 # racecheck on the tiny cases, then variants of the backward objects linked into copies of the library so that
 # the timing program compares them on the same machine and clocks, and Nsight Compute on one bwd_dkdv launch
 # per profile target (and on PyTorch's FlashAttention-2 kernel for the same shape). Logs go to $OUT.

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# A/B timing of Hopper kernel variants in one device call (the forward's tile plans, or with SM90V_KERNEL=backward
-# the backward kernel). Each bench/gpu/sm90_variants/<name>.sed edits a copy of src/cuda/sm90/forward_config.h
-# (a <name>.patch instead applies to a copy of the tree with patch -p1, for changes beyond the config: e.g. the
-# previous version of the kernel); only the kernel's unit (forward_sm90.cu or backward_sm90.cu) is recompiled for
-# it and linked ahead of the main build's library (whose own object for that unit the linker then leaves out), so
-# a variant costs one compile, all of them in parallel. bench_sm90_forward (the persistent grid, as dispatched)
-# then runs for the baseline and every variant, SM90V_PASSES times in rotation (the spread between passes is the
-# noise to read differences against).
+# A/B timing of Hopper kernel variants in one GPU run (the forward's tile plans, or with SM90V_KERNEL=backward
+# the backward kernel). Each $SM90V_DIR/<name>.sed edits a copy of src/cuda/sm90/forward_config.h (a <name>.patch
+# instead applies to a copy of the tree with patch -p1, for changes beyond the config: e.g. the previous version
+# of the kernel); only the kernel's unit (forward_sm90.cu or backward_sm90.cu) is recompiled for it and linked
+# ahead of the main build's library (whose own object for that unit the linker then leaves out), so a variant
+# costs one compile, all of them in parallel. bench_sm90_forward (the persistent grid, as dispatched) then runs
+# for the baseline and every variant, SM90V_PASSES times in rotation (the spread between passes is the noise to
+# read differences against).
 # Results: $OUT/variants.txt (one column per build, the lower of the passes) and the raw CSVs.
 #   The variant name "tree" builds the working tree unedited, the same way as every variant (the base binary comes
 #   from the CMake build and has shown a bias of a few per cent against variant builds).
-#   SM90V_DIR: where the variants are (default bench/gpu/sm90_variants; e.g. bench/gpu/sm90_experiments);
+#   SM90V_DIR: where the variants are (default bench/gpu/sm90_variants). The tree holds no variants: write the
+#   .sed / .patch files of an experiment there (or anywhere, and point SM90V_DIR at it). With none, the run times
+#   the base (and "tree" when SM90V_VARIANTS names it). The variants and ceiling patches measured so far (tile
+#   plans, turns, pipelines, clusters, no-load / no-softmax / no-store ceilings, the clock probe) are at git tag
+#   results-archive-2026-12-01 under bench/gpu/sm90_*/, with their results in bench/results/hopper-forward.md.
 #   SM90V_VARIANTS="a b" (default: every .sed and .patch there); SM90V_PASSES=2; SM90V_GRID=persistent; SM90V_ITERS=20;
 #   SM90V_TESTS=<gtest filter> also builds and runs those GPU tests on the baseline (carry .gtest-src).
 #   SM90V_SUSTAINED="persistent,64,2048,1:3000 ..." (cell:launches) adds SM90V_ROUNDS (3) rounds of sustained
@@ -123,7 +127,7 @@ print("(TFLOP/s: the lower pass, and in brackets the spread between passes)")
 PY
 # Sustained timing (forward only): each cell's reading is the median of many back-to-back launches (about a
 # second), so the card runs at the clock its power draw allows; rounds rotate the builds. Readings repeat within
-# 1% where 20-launch passes spread by 5-15% (sm90-notes.md, v18).
+# 1% where 20-launch passes spread by 5-15% (bench/results/hopper-forward.md, "Timing on this card").
 if [ "${SM90V_SUSTAINED:-}" ] && [ "$kernel" = forward ]; then
   for round in $(seq 1 "${SM90V_ROUNDS:-3}"); do
     for v in "${builds[@]}"; do

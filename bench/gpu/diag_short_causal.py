@@ -1,7 +1,7 @@
 """Where the time of one short forward call goes through the PyTorch op: torch.profiler around ten calls of
 flashattn.flash_attn_func (inputs requiring grad, causal) at a few short shapes of the benchmark grid (bf16,
 B*S = 16k tokens, H*D = 2048); prints per call the device time of the top events (the kernel, memsets) and their
-CPU time (the op's host path). bench/results/host-overhead-2026-11-29/ has what it found.
+CPU time (the op's host path). bench/results/host-overhead.md has what it found.
 
     PYTHONPATH=<build>/python python3 bench/gpu/diag_short_causal.py
 """

@@ -2,7 +2,7 @@
 one-off reading from a reproducible one. Same inputs and timing as bench_vs_torch.py, or with BURST_SECONDS > 0
 each reading is the mean of a burst of back-to-back forward launches lasting about that long (CUDA events around
 the burst): both libraries are then read on a card at the clock its power draw allows, where the short timing
-reads ours highest on a cool card (sm90-notes.md, v18).
+reads ours highest on a cool card (bench/results/hopper-forward.md, "Timing on this card").
 
     PYTHONPATH=<build>/python python3 bench/gpu/recheck_cell.py HEAD_DIM SEQLEN CAUSAL(0|1) [REPEATS] [BURST_SECONDS]
 """
