@@ -14,6 +14,7 @@ host, which copies them from the device (not capturable).
 
 from __future__ import annotations
 
+import operator
 from typing import List, NamedTuple, Optional, Tuple
 
 import torch
@@ -203,6 +204,9 @@ def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k) -> None:
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
             raise TypeError(f"{name}: dtype {t.dtype} differs from q's {q.dtype}")
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    for name, t in (("q", q), ("k", k), ("v", v)):  # before anything reads the head dim off a shape
+        _check_rank(name, t, varlen)
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if t is not None:
             _check_tensor(name, t, floating=False)
@@ -210,15 +214,99 @@ def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k) -> None:
                 raise TypeError(f"{name}: dtype must be torch.int32, got {t.dtype}")
 
 
-def resolve_scale(softmax_scale: Optional[float], head_dim: int) -> float:
+FLOAT32_MAX = 3.4028234663852886e38  # the library carries softmax_scale and softcap as float
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+
+def check_flag(name: str, value) -> bool:
+    """A boolean option: True / False (0 / 1 and numpy booleans too). Anything else is a TypeError naming it, not
+    a truthiness test: causal="no" or None would otherwise silently mean True or False."""
+    if value is True or value is False:
+        return value
+    if not isinstance(value, (str, bytes, Tensor)):
+        try:
+            if value == 0 or value == 1:
+                return bool(value)
+        except Exception:  # noqa: BLE001 - whatever it is, it is not a flag
+            pass
+    raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
+
+
+def check_integer(name: str, value, lo: int, hi: int) -> int:
+    """An integer option in [lo, hi] (Python ints and anything with __index__, not floats)."""
+    if type(value) is not int:
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise TypeError(f"{name}: expected an integer, got {type(value).__name__} {value!r}") from None
+    if not lo <= value <= hi:
+        bound = f">= {lo}" if hi == INT64_MAX else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name}: must be {bound}, got {value}")
+    return value
+
+
+def check_real(name: str, value) -> float:
+    """A real-valued option as a Python float; NaN and infinities are left to the caller's range checks."""
+    if type(value) is float:
+        return value
+    if isinstance(value, (str, bytes)) or value is None:
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__}") from None
+
+
+def resolve_scale(softmax_scale: Optional[float], head_dim: int, name: str = "softmax_scale",
+                  tensor_name: str = "q") -> float:
+    """softmax_scale, or 1/sqrt(head_dim) when None. `name` / `tensor_name` are the caller's names for the scale
+    and for the tensor whose last dimension is the head dim (SDPA: "scale", "query")."""
     if softmax_scale is None:
+        if head_dim < 1:
+            raise ValueError(f"{tensor_name}: head dim must be >= 1, got {head_dim}")
         return head_dim ** -0.5
-    scale = float(softmax_scale)
-    if scale != scale or scale in (float("inf"), float("-inf")):
-        raise ValueError(f"softmax_scale: must be finite, got {softmax_scale}")
+    scale = check_real(name, softmax_scale)
+    if scale != scale or abs(scale) > FLOAT32_MAX:
+        raise ValueError(f"{name}: must be finite (and within float32 range), got {softmax_scale}")
     if scale <= 0:
-        raise NotImplementedError(f"softmax_scale: only positive scales are supported, got {softmax_scale}")
+        raise NotImplementedError(f"{name}: only positive scales are supported, got {softmax_scale}")
     return scale
+
+
+def check_softcap(softcap) -> float:
+    """The library's softcap: 0 = off, else a finite positive float32 value."""
+    cap = check_real("softcap", softcap)
+    if not 0.0 <= cap <= FLOAT32_MAX:  # NaN fails this too
+        raise ValueError(f"softcap: must be finite (and within float32 range) and >= 0, got {softcap}")
+    return cap
+
+
+def window_edge(name: str, value, q: Tensor, k: Tensor) -> int:
+    """A window edge: -1 = unbounded, else the number of keys beyond the diagonal. An edge of at least every
+    sequence length is unbounded; such edges above int32 are passed as -1, so that no 64-bit edge arithmetic
+    can overflow (native windows near 2^63 returned zeros) and edges beyond int64 are not an error."""
+    if type(value) is not int:
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise TypeError(f"{name}: expected an integer, got {type(value).__name__} {value!r}") from None
+    # (dim -3 is the row dimension of both layouts, [b, s, h, d] and [total, h, d]; the shapes are read only here
+    # so that torch.compile does not guard on them for ordinary windows)
+    if value > INT32_MAX and q.dim() >= 3 and k.dim() >= 3 and value >= max(q.shape[-3], k.shape[-3]):
+        return -1
+    if not -1 <= value <= INT64_MAX:
+        raise ValueError(f"{name}: must be >= -1 (-1 = unbounded), got {value}")
+    return value
+
+
+def _check_options(q: Tensor, k: Tensor, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap,
+                   deterministic):
+    """The options shared by attention and choose_backend, checked and normalised (one error naming each)."""
+    return (check_integer("max_seqlen_q", max_seqlen_q, 0, INT64_MAX),
+            check_integer("max_seqlen_k", max_seqlen_k, 0, INT64_MAX), check_flag("causal", causal),
+            window_edge("window_left", window_left, q, k), window_edge("window_right", window_right, q, k),
+            check_softcap(softcap), check_flag("deterministic", deterministic))
 
 
 def attention(
@@ -251,6 +339,9 @@ def attention(
         missing = "cu_seqlens_k" if cu_seqlens_k is None else "cu_seqlens_q"
         raise ValueError(f"{missing}: cu_seqlens_q and cu_seqlens_k must be given together")
     scale = resolve_scale(softmax_scale, q.shape[-1])
+    max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, deterministic = _check_options(
+        q, k, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, deterministic)
+    num_threads = check_integer("num_threads", num_threads, 0, INT32_MAX)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     ints, floats = op_options(max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap,
                               deterministic, num_threads)
@@ -284,10 +375,13 @@ def choose_backend(
     """Which backend `attention` would run for these arguments (backward=True: for the backward, with
     `deterministic` as given to `attention`), and why."""
     _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    scale = resolve_scale(softmax_scale, q.shape[-1])
+    max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, deterministic = _check_options(
+        q, k, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, deterministic)
+    backward = check_flag("backward", backward)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     name, ok, reason = _C.choose_backend(
-        _dl(q), _dl(k), _dl(v), None, _dl(cu_seqlens_q), _dl(cu_seqlens_k), int(max_seqlen_q), int(max_seqlen_k),
-        softmax_scale=resolve_scale(softmax_scale, q.shape[-1]), causal=causal, window_left=window_left,
-        window_right=window_right, softcap=softcap, backward=backward, deterministic=deterministic, backend=backend,
-        stream=_stream(q))
+        _dl(q), _dl(k), _dl(v), None, _dl(cu_seqlens_q), _dl(cu_seqlens_k), max_seqlen_q, max_seqlen_k,
+        softmax_scale=scale, causal=causal, window_left=window_left, window_right=window_right, softcap=softcap,
+        backward=backward, deterministic=deterministic, backend=str(backend), stream=_stream(q))
     return BackendChoice(name, ok, reason)

@@ -17,11 +17,12 @@ name, "auto" dispatches) and `num_threads` (CPU backends, 0 = all cores).
 
 from __future__ import annotations
 
+import operator
 from typing import Optional, Sequence, Tuple
 
 from torch import Tensor
 
-from ._ops import attention
+from ._ops import attention, check_flag, check_real
 
 __all__ = [
     "flash_attn_func",
@@ -33,12 +34,19 @@ __all__ = [
 ]
 
 
-def _reject_unsupported(dropout_p, alibi_slopes, block_table=None) -> None:
-    if dropout_p is None or dropout_p < 0 or dropout_p >= 1:
+def check_dropout(dropout_p) -> None:
+    if dropout_p is None:
+        raise ValueError("dropout_p: must be in [0, 1), got None")
+    p = check_real("dropout_p", dropout_p)
+    if not 0.0 <= p < 1.0:  # NaN fails this too
         raise ValueError(f"dropout_p: must be in [0, 1), got {dropout_p}")
-    if dropout_p > 0:
+    if p > 0:
         raise NotImplementedError(
             f"dropout_p={dropout_p}: attention dropout is not supported by flashattn yet; pass dropout_p=0.0")
+
+
+def _reject_unsupported(dropout_p, alibi_slopes, block_table=None) -> None:
+    check_dropout(dropout_p)
     if alibi_slopes is not None:
         raise NotImplementedError("alibi_slopes: ALiBi biases are not supported by flashattn yet; pass None")
     if block_table is not None:
@@ -50,17 +58,24 @@ def _window(window_size: Sequence[int]) -> Tuple[int, int]:
         left, right = window_size
     except (TypeError, ValueError):
         raise ValueError(f"window_size: expected a pair (left, right), got {window_size!r}") from None
+    try:
+        left, right = operator.index(left), operator.index(right)
+    except TypeError:
+        raise TypeError(f"window_size: expected a pair of integers, got {window_size!r}") from None
     # flash_attn treats every negative size as unbounded.
-    return (-1 if left < 0 else int(left)), (-1 if right < 0 else int(right))
+    return (-1 if left < 0 else left), (-1 if right < 0 else right)
 
 
 def _softcap(softcap: float) -> float:
+    cap = check_real("softcap", softcap)
+    if cap != cap:
+        raise ValueError(f"softcap: must be a number, got {softcap}")
     # flash_attn: anything <= 0 turns soft-capping off.
-    return float(softcap) if softcap > 0 else 0.0
+    return cap if cap > 0 else 0.0
 
 
 def _result(out: Tensor, lse: Tensor, return_attn_probs: bool):
-    return (out, lse, None) if return_attn_probs else out
+    return (out, lse, None) if check_flag("return_attn_probs", return_attn_probs) else out
 
 
 def _split(name: str, packed: Tensor, dim: int, count: int, layout: str):

@@ -13,12 +13,12 @@ causal mask is bottom-right aligned (j <= i + S - L), so it is mapped:
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 from torch import Tensor
 
-from ._ops import _check_tensor, attention
+from ._ops import _check_tensor, attention, check_flag, resolve_scale
+from .flash_attn_interface import check_dropout
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -46,11 +46,9 @@ def scaled_dot_product_attention(
         raise NotImplementedError(
             "attn_mask: arbitrary attention masks are not supported by flashattn; use is_causal, or the window "
             "and varlen arguments of flashattn.flash_attn_func / flash_attn_varlen_func")
-    if dropout_p is None or dropout_p < 0 or dropout_p >= 1:
-        raise ValueError(f"dropout_p: must be in [0, 1), got {dropout_p}")
-    if dropout_p > 0:
-        raise NotImplementedError(
-            f"dropout_p={dropout_p}: attention dropout is not supported by flashattn yet; pass dropout_p=0.0")
+    check_dropout(dropout_p)
+    is_causal = check_flag("is_causal", is_causal)
+    enable_gqa = check_flag("enable_gqa", enable_gqa)
     for name, t in (("query", query), ("key", key), ("value", value)):
         _check_tensor(name, t)
         if t.dim() < 3:
@@ -86,7 +84,7 @@ def scaled_dot_product_attention(
             causal = True
             if seq_q < seq_k:
                 k, v = k[:, :seq_q], v[:, :seq_q]
-    softmax_scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    softmax_scale = resolve_scale(scale, query.shape[-1], name="scale", tensor_name="query")
     out, _ = attention(q, k, v, softmax_scale=softmax_scale, causal=causal, window_right=window_right,
                        backend=backend, num_threads=num_threads)
     out = out.transpose(1, 2)  # [b, h, s_q, d_v] view of the [b, s_q, h, d_v] result

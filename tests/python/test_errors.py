@@ -94,3 +94,109 @@ def test_failed_call_leaves_no_partial_state():
         flash_attn_func(q, k[:, :2], v)
     out = flash_attn_func(q, k, v, backend="cpu_reference")
     assert torch.isfinite(out).all()
+
+
+def _hd0(b=1, s=4, h=2):
+    return torch.randn(b, s, h, 0)
+
+
+CU = torch.tensor([0, 4], dtype=torch.int32)
+HEAD_DIM_0_CALLS = {
+    "flash_attn_func": lambda: flash_attn_func(_hd0(), _hd0(), _hd0()),
+    "flash_attn_qkvpacked_func": lambda: flashattn.flash_attn_qkvpacked_func(torch.randn(1, 4, 3, 2, 0)),
+    "flash_attn_kvpacked_func": lambda: flashattn.flash_attn_kvpacked_func(_hd0(), torch.randn(1, 4, 2, 2, 0)),
+    "flash_attn_varlen_func": lambda: flash_attn_varlen_func(_hd0()[0], _hd0()[0], _hd0()[0], CU, CU, 4, 4),
+    "flash_attn_varlen_qkvpacked_func": lambda: flashattn.flash_attn_varlen_qkvpacked_func(
+        torch.randn(4, 3, 2, 0), CU, 4),
+    "flash_attn_varlen_kvpacked_func": lambda: flashattn.flash_attn_varlen_kvpacked_func(
+        _hd0()[0], torch.randn(4, 2, 2, 0), CU, CU, 4, 4),
+    "attention": lambda: flashattn.attention(_hd0(), _hd0(), _hd0()),
+    "choose_backend": lambda: flashattn.choose_backend(_hd0(), _hd0(), _hd0()),
+    "scaled_dot_product_attention": lambda: flashattn.scaled_dot_product_attention(_hd0(), _hd0(), _hd0()),
+}
+
+
+@pytest.mark.parametrize("name", HEAD_DIM_0_CALLS)
+def test_head_dim_zero_names_the_tensor(name):
+    """A head dim of 0 with the default scale: a ValueError naming the tensor, not a ZeroDivisionError from
+    1/sqrt(0)."""
+    with pytest.raises(ValueError, match=r"^(q|query): head dim must be >= 1, got 0"):
+        HEAD_DIM_0_CALLS[name]()
+
+
+@pytest.mark.parametrize("kwargs,exc,pattern", [
+    ({"softmax_scale": "0.5"}, TypeError, "^softmax_scale: expected a number"),
+    ({"softmax_scale": 1e39}, ValueError, "^softmax_scale: must be finite"),   # inf once carried as float32
+    ({"softcap": None}, TypeError, "^softcap: expected a number"),
+    ({"softcap": float("nan")}, ValueError, "^softcap"),                        # was silently "off"
+    ({"softcap": 1e39}, ValueError, "^softcap"),                                # was NaN output
+    ({"dropout_p": float("nan")}, ValueError, "^dropout_p"),                    # was silently 0
+    ({"dropout_p": "0"}, TypeError, "^dropout_p: expected a number"),
+    ({"window_size": (None, 0)}, TypeError, "^window_size: expected a pair of integers"),
+    ({"window_size": (1.5, 0)}, TypeError, "^window_size: expected a pair of integers"),  # was truncated to 1
+    ({"window_size": (1, 2, 3)}, ValueError, "^window_size: expected a pair"),
+    ({"causal": "no"}, TypeError, "^causal: expected a bool"),                  # was True
+    ({"causal": None}, TypeError, "^causal: expected a bool"),
+    ({"deterministic": "yes"}, TypeError, "^deterministic: expected a bool"),
+    ({"return_attn_probs": "no"}, TypeError, "^return_attn_probs: expected a bool"),
+    ({"num_threads": None}, TypeError, "^num_threads: expected an integer"),
+    ({"num_threads": 2.0}, TypeError, "^num_threads: expected an integer"),
+    ({"num_threads": 2**40}, ValueError, r"^num_threads: must be in \[0, 2147483647\]"),
+    ({"backend": None}, ValueError, "^backend: unknown name 'None'"),
+], ids=lambda x: repr(x) if isinstance(x, dict) else "")
+def test_bad_option_types_name_the_option(kwargs, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        flash_attn_func(*qkv(), **kwargs)
+
+
+def test_varlen_and_sdpa_option_types_name_the_option():
+    q = torch.randn(4, 2, 8)
+    with pytest.raises(TypeError, match="^max_seqlen_q: expected an integer"):
+        flash_attn_varlen_func(q, q, q, CU, CU, None, 4)
+    with pytest.raises(TypeError, match="^max_seqlen_k: expected an integer"):
+        flash_attn_varlen_func(q, q, q, CU, CU, 4, 4.0)
+    with pytest.raises(ValueError, match="^max_seqlen_q: must be >= 0"):
+        flash_attn_varlen_func(q, q, q, CU, CU, -1, 4)
+    x = torch.randn(1, 2, 4, 8)
+    sdpa = flashattn.scaled_dot_product_attention
+    with pytest.raises(TypeError, match="^scale: expected a number"):
+        sdpa(x, x, x, scale="0.1")
+    with pytest.raises(NotImplementedError, match="^scale: only positive"):
+        sdpa(x, x, x, scale=-0.1)
+    with pytest.raises(TypeError, match="^is_causal: expected a bool"):
+        sdpa(x, x, x, is_causal=None)
+    with pytest.raises(TypeError, match="^enable_gqa: expected a bool"):
+        sdpa(x, x, x, enable_gqa="no")
+    with pytest.raises(ValueError, match="^dropout_p"):
+        sdpa(x, x, x, dropout_p=float("nan"))
+    with pytest.raises(ValueError, match="^window_left: must be >= -1"):
+        flashattn.attention(x, x, x, window_left=-2)
+    with pytest.raises(ValueError, match="^softcap"):
+        flashattn.attention(x, x, x, softcap=-1.0)  # the library's own API: 0 = off, negative is an error
+    with pytest.raises(TypeError, match="^backward: expected a bool"):
+        flashattn.choose_backend(x, x, x, backward="yes")
+
+
+def test_flags_accept_bool_like_values():
+    q, k, v = qkv()
+    base = flash_attn_func(q, k, v, causal=True, backend="cpu_reference")
+    np = pytest.importorskip("numpy")
+    for flag in (1, np.True_):
+        torch.testing.assert_close(flash_attn_func(q, k, v, causal=flag, backend="cpu_reference"), base,
+                                   rtol=0, atol=0)
+
+
+def test_windows_beyond_every_sequence_are_unbounded():
+    """sys.maxsize (or more) as a window edge means unbounded: the same result as -1 (near 2^63 the native
+    edge arithmetic overflowed and returned zeros)."""
+    import sys
+    for sq, sk in ((5, 5), (2, 5), (5, 2)):
+        q, k, v = qkv(sq=sq, sk=sk)
+        for backend in ("cpu_reference", "auto"):
+            base = flash_attn_func(q, k, v, window_size=(-1, 0), backend=backend)
+            for big in (2**40, sys.maxsize, 2**70):
+                torch.testing.assert_close(flash_attn_func(q, k, v, window_size=(big, 0), backend=backend), base,
+                                           rtol=0, atol=0, msg=f"{backend} s_q={sq} s_k={sk} window {big}")
+            full = flash_attn_func(q, k, v, backend=backend)
+            torch.testing.assert_close(flash_attn_func(q, k, v, window_size=(sys.maxsize, sys.maxsize),
+                                                       backend=backend), full, rtol=0, atol=0)
