@@ -10,21 +10,29 @@ import torch
 import flashattn
 from conftest import CUDA_AVAILABLE, _backend_problem, requires_cuda
 from fa_reference import attention_ref
+from test_dispatch import supported_shape_problems
 from test_attention import CASES, Case, check_against_reference, make_inputs
 from test_torch_integration import AttentionBlock, bwd_args, fwd_args, opcheck_cases
 from test_varlen import VARLEN_CASES, run_case
 
 pytestmark = [pytest.mark.cuda, requires_cuda]
 
-_problem = {dt: _backend_problem("auto", "cuda", dt, head_dim=64) for dt in (torch.float16, torch.bfloat16)} \
-    if CUDA_AVAILABLE else {}
-
 
 @pytest.fixture(params=[torch.float16, torch.bfloat16], ids=str)
 def dtype(request):
-    if _problem.get(request.param):
-        pytest.skip(f"automatic CUDA dispatch cannot run {request.param}: {_problem[request.param]}")
+    # Never a skip: if automatic dispatch cannot run a dtype the kernels support, its tests fail (and the probes
+    # below say which shape).
     return request.param
+
+
+def test_automatic_cuda_path_probe(dtype):
+    problem = _backend_problem("auto", "cuda", dtype, head_dim=64)
+    assert problem is None, f"automatic CUDA dispatch declined its probe shape ({dtype}, hd 64): {problem}"
+
+
+def test_automatic_cuda_path_runs_every_supported_shape(dtype):
+    problems = supported_shape_problems("cuda", dtype)
+    assert not problems, "automatic CUDA dispatch cannot run supported shapes:\n" + "\n".join(problems)
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)

@@ -29,6 +29,8 @@ def test_build_queries():
     assert _C.cuda_device_count() >= 0
     if not _C.built_with_cuda():
         assert _C.cuda_device_count() == 0
+    elif torch.cuda.is_available():  # a CUDA build must see the GPUs torch sees (else the CUDA tests would skip)
+        assert _C.cuda_device_count() == torch.cuda.device_count()
     assert _C.release_cached_memory() is None  # nothing to release is not an error
     assert flashattn.release_cached_memory is _C.release_cached_memory
 
