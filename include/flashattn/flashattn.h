@@ -33,7 +33,7 @@ const char* backend_name(Backend b);
 bool parse_backend(const std::string& name, Backend* out);
 
 struct AttentionOptions {
-  // <= 0 selects the default 1 / sqrt(head_dim).
+  // <= 0 selects the default 1 / sqrt(head_dim). Applied in fp32 (rounded to the nearest float), as is softcap.
   double softmax_scale = 0.0;
   bool causal = false;
   // Sliding window around the (bottom-right aligned) diagonal; -1 = unbounded on that side.

@@ -1,7 +1,7 @@
 // The CPU flash path against the fp64 reference, forward and backward, over a grid shaped like real use and its
 // edges: lengths 1, 2, 17, 127 (and a few at 1000), s_q > s_k and s_q < s_k with causal, GQA ratios 1, 2, 8,
 // head dims 8..256 with d_v != d, both layouts and padded rows, windows with and without causal, softcap,
-// varlen with empty sequences, fully masked rows, all four dtypes.
+// varlen with empty sequences, fully masked rows, softmax scales other than 1/√d, all four dtypes.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -86,6 +86,17 @@ std::vector<AttnCase> grid_cases() {
       c.pad = dt == DType::bf16 ? 1 : 0;
       cases.push_back(c);
     }
+  // A softmax scale of the caller's (not 1/√d), forward and backward, with masks, softcap, GQA and varlen.
+  for (DType dt : kDtypes) {
+    AttnCase c = base(dt, 45, 70, 4, 2, 32, 40);
+    c.softmax_scale = dt == DType::f32 ? 0.37 : 1.1;
+    c.causal = dt != DType::f64;
+    c.softcap = dt == DType::bf16 ? 6 : 0;
+    cases.push_back(c);
+    c.lens_q = {5, 0, 40}, c.lens_k = {9, 3, 33};
+    c.window_left = 7;
+    cases.push_back(c);
+  }
   // Random combinations of every axis (kept small: this grid also runs under the sanitizers).
   std::mt19937_64 rng(20261129);
   auto pick = [&](int64_t n) { return int64_t(rng() % uint64_t(n)); };
@@ -100,6 +111,7 @@ std::vector<AttnCase> grid_cases() {
     c.window_left = pick(3) == 0 ? pick(40) : -1;
     c.window_right = pick(4) == 0 ? pick(10) : -1;
     c.softcap = pick(4) == 0 ? 20 : 0;
+    c.softmax_scale = pick(3) == 0 ? 0.05 * double(1 + pick(20)) : 0;
     c.layout = pick(2) ? Layout::bhsd : Layout::bshd;
     c.pad = pick(3) == 0 ? 7 : 0;
     cases.push_back(c);
@@ -145,9 +157,9 @@ class FlashGrid : public ::testing::TestWithParam<AttnCase> {};
 TEST_P(FlashGrid, MatchesReference) {
   const AttnCase& c = GetParam();
   const AttnProblem pb(c, std::hash<std::string>{}(c.name()));
-  const AttnResult ref = run_attention(pb, Backend::cpu_reference, true, 0, /*as_f64=*/true);
+  const AttnResult ref = oracle_for(pb, true);
   const AttnResult got = run_attention(pb, Backend::cpu_flash, true);
-  expect_matches_reference(c, got, ref, naive_for(pb, true), true);
+  expect_matches_reference(c, got, ref, naive_for(pb, true, &got.o), true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, FlashGrid, ::testing::ValuesIn(grid_cases()),

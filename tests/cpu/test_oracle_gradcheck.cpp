@@ -1,5 +1,6 @@
-// The oracle's own gradients against central finite differences, in fp64, so that every other test can trust
-// Backend::cpu_reference. Loss L = Σ O ∘ G for a fixed random G (= dout), so dL/dX is what the backward returns.
+// The oracle's own gradients (tests/common/oracle.h) against central finite differences of its own forward, in
+// fp64, so that every other test can trust them. Loss L = Σ O ∘ G for a fixed random G (= dout), so dL/dX is what
+// the backward returns.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -12,11 +13,7 @@ namespace flashattn::test {
 namespace {
 
 double loss(const AttnProblem& pb, const HostTensor& q, const HostTensor& k, const HostTensor& v) {
-  HostTensor out = pb.alloc_out(DType::f64);
-  ForwardArgs a = pb.forward_args(q, k, v, out, nullptr);
-  const Status st = attention_forward(a, pb.c().options(Backend::cpu_reference));
-  EXPECT_TRUE(st.ok()) << st.message;
-  const std::vector<double> o = out.values(), g = pb.dout().values();
+  const std::vector<double> o = oracle_attention(q, k, v, nullptr, pb.c().spec()).o, g = pb.dout().values();
   double l = 0;
   for (size_t i = 0; i < o.size(); ++i) l += o[i] * g[i];
   return l;
@@ -25,7 +22,7 @@ double loss(const AttnProblem& pb, const HostTensor& q, const HostTensor& k, con
 void check_gradients(AttnCase c) {
   c.dtype = DType::f64;
   const AttnProblem pb(c, std::hash<std::string>{}(c.name()));
-  const AttnResult r = run_attention(pb, Backend::cpu_reference, true);
+  const AttnResult r = oracle_for(pb, true);
   HostTensor q = to_f64(pb.q());
   HostTensor k = to_f64(pb.k()), v = to_f64(pb.v());
   // Step: balances truncation (h²) against cancellation (u / h) for O(1) data in fp64.
@@ -67,39 +64,45 @@ AttnCase small(int64_t sq, int64_t sk, int64_t hq, int64_t hkv) {
   return c;
 }
 
-TEST(ReferenceGradcheck, Plain) { check_gradients(small(5, 7, 2, 2)); }
+TEST(OracleGradcheck, Plain) { check_gradients(small(5, 7, 2, 2)); }
 
-TEST(ReferenceGradcheck, CausalBottomRight) {
+TEST(OracleGradcheck, CausalBottomRight) {
   AttnCase c = small(7, 4, 2, 2);  // s_q > s_k: the first rows see nothing
   c.causal = true;
   check_gradients(c);
 }
 
-TEST(ReferenceGradcheck, WindowAndCausal) {
+TEST(OracleGradcheck, WindowAndCausal) {
   AttnCase c = small(6, 9, 2, 1);
   c.causal = true, c.window_left = 2;
   check_gradients(c);
 }
 
-TEST(ReferenceGradcheck, TwoSidedWindow) {
+TEST(OracleGradcheck, TwoSidedWindow) {
   AttnCase c = small(8, 6, 1, 1);
   c.window_left = 1, c.window_right = 2;
   check_gradients(c);
 }
 
-TEST(ReferenceGradcheck, Softcap) {
+TEST(OracleGradcheck, Softcap) {
   AttnCase c = small(5, 6, 2, 2);
   c.softcap = 1.5;  // small enough that tanh is far from linear on these scores
   check_gradients(c);
 }
 
-TEST(ReferenceGradcheck, GroupedQueryHeads) {
+TEST(OracleGradcheck, SoftmaxScale) {
+  AttnCase c = small(5, 6, 2, 1);
+  c.softmax_scale = 0.9, c.softcap = 2, c.window_right = 1;
+  check_gradients(c);
+}
+
+TEST(OracleGradcheck, GroupedQueryHeads) {
   AttnCase c = small(4, 5, 4, 1);  // four query heads share one K/V head: dK/dV sum over them
   c.causal = true;
   check_gradients(c);
 }
 
-TEST(ReferenceGradcheck, Varlen) {
+TEST(OracleGradcheck, Varlen) {
   AttnCase c = small(0, 0, 2, 1);
   c.lens_q = {3, 0, 4};
   c.lens_k = {5, 2, 0};
