@@ -1,5 +1,12 @@
+# The store-rounding kernels are plain CUDA, built for the library's architectures.
+add_library(flashattn_gpu_test_kernels OBJECT ${CMAKE_CURRENT_LIST_DIR}/store_kernels.cu)
+target_include_directories(flashattn_gpu_test_kernels PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src
+                           ${PROJECT_SOURCE_DIR}/tests)
+
 set(FLASHATTN_GPU_TEST_SOURCES
+  $<TARGET_OBJECTS:flashattn_gpu_test_kernels>
   ${CMAKE_CURRENT_LIST_DIR}/test_gpu_smoke.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/test_gpu_stores.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_sm80_forward.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_gpu_backward.cpp
 )

@@ -2,12 +2,13 @@
 // forced, and whatever dispatch picks (on Hopper the sm90 kernel, src/cuda/sm90/backward_sm90.cu, for the calls
 // it supports; each such case also checks that dispatch did pick it).
 //
-// O and LSE come from the CPU reference forward (so these tests do not depend on the GPU forward). The oracle
-// is the reference backward in float64 on the same rounded inputs. The tolerance follows FlashAttention's
-// rule: err(ours) <= 2 * err(emulation) + atol, where the emulation is this file's own naive backward that
-// rounds exactly where the kernel must (P and dS to the storage type before their products, fp32 sums, D from
-// the rounded O, outputs rounded), and err is both the L2 and the max abs error vs the oracle; atol is
-// u * |ref| (u = the dtype's unit roundoff) plus a tiny floor for gradients that vanish exactly.
+// O and LSE come from the oracle's forward (tests/common/oracle.h), rounded as a forward stores them, so these tests
+// depend neither on the GPU forward nor on the library's own reference. The oracle is the textbook backward in
+// float64 on the same rounded inputs. The tolerance follows FlashAttention's rule: err(ours) <= 2 *
+// err(emulation) + atol, where the emulation is the same textbook in fp32 rounding exactly where the kernel must
+// (P and dS to the storage type before their products, D from the stored O, outputs rounded), and err is both
+// the L2 and the max abs error vs the oracle; atol is u * |ref| (u = the dtype's unit roundoff) plus a tiny floor
+// for gradients that vanish exactly.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,7 +19,7 @@
 #include <vector>
 
 #include "common/host_tensor.h"
-#include "common/mask.h"
+#include "common/oracle.h"
 #include "cuda/sm80/backward_launch.cuh"
 #include "flashattn/flashattn.h"
 #include "gpu/device_tensor.h"
@@ -32,6 +33,7 @@ struct BwdCase {
   bool causal = false;
   int64_t wl = -1, wr = -1;
   double softcap = 0;
+  double softmax_scale = 0;  // 0: 1/√d
   bool bhsd = false;   // storage order [b, h, s, d] (a permuted view) instead of [b, s, h, d]
   bool dout_own_layout = false;  // dout in the other storage order, 8 elements of row padding (unlike out)
   int64_t pad = 0;     // extra elements at the end of every row (odd values break 16-byte alignment)
@@ -46,7 +48,7 @@ struct BwdCase {
   std::string name() const {
     std::ostringstream os;
     os << dtype_name(dtype) << " b" << batch << " sq" << sq << " sk" << sk << " h" << hq << "/" << hkv << " d" << d
-       << "/" << dv << (causal ? " causal" : "") << " win(" << wl << "," << wr << ")" << " cap" << softcap
+       << "/" << dv << (causal ? " causal" : "") << " win(" << wl << "," << wr << ")" << " cap" << softcap << " scale" << softmax_scale
        << (bhsd ? " bhsd" : "") << (dout_own_layout ? " dout-own-layout" : "") << " pad" << pad << (varlen() ? " varlen" : "") << (deterministic ? " det" : "") << " stages" << stages
        << " smem" << smem_limit << " " << backend_name(backend);
     return os.str();
@@ -99,13 +101,6 @@ Problem make_problem(const BwdCase& c, DType dt) {
   return p;
 }
 
-// Same logical values in another dtype (and the same layout).
-void copy_values(const HostTensor& from, HostTensor& to) {
-  std::vector<double> vals = from.values();
-  size_t i = 0;
-  to.for_each([&](int64_t off) { to.set(off, vals[i++]); });
-}
-
 BackwardArgs views(Problem& p, bool varlen, const DeviceTensor* dev = nullptr) {
   // dev: device tensors in the order q, k, v, o, lse, dout, dq, dk, dv, cu_q, cu_k.
   HostTensor* hs[] = {&p.q, &p.k, &p.v, &p.o, &p.lse, &p.dout, &p.dq, &p.dk, &p.dv, &p.cu_q, &p.cu_k};
@@ -135,97 +130,25 @@ AttentionOptions options(const BwdCase& c, Backend b) {
   o.causal = c.causal;
   o.window_left = c.wl, o.window_right = c.wr;
   o.softcap = c.softcap;
+  o.softmax_scale = c.softmax_scale;
   o.deterministic = c.deterministic;
   o.backend = b;
   return o;
 }
 
-double round_to(DType t, double x) {
-  if (t == DType::f16) return to_float(to_half(float(x)));
-  if (t == DType::bf16) return to_float(to_bfloat16(float(x)));
-  return x;
+AttnSpec spec_of(const BwdCase& c) {
+  AttnSpec s;
+  s.causal = c.causal, s.window_left = c.wl, s.window_right = c.wr, s.softcap = c.softcap;
+  s.softmax_scale = c.softmax_scale;
+  s.lens_q.assign(c.lens_q.begin(), c.lens_q.end());
+  s.lens_k.assign(c.lens_k.begin(), c.lens_k.end());
+  return s;
 }
 
-// Rows [start, start + n) of head h of a [b, s, h, d] / [total, h, d] tensor as dense fp32 [n][dim].
-std::vector<float> gather(const BwdCase& c, const HostTensor& t, int64_t b, int64_t start, int64_t n, int64_t h) {
-  const int64_t dim = t.shape().back();
-  std::vector<float> out(size_t(n * dim));
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t col = 0; col < dim; ++col) {
-      const int64_t off = c.varlen() ? t.offset({start + i, h, col}) : t.offset({b, start + i, h, col});
-      out[size_t(i * dim + col)] = float(t.get(off));
-    }
-  return out;
-}
-
-void scatter(const BwdCase& c, HostTensor& t, int64_t b, int64_t start, int64_t n, int64_t h,
-             const std::vector<float>& v) {
-  const int64_t dim = t.shape().back();
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t col = 0; col < dim; ++col) {
-      const int64_t off = c.varlen() ? t.offset({start + i, h, col}) : t.offset({b, start + i, h, col});
-      t.set(off, v[size_t(i * dim + col)]);
-    }
-}
-
-// The kernel's arithmetic, naively: fp32 products and sums, P and dS rounded to the storage type before they
-// enter products, D from the stored O. Writes dq, dk, dv of `p` (rounded to its dtype).
-void emulate_backward(const BwdCase& c, Problem& p) {
-  const DType dt = c.dtype;
-  const int64_t group = c.hq / c.hkv, nb = c.varlen() ? int64_t(c.lens_q.size()) : c.batch;
-  const float scale = float(1.0 / std::sqrt(double(c.d)));
-  const int64_t d = c.d, dv = c.dv;
-  for (int64_t b = 0; b < nb; ++b) {
-    const int64_t q0 = c.varlen() ? int64_t(p.cu_q.get(b)) : 0, k0 = c.varlen() ? int64_t(p.cu_k.get(b)) : 0;
-    const int64_t sq = c.varlen() ? c.lens_q[size_t(b)] : c.sq, sk = c.varlen() ? c.lens_k[size_t(b)] : c.sk;
-    const MaskSpec mask = MaskSpec::make(sq, sk, c.causal, c.wl, c.wr);
-    for (int64_t hk = 0; hk < c.hkv; ++hk) {
-      const std::vector<float> K = gather(c, p.k, b, k0, sk, hk), V = gather(c, p.v, b, k0, sk, hk);
-      std::vector<float> dK(size_t(sk * d), 0.f), dV(size_t(sk * dv), 0.f);
-      for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-        const std::vector<float> Q = gather(c, p.q, b, q0, sq, h), dO = gather(c, p.dout, b, q0, sq, h);
-        const std::vector<float> O = gather(c, p.o, b, q0, sq, h);
-        std::vector<float> P(size_t(sq * sk), 0.f), dS(size_t(sq * sk), 0.f), dQ(size_t(sq * d), 0.f);
-#pragma omp parallel for schedule(dynamic)
-        for (int64_t i = 0; i < sq; ++i) {
-          const float lse = float(p.lse.get(c.varlen() ? p.lse.offset({h, q0 + i}) : p.lse.offset({b, h, i})));
-          float dsum = 0;
-          for (int64_t col = 0; col < dv; ++col) dsum += dO[size_t(i * dv + col)] * O[size_t(i * dv + col)];
-          for (int64_t j = 0; j < sk; ++j) {
-            if (!mask.visible(i, j) || lse == -INFINITY) continue;
-            float s = 0, dp = 0;
-            for (int64_t col = 0; col < d; ++col) s += Q[size_t(i * d + col)] * K[size_t(j * d + col)];
-            for (int64_t col = 0; col < dv; ++col) dp += dO[size_t(i * dv + col)] * V[size_t(j * dv + col)];
-            float prob, dscale = 1.f;
-            if (c.softcap > 0) {
-              const float t = std::tanh(s * scale / float(c.softcap));
-              prob = std::exp(float(c.softcap) * t - lse);
-              dscale = 1.f - t * t;
-            } else {
-              prob = std::exp(s * scale - lse);
-            }
-            P[size_t(i * sk + j)] = float(round_to(dt, prob));
-            dS[size_t(i * sk + j)] = float(round_to(dt, prob * dscale * (dp - dsum)));
-          }
-          for (int64_t j = 0; j < sk; ++j)
-            for (int64_t col = 0; col < d; ++col) dQ[size_t(i * d + col)] += dS[size_t(i * sk + j)] * K[size_t(j * d + col)];
-          for (int64_t col = 0; col < d; ++col) dQ[size_t(i * d + col)] *= scale;
-        }
-#pragma omp parallel for schedule(dynamic)
-        for (int64_t j = 0; j < sk; ++j) {
-          for (int64_t i = 0; i < sq; ++i) {
-            const float pij = P[size_t(i * sk + j)], dsij = dS[size_t(i * sk + j)];
-            for (int64_t col = 0; col < dv; ++col) dV[size_t(j * dv + col)] += pij * dO[size_t(i * dv + col)];
-            for (int64_t col = 0; col < d; ++col) dK[size_t(j * d + col)] += dsij * Q[size_t(i * d + col)];
-          }
-        }
-        scatter(c, p.dq, b, q0, sq, h, dQ);
-      }
-      for (float& x : dK) x *= scale;
-      scatter(c, p.dk, b, k0, sk, hk, dK);
-      scatter(c, p.dv, b, k0, sk, hk, dV);
-    }
-  }
+// Logical values into a tensor of the same logical shape (any layout).
+void set_values(HostTensor& t, const std::vector<double>& values) {
+  size_t i = 0;
+  t.for_each([&](int64_t off) { t.set(off, values[i++]); });
 }
 
 // Storage offsets that are not logical elements (row padding) must keep their poison.
@@ -285,31 +208,24 @@ void run_case(const BwdCase& c) {
   Problem lo = make_problem(c, c.dtype);
   lo.q.fill_normal(rng), lo.k.fill_normal(rng), lo.v.fill_normal(rng), lo.dout.fill_normal(rng);
 
-  // Forward on the CPU reference: O (rounded to the dtype) and LSE.
+  // The forward, as a forward stores it: O rounded to the dtype, LSE in fp32.
+  const AttnSpec spec = spec_of(c);
   {
-    ForwardArgs fa = views(lo, c.varlen());
-    Status st = attention_forward(fa, options(c, Backend::cpu_reference));
-    ASSERT_TRUE(st.ok()) << st.message;
+    const AttnResult fwd = textbook_attention<double>(lo.q, lo.k, lo.v, nullptr, spec, Rounding{c.dtype, false});
+    set_values(lo.o, fwd.o);
+    set_values(lo.lse, fwd.lse);
   }
-
-  // Oracle: float64 backward on the same (rounded) inputs.
-  Problem ref = make_problem(c, DType::f64);
-  for (auto [from, to] : {std::pair{&lo.q, &ref.q}, {&lo.k, &ref.k}, {&lo.v, &ref.v}, {&lo.o, &ref.o},
-                          {&lo.dout, &ref.dout}, {&lo.lse, &ref.lse}})
-    copy_values(*from, *to);
-  if (c.varlen()) ref.cu_q = lo.cu_q, ref.cu_k = lo.cu_k;
+  // Oracle: the float64 backward on the same (rounded) inputs, and the emulation of the kernel's rounding: the
+  // error scale the tolerance is built on.
+  const std::vector<double> stored_o = lo.o.values();
+  Problem ref = make_problem(c, DType::f64), emu = make_problem(c, c.dtype);
   {
-    Status st = attention_backward(views(ref, c.varlen()), options(c, Backend::cpu_reference));
-    ASSERT_TRUE(st.ok()) << st.message;
+    const AttnResult exact = oracle_attention(lo.q, lo.k, lo.v, &lo.dout, spec);
+    set_values(ref.dq, exact.dq), set_values(ref.dk, exact.dk), set_values(ref.dv, exact.dv);
+    const AttnResult kernel_like =
+        textbook_attention<float>(lo.q, lo.k, lo.v, &lo.dout, spec, Rounding{c.dtype, true}, &stored_o);
+    set_values(emu.dq, kernel_like.dq), set_values(emu.dk, kernel_like.dk), set_values(emu.dv, kernel_like.dv);
   }
-
-  // Emulation of the kernel's rounding: the error scale the tolerance is built on.
-  Problem emu = make_problem(c, c.dtype);
-  for (auto [from, to] : {std::pair{&lo.q, &emu.q}, {&lo.k, &emu.k}, {&lo.v, &emu.v}, {&lo.o, &emu.o},
-                          {&lo.dout, &emu.dout}, {&lo.lse, &emu.lse}})
-    copy_values(*from, *to);
-  if (c.varlen()) emu.cu_q = lo.cu_q, emu.cu_k = lo.cu_k;
-  emulate_backward(c, emu);
 
   // GPU.
   lo.dq.poison(), lo.dk.poison(), lo.dv.poison();
@@ -339,17 +255,21 @@ void run_case(const BwdCase& c) {
   }
 
   if (c.deterministic) {
-    // Bitwise identical on a second run (over fresh poison).
-    Problem again = make_problem(c, c.dtype);
-    again.dq.poison(), again.dk.poison(), again.dv.poison();
-    dev[6].upload(again.dq), dev[7].upload(again.dk), dev[8].upload(again.dv);
-    st = run_gpu(c, ga);
-    ASSERT_TRUE(st.ok()) << st.message;
-    FA_CUDA_CHECK(cudaDeviceSynchronize());
-    dev[6].download(again.dq), dev[7].download(again.dk), dev[8].download(again.dv);
-    EXPECT_EQ(std::memcmp(again.dq.data(), lo.dq.data(), lo.dq.bytes()), 0) << "dq differs between runs";
-    EXPECT_EQ(std::memcmp(again.dk.data(), lo.dk.data(), lo.dk.bytes()), 0) << "dk differs between runs";
-    EXPECT_EQ(std::memcmp(again.dv.data(), lo.dv.data(), lo.dv.bytes()), 0) << "dv differs between runs";
+    // Bitwise identical over many more runs (each over fresh poison): a sum whose order depended on scheduling
+    // would differ in some of them.
+    constexpr int kRuns = 10;
+    for (int run = 1; run < kRuns; ++run) {
+      Problem again = make_problem(c, c.dtype);
+      again.dq.poison(), again.dk.poison(), again.dv.poison();
+      dev[6].upload(again.dq), dev[7].upload(again.dk), dev[8].upload(again.dv);
+      st = run_gpu(c, ga);
+      ASSERT_TRUE(st.ok()) << st.message;
+      FA_CUDA_CHECK(cudaDeviceSynchronize());
+      dev[6].download(again.dq), dev[7].download(again.dk), dev[8].download(again.dv);
+      EXPECT_EQ(std::memcmp(again.dq.data(), lo.dq.data(), lo.dq.bytes()), 0) << "dq differs in run " << run;
+      EXPECT_EQ(std::memcmp(again.dk.data(), lo.dk.data(), lo.dk.bytes()), 0) << "dk differs in run " << run;
+      EXPECT_EQ(std::memcmp(again.dv.data(), lo.dv.data(), lo.dv.bytes()), 0) << "dv differs in run " << run;
+    }
   }
 }
 
@@ -493,6 +413,21 @@ TEST_P(GpuBackward, WindowsAndSoftcap) {
   // Windows past 2^31 mean "every key" here; a kernel argument that truncated them to 32 bits would not.
   c = base(GetParam(), 200, 300, 64);
   c.wl = (int64_t(1) << 32) + 5, c.wr = (int64_t(1) << 32) + 3;
+  run_case(c);
+}
+
+// A caller's softmax scale (not 1/√d): every head dim bucket, with masks, softcap, GQA and varlen.
+TEST_P(GpuBackward, SoftmaxScale) {
+  FA_REQUIRE_GPU();
+  for (int64_t d : {64, 128, 256, 80}) {
+    BwdCase c = base(GetParam(), 200, 260, d);
+    c.hq = 4, c.hkv = 2, c.causal = d != 128, c.softmax_scale = d == 64 ? 0.3 : d == 128 ? 0.02 : 1.25;
+    c.softcap = d == 256 ? 6 : 0;
+    run_case(c);
+  }
+  BwdCase c = base(GetParam(), 0, 0, 128);
+  c.lens_q = {70, 0, 190}, c.lens_k = {130, 4, 150};
+  c.hq = 4, c.hkv = 1, c.causal = true, c.wl = 50, c.softmax_scale = 0.2;
   run_case(c);
 }
 
