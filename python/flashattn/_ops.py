@@ -47,8 +47,8 @@ def _last_dim_contiguous(t: Tensor) -> Tensor:
     # The kernels need stride 1 along the head dimension only; every other stride is free.
     if t.stride(-1) == 1 or t.size(-1) <= 1:
         return t
-    if t.numel() == 0:  # contiguous() keeps an empty tensor's strides as they are
-        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    if t.numel() == 0:  # contiguous() keeps an empty tensor's strides as they are; copy_ keeps the autograd graph
+        return torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t)
     return t.contiguous()
 
 

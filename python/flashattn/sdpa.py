@@ -13,6 +13,7 @@ causal mask is bottom-right aligned (j <= i + S - L), so it is mapped:
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 from torch import Tensor
@@ -70,8 +71,8 @@ def scaled_dot_product_attention(
     def to_bshd(t: Tensor) -> Tensor:
         if t.dim() == 3:
             t = t.unsqueeze(-3)
-        elif t.dim() > 4:
-            t = t.reshape(-1, *t.shape[-3:])
+        elif t.dim() > 4:  # (not -1: ambiguous for an empty tensor)
+            t = t.reshape(math.prod(t.shape[:-3]), *t.shape[-3:])
         return t.transpose(1, 2)  # [b, h, s, d] storage as a [b, s, h, d] view
 
     q, k, v = to_bshd(query), to_bshd(key), to_bshd(value)

@@ -79,3 +79,11 @@ def test_unsupported_arguments_raise():
         flashattn.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(5, 5, dtype=torch.bool))
     with pytest.raises(NotImplementedError, match="dropout_p"):
         flashattn.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_empty_rank5(backend):
+    """Rank-5 inputs with no keys or no queries: the leading dimensions are flattened without reshape(-1, ...),
+    which is ambiguous for an empty tensor."""
+    compare((2, 2, 3, 6, 8), (2, 2, 3, 0, 8), (2, 2, 3, 0, 8), backend, is_causal=True)
+    compare((2, 2, 3, 0, 8), (2, 2, 3, 4, 8), (2, 2, 3, 4, 8), backend)
