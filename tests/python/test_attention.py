@@ -173,23 +173,69 @@ def test_default_path_is_automatic_dispatch():
     assert not cuda.supported and "CPU" in cuda.reason
 
 
+# Runs of the deterministic tests: ten, cycling through thread counts (0 = all cores, 3 oversubscribes two cores).
+DETERMINISM_THREADS = (0, 1, 2, 3, 0, 1, 2, 3, 0, 1)
+
+
+def deterministic_runs(call, leaves, dout, thread_counts=DETERMINISM_THREADS):
+    """call(num_threads) -> out, run once per entry of thread_counts; returns [(out, *grads of leaves)]."""
+    runs = []
+    for threads in thread_counts:
+        out = call(threads)
+        runs.append((out.detach(),) + torch.autograd.grad(out, leaves, dout))
+    return runs
+
+
+def assert_bitwise_equal_runs(runs, names=("out", "dq", "dk", "dv"), labels=DETERMINISM_THREADS):
+    for i, run in enumerate(runs[1:], 1):
+        for name, a, b in zip(names, runs[0], run):
+            assert torch.equal(a, b), (f"{name} of run {i} (num_threads={labels[i]}) differs bitwise from run 0 "
+                                       f"(num_threads={labels[0]}): max difference {(a - b).abs().max().item():.3g}")
+
+
 @pytest.mark.parametrize("backend", cpu_backends())
 def test_deterministic_backward_is_bitwise_repeatable(backend):
-    q, k, v = (torch.randn(2, 33, 4, 32, requires_grad=True) for _ in range(3))
-    grads = []
-    for _ in range(2):
-        out = flashattn.flash_attn_func(q, k, v, causal=True, deterministic=True, backend=backend)
-        grads.append(torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
-    for a, b in zip(*grads):
-        assert torch.equal(a, b)
+    """deterministic=True: dq, dk, dv (and out) bitwise identical over ten runs and across thread counts. The shape
+    has several query and key blocks (64 rows each), GQA and one batch, so the backward splits each (batch, KV head)
+    unit over query heads and key chunks, where an unordered dQ sum would show. The first run is checked against
+    the reference too, so that the runs cannot agree on a wrong answer."""
+    c = Case(1, 150, 170, 4, 2, 32, 32, causal=True, softcap=3.0)
+    q, k, v, dout = make_inputs(c, torch.float32)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    call = lambda threads: flashattn.flash_attn_func(*leaves, causal=True, softcap=3.0, deterministic=True,  # noqa
+                                                     backend=backend, num_threads=threads)
+    runs = deterministic_runs(call, leaves, dout)
+    assert_bitwise_equal_runs(runs)
+    ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    r_out, _ = attention_ref(*ref, causal=True, softcap=3.0)
+    r_grads = torch.autograd.grad(r_out, ref, dout.double())
+    for name, ours, r in zip(("out", "dq", "dk", "dv"), runs[0], (r_out,) + r_grads):
+        torch.testing.assert_close(ours.double(), r, rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
 
 
 @pytest.mark.parametrize("backend", cpu_backends())
-def test_num_threads(backend):
-    q, k, v = (torch.randn(2, 19, 2, 16) for _ in range(3))
-    one = flashattn.flash_attn_func(q, k, v, causal=True, backend=backend, num_threads=1)
-    all_ = flashattn.flash_attn_func(q, k, v, causal=True, backend=backend, num_threads=0)
-    torch.testing.assert_close(one, all_, rtol=1e-6, atol=1e-6)
+def test_deterministic_varlen_backward_is_bitwise_repeatable(backend):
+    """The same for varlen: sequences of several blocks, an empty one, GQA, a window."""
+    lengths = [130, 0, 70, 5]
+    cu_seqlens = torch.tensor([0, 130, 130, 200, 205], dtype=torch.int32)
+    q = torch.randn(205, 4, 16, requires_grad=True)
+    k, v = (torch.randn(205, 1, 16, requires_grad=True) for _ in range(2))
+    dout = torch.randn(205, 4, 16)
+    call = lambda threads: flashattn.flash_attn_varlen_func(  # noqa: E731
+        q, k, v, cu_seqlens, cu_seqlens, max(lengths), max(lengths), window_size=(50, 3), deterministic=True,
+        backend=backend, num_threads=threads)
+    assert_bitwise_equal_runs(deterministic_runs(call, (q, k, v), dout))
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_forward_is_bitwise_independent_of_threads(backend):
+    """The forward cuts a call into a fixed number of tasks (not one per thread): the output and lse are bitwise
+    the same for any thread count."""
+    q, k, v = (torch.randn(2, 300, 2, 16) for _ in range(3))
+    results = [flashattn.flash_attn_func(q, k, v, causal=True, backend=backend, num_threads=t, return_attn_probs=True)
+               for t in (1, 2, 3, 0)]
+    for out, lse, _ in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
 
 
 @pytest.mark.parametrize("backend", cpu_backends())
@@ -206,3 +252,19 @@ def test_empty_sizes(shape, backend):
     out.sum().backward()
     if sq == 0:  # no query: the keys and values get zero gradients
         assert torch.all(k.grad == 0) and torch.all(v.grad == 0)
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_empty_inputs_with_a_strided_head_dim_keep_their_gradients(backend):
+    """An empty input whose last stride is not 1 is copied to a fresh layout; the copy stays in the autograd graph
+    (it was a new tensor, so out did not require grad and backward() failed)."""
+    base = torch.randn(2, 0, 2, 16, requires_grad=True)
+    q = base[..., ::2]
+    out = flashattn.flash_attn_func(q, q, q, backend=backend)
+    assert out.requires_grad
+    out.sum().backward()
+    assert base.grad.shape == base.shape
+    packed = torch.randn(0, 5, 3, 2, 16, requires_grad=True)
+    out = flashattn.flash_attn_qkvpacked_func(packed[..., ::2], backend=backend)
+    out.sum().backward()
+    assert packed.grad.shape == packed.shape and not packed.grad.any()

@@ -26,7 +26,9 @@ VARLEN_CASES = [
 
 
 def run_case(lengths_q, lengths_k, heads_q, heads_kv, dim, dim_v, causal, window, softcap, dtype, backend,
-             device="cpu"):
+             device="cpu", **extra):
+    """flash_attn_varlen_func forward and backward against the per-sequence reference; `extra` goes to the call
+    (softmax_scale also to the reference)."""
     cu_q, cu_k = cu(lengths_q).to(device), cu(lengths_k).to(device)
     total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
     q = torch.randn(total_q, heads_q, dim, dtype=dtype, device=device)
@@ -36,14 +38,14 @@ def run_case(lengths_q, lengths_k, heads_q, heads_kv, dim, dim_v, causal, window
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     out, lse, _ = flashattn.flash_attn_varlen_func(*leaves, cu_q, cu_k, max(lengths_q), max(lengths_k),
                                                    causal=causal, window_size=window, softcap=softcap,
-                                                   return_attn_probs=True, backend=backend)
+                                                   return_attn_probs=True, backend=backend, **extra)
     assert lse.shape == (heads_q, total_q)
     out.backward(dout)
     refs = {}
     for ref_dtype in (torch.float64, None):
         rl = [t.clone().requires_grad_() for t in (q, k, v)]
         r_out, r_lse = varlen_ref(*rl, cu_q.tolist(), cu_k.tolist(), causal=causal, window=window, softcap=softcap,
-                                  dtype=ref_dtype)
+                                  scale=extra.get("softmax_scale"), dtype=ref_dtype)
         r_out.backward(dout.to(r_out.dtype))
         refs[ref_dtype] = (r_out, r_lse) + tuple(t.grad for t in rl)
     ours = (out, lse) + tuple(t.grad for t in leaves)
