@@ -63,6 +63,11 @@ def varlen_ref(q: Tensor, k: Tensor, v: Tensor, cu_q: Sequence[int], cu_k: Seque
                **kwargs) -> Tuple[Tensor, Tensor]:
     """Packed [total, h, d] inputs: each sequence through attention_ref. Returns out [total_q, h_q, d_v],
     lse [h_q, total_q]."""
+    if len(cu_q) < 2:  # no sequence: empty results that still depend on the inputs (for backward)
+        dtype = kwargs.get("dtype", torch.float64) or q.dtype
+        zero = sum(t.to(dtype).sum() for t in (q, k, v)) * 0
+        return (torch.zeros(0, q.shape[1], v.shape[2], dtype=dtype, device=q.device) + zero,
+                torch.zeros(q.shape[1], 0, dtype=dtype, device=q.device))
     outs, lses = [], []
     for b in range(len(cu_q) - 1):
         qs, ks, vs = (t[lo:hi].unsqueeze(0) for t, lo, hi in

@@ -10,8 +10,11 @@ import torch
 import flashattn
 from conftest import CUDA_AVAILABLE, _backend_problem, requires_cuda
 from fa_reference import attention_ref
-from test_dispatch import supported_shape_problems
-from test_attention import CASES, Case, check_against_reference, make_inputs
+from test_api_fuzz import SEED, run_trials
+import test_arguments  # its test functions called with device="cuda" (not imported: pytest would collect them here)
+from test_dispatch import OPTION_SETS, check_choice_is_what_runs, supported_shape_problems
+from test_attention import (CASES, Case, assert_bitwise_equal_runs, check_against_reference, deterministic_runs,
+                            make_inputs)
 from test_torch_integration import AttentionBlock, bwd_args, fwd_args, opcheck_cases
 from test_varlen import VARLEN_CASES, run_case
 
@@ -198,3 +201,57 @@ def test_cupy_arrays_on_an_explicit_stream(dtype):
     assert ran.startswith("cuda_")
     expected = flashattn.flash_attn_func(*(torch.from_dlpack(t) for t in (q, k, v)), causal=True)
     torch.testing.assert_close(torch.from_dlpack(out), expected, rtol=0, atol=0)
+
+
+# ---- every argument non-default, determinism, choose_backend, random calls (the CPU suite's checks on CUDA) ---------
+
+
+@pytest.mark.parametrize("options", test_arguments.PACKED_OPTIONS, ids=test_arguments._option_id)
+def test_packed_forms_window_softcap_scale_and_gradients(options, dtype):
+    test_arguments.test_qkvpacked_and_kvpacked(options, dtype, "auto", device="cuda")
+    test_arguments.test_varlen_qkvpacked_and_kvpacked(options, dtype, "auto", device="cuda")
+
+
+@pytest.mark.parametrize("extra", [{"softmax_scale": 0.3}, {"softmax_scale": 0.6, "deterministic": True},
+                                   {"deterministic": True}], ids=lambda e: ",".join(f"{k}={v}" for k, v in e.items()))
+@pytest.mark.parametrize("case", [VARLEN_CASES[1], VARLEN_CASES[3]], ids=["gqa_empty_seq", "softcap"])
+def test_varlen_scale_and_deterministic(case, extra, dtype):
+    run_case(*case, dtype=dtype, backend="auto", device="cuda", **extra)
+
+
+def test_deterministic_backward_is_bitwise_repeatable(dtype):
+    """deterministic=True: dq, dk, dv (and out) bitwise identical over ten runs, padded (several query and key
+    tiles, GQA) and varlen."""
+    q = torch.randn(2, 333, 8, 128, dtype=dtype, device="cuda", requires_grad=True)
+    k, v = (torch.randn(2, 400, 2, 128, dtype=dtype, device="cuda", requires_grad=True) for _ in range(2))
+    dout = torch.randn(2, 333, 8, 128, dtype=dtype, device="cuda")
+    runs = deterministic_runs(lambda _: flashattn.flash_attn_func(q, k, v, causal=True, deterministic=True),
+                              (q, k, v), dout, thread_counts=(0,) * 10)
+    assert_bitwise_equal_runs(runs, labels=(0,) * 10)
+
+    cu_seqlens = torch.tensor([0, 300, 300, 470, 475], dtype=torch.int32, device="cuda")
+    q = torch.randn(475, 8, 64, dtype=dtype, device="cuda", requires_grad=True)
+    k, v = (torch.randn(475, 2, 64, dtype=dtype, device="cuda", requires_grad=True) for _ in range(2))
+    dout = torch.randn(475, 8, 64, dtype=dtype, device="cuda")
+    runs = deterministic_runs(lambda _: flashattn.flash_attn_varlen_func(
+        q, k, v, cu_seqlens, cu_seqlens, 300, 300, window_size=(100, 7), softcap=5.0, deterministic=True),
+        (q, k, v), dout, thread_counts=(0,) * 10)
+    assert_bitwise_equal_runs(runs, labels=(0,) * 10)
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["padded", "varlen"])
+@pytest.mark.parametrize("options", OPTION_SETS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def test_choose_backend_with_varlen_window_softcap(options, varlen, dtype):
+    """choose_backend's answer (forward, backward, deterministic backward) is a supported CUDA backend, and the one
+    the native calls then run."""
+    for deterministic in (False, True):
+        fwd, bwd = check_choice_is_what_runs("cuda", dtype, options, varlen, deterministic)
+        for c in (fwd, bwd):
+            assert c.backend.startswith("cuda_") and c.reason, c
+
+
+def test_random_calls_of_every_entry_point():
+    """test_api_fuzz on CUDA tensors (float16 / bfloat16, automatic dispatch; a tensor moved to the CPU and the
+    CPU backends are among the breaks). Last in this file: a kernel fault would end the process."""
+    counts = run_trials("cuda", 120, seed=SEED + 1)
+    assert counts["valid"] > 30 and counts["broken"] > 30, counts
