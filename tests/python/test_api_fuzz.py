@@ -339,8 +339,9 @@ class Gen:
                 out.append(set_(n, lambda x=x: x.to(other), all_tensors, f"{other} unlike the others"))
             if x.dim() > 3 or (x.dim() == 3 and not sdpa and n not in ("qkv", "kv")):
                 out.append(set_(n, lambda x=x: x[0] if x.shape[0] else x.sum(0), all_tensors, "one dim less"))
-            if self.on_cuda:
-                out.append(set_(n, lambda x=x: x.cpu(), all_tensors | BACKEND_NAMES, "on the CPU"))
+            if self.on_cuda and len(tensors) > 1:  # (a lone qkv moved to the CPU is a valid CPU call)
+                out.append(set_(n, lambda x=x: x.cpu(), all_tensors | BACKEND_NAMES | set(ALIASES["cu_seqlens"]),
+                                "on the CPU"))
         if sdpa:
             qname, kname = "query", "key"
         else:
@@ -434,6 +435,8 @@ class Gen:
                         set_(n, lambda x=x: torch.cat([x[:1] + 1, x[1:]]), blame, "first entry 1")]
                 if n != "cu_seqlens":
                     out.append(set_(n, None, both))
+                if self.on_cuda:
+                    out.append(set_(n, lambda x=x: x.cpu(), blame, "on the CPU"))
                 if n == "cu_seqlens_k":
                     out.append(set_(n, lambda x=x: torch.cat([x, x[-1:]]), blame, "one entry more than cu_seqlens_q"))
                 if x.numel() >= 3:
