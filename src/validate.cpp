@@ -1,5 +1,7 @@
 // Validation: tensor views + options -> params. Every rejection names the argument. Nothing here writes to
 // any output, so a rejected call leaves the caller's buffers untouched.
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -61,8 +63,11 @@ Status check_tensor(const char* name, const TensorView& t, int rank, const int64
 bool is_float_dtype(DType t) { return t == DType::f16 || t == DType::bf16 || t == DType::f32 || t == DType::f64; }
 
 Status check_options(const AttentionOptions& o) {
-  if (!std::isfinite(o.softmax_scale)) return Status::invalid("softmax_scale: must be finite");
-  if (!std::isfinite(o.softcap) || o.softcap < 0) return Status::invalid("softcap: must be finite and >= 0");
+  // Both are applied in fp32: a value finite as a double but past float's range would become inf there.
+  if (!std::isfinite(o.softmax_scale) || std::fabs(o.softmax_scale) > double(FLT_MAX))
+    return Status::invalid("softmax_scale: must be finite in float32 (|softmax_scale| <= 3.4e38)");
+  if (!std::isfinite(o.softcap) || o.softcap < 0 || o.softcap > double(FLT_MAX))
+    return Status::invalid("softcap: must be finite in float32 and >= 0");
   if (o.window_left < -1) return Status::invalid("window_left: must be >= -1 (-1 = unbounded)");
   if (o.window_right < -1) return Status::invalid("window_right: must be >= -1 (-1 = unbounded)");
   if (o.num_threads < 0) return Status::invalid("num_threads: must be >= 0 (0 = all hardware threads)");
@@ -266,8 +271,11 @@ Status make_forward_params(const ForwardArgs& a, const AttentionOptions& o, FwdP
   p.softmax_scale = o.softmax_scale > 0 ? float(o.softmax_scale) : float(1.0 / std::sqrt(double(p.head_dim)));
   p.softcap = float(o.softcap);
   p.causal = o.causal;
-  p.window_left = o.window_left;
-  p.window_right = o.window_right;
+  // A window edge of 2^62 keys already reaches every key of any sequence (lengths are below 2^62); wider ones are
+  // the same window, and narrowing them keeps every backend's mask arithmetic (diagonal ± edge) inside int64.
+  constexpr int64_t kWidestWindow = int64_t(1) << 62;
+  p.window_left = std::min(o.window_left, kWidestWindow);
+  p.window_right = std::min(o.window_right, kWidestWindow);
   p.stream = o.stream;
   p.num_threads = o.num_threads;
   *out = p;

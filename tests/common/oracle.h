@@ -51,13 +51,14 @@ struct AttnSpec {
   double scale(int64_t head_dim) const {
     return double(float(softmax_scale > 0 ? softmax_scale : 1.0 / std::sqrt(double(head_dim))));
   }
-  // Whether query i of a sequence of sq queries and sk keys sees key j.
+  // Whether query i of a sequence of sq queries and sk keys sees key j (distances from the diagonal compared with
+  // the edges, so that edges up to the largest int64 cannot overflow).
   bool sees(int64_t i, int64_t j, int64_t sq, int64_t sk) const {
-    const int64_t diagonal = i + sk - sq;
+    const int64_t after_diagonal = j - (i + sk - sq);  // > 0: right of the diagonal
     if (j < 0 || j >= sk) return false;
-    if (causal && j > diagonal) return false;
-    if (window_left >= 0 && j < diagonal - window_left) return false;
-    if (window_right >= 0 && j > diagonal + window_right) return false;
+    if (causal && after_diagonal > 0) return false;
+    if (window_left >= 0 && -after_diagonal > window_left) return false;
+    if (window_right >= 0 && after_diagonal > window_right) return false;
     return true;
   }
 };

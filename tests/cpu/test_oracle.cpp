@@ -28,11 +28,12 @@ std::vector<AttnCase> reference_cases() {
     bool causal;
     int64_t left, right;
   };
-  // Windows of 0, inside and past the lengths (and past 2^32), on either side, with and without causal.
+  // Windows of 0, inside and past the lengths (past 2^32, and up to the largest int64, which the library narrows
+  // to the same window), on either side, with and without causal.
   const int64_t huge = (int64_t(1) << 32) + 3;
   const Mask masks[] = {{false, -1, -1}, {true, -1, -1}, {false, 0, 0}, {false, 2, -1}, {false, -1, 1},
                         {true, 3, -1},   {false, 1, 4},  {true, 0, -1}, {false, huge, huge}, {true, huge, -1},
-                        {false, 30, 0}};
+                        {false, 30, 0},  {false, INT64_MAX, INT64_MAX}, {false, INT64_MAX - 5, 2}};
   const int64_t lens[][2] = {{1, 1}, {5, 9}, {9, 5}, {17, 17}, {1, 12}, {12, 1}};
   int n = 0;
   for (const Mask& m : masks)

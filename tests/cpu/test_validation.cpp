@@ -290,6 +290,8 @@ TEST(Validation, Options) {
       {"softcap", [](AttentionOptions& o) { o.softcap = -1; }},
       {"softcap", [](AttentionOptions& o) { o.softcap = INFINITY; }},
       {"softmax_scale", [](AttentionOptions& o) { o.softmax_scale = NAN; }},
+      {"softmax_scale", [](AttentionOptions& o) { o.softmax_scale = 1e300; }},  // finite, but inf in fp32
+      {"softcap", [](AttentionOptions& o) { o.softcap = 1e39; }},
       {"num_threads", [](AttentionOptions& o) { o.num_threads = -1; }},
       {"backend", [](AttentionOptions& o) { o.backend = Backend(42); }},
   };
