@@ -65,12 +65,14 @@ def run(cmd: list[str], cwd: Path, log: Path, timeout: int) -> int:
 
 
 def first_failure(log: Path) -> str:
+    """The tests that failed (ctest's summary, or gtest's), or the first compiler error."""
     text = log.read_text(errors="replace")
-    for pattern in (r"\[  FAILED  \] (\S+)", r"\d+ - (\S+) \(Failed\)", r"(\S+) \(Failed\)", r"error: (.*)"):
-        found = re.findall(pattern, text)
-        if found:
-            return found[0][:90]
-    return ""
+    summary = text.split("The following tests FAILED:")[-1] if "The following tests FAILED:" in text else ""
+    failed = re.findall(r"\d+ - (\S+) \(Failed\)", summary) or re.findall(r"\[  FAILED  \] (\S+)", text)
+    if failed:
+        return ", ".join(dict.fromkeys(f.rstrip(",") for f in failed[:3]))[:160]
+    errors = re.findall(r"error: (.*)", text)
+    return errors[0][:160] if errors else ""
 
 
 def main() -> int:

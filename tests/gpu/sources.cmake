@@ -21,5 +21,6 @@ if(TARGET flashattn_sm90a)
     $<TARGET_OBJECTS:flashattn_sm90a_test_kernels>
     ${CMAKE_CURRENT_LIST_DIR}/test_sm90_primitives.cpp
     ${CMAKE_CURRENT_LIST_DIR}/test_sm90_forward.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/test_sm90_backward.cpp
   )
 endif()

@@ -182,7 +182,7 @@ Err error_of(const HostTensor& x, const HostTensor& ref) {
 // Whether dispatch must pick the Hopper backward for the case (backward_sm90.cu's preconditions).
 bool sm90_expected(const BwdCase& c) {
   return c.backend == Backend::automatic && cuda_compute_capability(0) == 90 && c.d == c.dv &&
-         (c.d == 64 || c.d == 128 || c.d == 256) && !c.deterministic && c.pad % 8 == 0;
+         (c.d == 64 || c.d == 128 || c.d == 256) && !(c.deterministic && c.d == 256) && c.pad % 8 == 0;
 }
 
 Status run_gpu(const BwdCase& c, const BackwardArgs& ga) {

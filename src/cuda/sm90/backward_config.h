@@ -3,12 +3,17 @@
 // A CTA owns kBlockN = 128 keys of one (batch, KV head): two consumer warpgroups of 64 keys each (the M of one
 // wgmma) hold their keys' dK and dV in registers for the CTA's lifetime, while kBlockM = 64-row blocks of Q, dO
 // and their LSE and D stream through a kStages-deep ring for every query head of the KV group.
-//   hd  64: K, V 16 KB each; Q, dO 2 stages x 8 KB each; dSᵀ 2 x 16 KB; LSE, D 1 KB: 98 KB.
-//   hd 128: K, V 32 KB each; Q, dO 2 x 16 KB each; dSᵀ 2 x 16 KB; LSE, D 1 KB: 161 KB.
+//   hd  64: K, V 16 KB each; Q, dO 2 stages x 8 KB each; dSᵀ 2 x 16 KB; LSE, D 1 KB; dQ stages 2 x 8 KB: 114 KB.
+//   hd 128: K, V 32 KB each; Q, dO 2 x 16 KB each; dSᵀ 2 x 16 KB; LSE, D 1 KB; dQ stages 2 x 16 KB: 193 KB.
 // dQ = dS K (64 x hd per query block) is split between the consumer warpgroups by columns: each takes hd / 2
 // columns over all 128 keys (both warpgroups' dSᵀ needed, one named barrier), so each dQ element gets one
-// atomic addition per key block. Splitting by keys instead (each warpgroup its own 64 keys, no exchange) was
-// measured at hd 64 first: twice the atomics, 258 TFLOP/s at 16k (bench/results/sm90-backward.md).
+// addition per key block. Splitting by keys instead (each warpgroup its own 64 keys, no exchange) was measured
+// at hd 64 first: twice the additions, 258 TFLOP/s at 16k (bench/results/hopper-backward.md, d1057f5).
+// kDqThroughSmem (hd 64, 128): each warpgroup stores its dQ piece into a shared-memory stage in its register
+// fragments' order (16-byte stores, no bank conflicts), and a warp of the producer warpgroup adds the stage to
+// global memory with one bulk reduce-add (TMA), instead of each consumer thread sending 8-16 small vector
+// atomics per block; dq_accum keeps the same fragment order, tile by tile (dq_convert_fragments_kernel undoes
+// it). hd 256 has no shared memory left for the stages and keeps the atomics into a row-major dq_accum.
 // kBlockM = 128 at hd 64 was tried first: Sᵀ, dPᵀ and their fragments did not fit beside dK and dV (ptxas
 // serialised the wgmmas and spilled 136 bytes).
 // Registers per consumer thread at hd 128: dK and dV 64 each, Sᵀ and dPᵀ 32 each, dQ 32: 224 of the 240 a
@@ -48,6 +53,11 @@ struct BackwardConfig {
   // summed into dq_accum before the next, fit).
   static constexpr int kDqTileCols = kHeadDim == 256 ? 64 : kHeadDim / kConsumerWarpgroups;
   static constexpr int kDqPieces = kHeadDim / kConsumerWarpgroups / kDqTileCols;
+  static constexpr bool kDqThroughSmem = !kColumnSplit;
+  static constexpr int kDqStageBytes = kDqThroughSmem ? kBlockM * kDqTileCols * 4 : 0;  // one warpgroup's dQ piece
+  // Rows of the workspace arrays at which every sequence starts: a whole query block for the fragment-ordered
+  // tiles of dq_accum, else 4 (TMA's 16-byte alignment of the LSE and D boxes).
+  static constexpr int kWsAlign = kDqThroughSmem ? kBlockM : 4;
 
   static constexpr int kElemBytes = 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * kElemBytes;   // K or V
@@ -63,7 +73,8 @@ struct BackwardConfig {
   static constexpr int kBarrierBytes = 8 * (1 + 2 * kStages);
   static constexpr int kAlignSlack = 1024;
   static constexpr int kSmemBytes = 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsTiles * kDsBytes +
-                                    2 * kStages * kRowValueBytes + kBarrierBytes + kAlignSlack;
+                                    2 * kStages * kRowValueBytes + kConsumerWarpgroups * kDqStageBytes +
+                                    kBarrierBytes + kAlignSlack;
   static_assert(kSmemBytes <= 227 * 1024, "sm90 backward: over the 227 KB shared-memory limit");
 };
 

@@ -2,10 +2,12 @@
 // accumulation, for head dims 64, 128 and 256 (d_v == d), with causal / sliding-window masks, softcap, GQA, varlen and
 // arbitrary tails. P is recomputed from the LSE tile by tile and never reaches global memory.
 //
-// Launch sequence on the call's stream (the row-wise kernels are the sm80 backward's, backward_rows.cu):
+// Launch sequence on the call's stream (the row-wise preprocess is the sm80 backward's, backward_rows.cu):
 //   memset of the workspace; bwd_preprocess_kernel (D = rowsum(dO∘O), LSE·log2e); backward_kernel (below);
-//   bwd_dq_convert_kernel (dQ = dq_accum · scale as the dtype). In the workspace every sequence starts on a
-//   16-byte boundary (sm80::ws_sequence_start), where TMA boxes of LSE and D must start.
+//   dq_convert_fragments_kernel (hd 64, 128: dQ = dq_accum · scale as the dtype, from fragment-ordered tiles) or
+//   the sm80 bwd_dq_convert_kernel (hd 256: row-major dq_accum). In the workspace every sequence starts at a
+//   multiple of BackwardConfig::kWsAlign rows (sm80::ws_sequence_start): a query block, where dq_accum's tiles
+//   start, or 4 rows, where TMA boxes of LSE and D must.
 //
 // backward_kernel: one CTA per (block of kBlockN = 128 keys (64 at hd 256), KV head, batch entry); key blocks with the most
 // visible queries (the first, under a causal mask) are launched first. It loops over the query heads of its KV
@@ -14,7 +16,10 @@
 // Warp roles (384 threads):
 //   warpgroup 0  producer: gives registers away (setmaxnreg); one thread loads K and V once, then streams each
 //                query block's Q, dO (128-byte swizzled panels) and LSE·log2e, D (fp32 rows) through a
-//                kStages-deep ring with TMA (full/empty mbarriers).
+//                kStages-deep ring with TMA (full/empty mbarriers). hd 64 / 128 (kDqThroughSmem): its warp 1 adds
+//                each consumer warpgroup's dQ stage to dq_accum with one bulk reduce-add per block (named
+//                barriers dq full / dq empty per warpgroup), in key-block order under deterministic (turn
+//                counters in the workspace).
 //   warpgroups 1, 2  consumers, 64 keys each (setmaxnreg; at hd 256 the same 64 keys, half of dK/dV/dQ's columns
 //                each: backward_config.h, kColumnSplit). Per query block, in the transposed orientation so
 //                that the 64 keys are the wgmma's M and P, dS land in the A-operand register layout:
@@ -25,14 +30,15 @@
 //                  dK += dSᵀ Q                      (wgmma RS)
 //                  named barrier: both warpgroups' dSᵀ are in shared memory
 //                  dQ columns = dS K                (wgmma SS, dS read M-major from dSᵀ; each warpgroup half of
-//                                                    the columns) -> fp32 vector reductions into dq_accum
+//                                                    the columns) -> the warpgroup's dQ stage in shared memory
+//                                                    (hd 64, 128), or fp32 vector atomics into dq_accum (hd 256)
 //                dSᵀ is double-buffered, so one barrier per query block orders its writes and reads. The block's
 //                Q/dO stage goes back to the producer once dV and dK have landed, before dQ is waited for.
 //                Epilogue: dK · scale and dV written as the dtype from registers.
-// Shared memory and register budgets: backward_config.h (98-226 KB; 240 registers per consumer thread).
+// Shared memory and register budgets: backward_config.h (114-226 KB; 240 registers per consumer thread).
 // Preconditions (sm90_backward_supports): compute capability 9.0, fp16/bf16, d == d_v in {64, 128, 256}, Q, K, V, dO
 // strides multiples of 8 elements with 16-byte aligned bases (TMA), dK/dV with even strides and 4-byte aligned
-// bases, not deterministic (dQ is summed with atomics; cuda_sm80 has the deterministic mode).
+// bases; deterministic only at head dims 64 and 128 (hd 256 sums dQ with atomics in any order).
 // Rows past a sequence's end are loaded (zeros past the tensor, the next sequence's rows in varlen) but masked
 // (P = 0) and never written.
 #include <cuda.h>
@@ -61,6 +67,12 @@ namespace {
 // Named barrier on which both consumer warpgroups meet once their dSᵀ of a query block is in shared memory (under
 // kColumnSplit each warpgroup waits only for its own warps, on barrier 1 + warpgroup).
 constexpr int kDsReadyBarrier = 1;
+// kDqThroughSmem: consumer warpgroup wg and the dQ writer warp meet on kDqFullBarrier + wg once wg's dQ stage holds
+// a block's piece, and on kDqEmptyBarrier + wg once the writer's bulk reduce has read it.
+constexpr int kDqFullBarrier = 3;
+constexpr int kDqEmptyBarrier = 5;
+constexpr int kDqWriterWarp = 1;  // of the producer warpgroup (warp 0's first thread issues the loads)
+constexpr int kDqHandoffThreads = kWarpgroupThreads + 32;
 
 // What the kernel reads besides the tensor maps; lengths and strides in elements.
 struct BackwardKernelArgs {
@@ -69,7 +81,10 @@ struct BackwardKernelArgs {
   int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
   int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
   float* dq_accum;         // [heads_q][ws_head_stride][head_dim]
-  int64_t ws_head_stride;  // rows per head of the workspace arrays (a multiple of 4: TMA's 16-byte strides)
+  int64_t ws_head_stride;  // rows per head of the workspace arrays (a multiple of BackwardConfig::kWsAlign)
+  // Deterministic mode (kDqThroughSmem): a counter per (query head, workspace query block), zeroed; the key
+  // blocks add into a dq_accum tile one after another in key order, each when the counter says it is its turn.
+  int* dq_turns;           // [heads_q][ws_head_stride / kBlockM], or null: additions in any order
   int ws_seq_align;        // sequences start at multiples of this in the workspace (sm80::ws_sequence_start)
   const int32_t* cu_seqlens_q;  // null: padded batch
   const int32_t* cu_seqlens_k;
@@ -90,7 +105,7 @@ struct BackwardSmem {
   uint8_t* base;
 
   // align_to_swizzle_atom written out: calling it changes this kernel's machine code, which then needs a
-  // device run before it can replace the verified one (bench/results/sm90-backward.md, clean-ups).
+  // device run before it can replace the verified one (bench/results/hopper-backward.md, "Open").
   __device__ explicit BackwardSmem(uint8_t* raw) {
     const uintptr_t p = reinterpret_cast<uintptr_t>(raw);
     base = reinterpret_cast<uint8_t*>((p + kSwizzleAtomBytes - 1) & ~uintptr_t(kSwizzleAtomBytes - 1));
@@ -101,7 +116,8 @@ struct BackwardSmem {
   static constexpr int kDsOffset = kDoOffset + Cfg::kStages * Cfg::kQBytes;
   static constexpr int kLseOffset = kDsOffset + 2 * Cfg::kDsTiles * Cfg::kDsBytes;
   static constexpr int kDsumOffset = kLseOffset + Cfg::kStages * Cfg::kRowValueBytes;
-  static constexpr int kBarrierOffset = kDsumOffset + Cfg::kStages * Cfg::kRowValueBytes;
+  static constexpr int kDqOffset = kDsumOffset + Cfg::kStages * Cfg::kRowValueBytes;
+  static constexpr int kBarrierOffset = kDqOffset + Cfg::kConsumerWarpgroups * Cfg::kDqStageBytes;
 
   __device__ uint8_t* k() const { return base; }
   __device__ uint8_t* v() const { return base + kVOffset; }
@@ -117,6 +133,10 @@ struct BackwardSmem {
   }
   __device__ float* dsum(int stage) const {
     return reinterpret_cast<float*>(base + kDsumOffset + stage * Cfg::kRowValueBytes);
+  }
+  // Consumer warpgroup wg's dQ stage (kDqThroughSmem): its 64 x kDqTileCols piece in fragment order.
+  __device__ float* dq_stage(int wg) const {
+    return reinterpret_cast<float*>(base + kDqOffset + wg * Cfg::kDqStageBytes);
   }
   __device__ uint64_t* kv_full() const { return reinterpret_cast<uint64_t*>(base + kBarrierOffset); }
   __device__ uint64_t* full() const { return kv_full() + 1; }
@@ -201,6 +221,73 @@ __device__ void produce(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, int 
       pos.advance();
     }
   }
+}
+
+// The query blocks a CTA visits, in the order every role walks them: each query head of the KV group, then its
+// blocks [m_begin, m_end).
+struct QueryBlockOrder {
+  int blocks_per_head, blocks;
+  __device__ QueryBlockOrder(const KeyBlockWork& w, int heads_per_kv)
+      : blocks_per_head(w.m_end - w.m_begin), blocks(heads_per_kv * (w.m_end - w.m_begin)) {}
+  __device__ int head(const KeyBlockWork& w, int heads_per_kv, int i) const {
+    return w.kv_head * heads_per_kv + i / blocks_per_head;
+  }
+  __device__ int block(const KeyBlockWork& w, int i) const { return w.m_begin + i % blocks_per_head; }
+};
+
+// dq_accum's tile of query block m of `head`: kBlockM x kHeadDim floats, one piece per consumer warpgroup, each in
+// its register fragments' order (kDqThroughSmem), or kBlockM rows of kHeadDim (row-major).
+template <typename Cfg>
+__device__ float* dq_accum_tile(const BackwardKernelArgs& a, const KeyBlockWork& w, int head, int m) {
+  return a.dq_accum + (int64_t(head) * a.ws_head_stride + w.ws_row0 + int64_t(m) * Cfg::kBlockM) * Cfg::kHeadDim;
+}
+
+// ---- dQ writer (kDqThroughSmem): one warp of the producer warpgroup adds each consumer warpgroup's dQ stage to
+// dq_accum with one bulk reduce-add per block ----
+// Deterministic mode: the key blocks that add into query block m's tile are a contiguous run of the KV head's key
+// blocks (the mask's edges move monotonically with the row), starting at the one holding the first key that any
+// row of the block sees; this CTA's turn is its distance from that one. CTAs start in block-index order, so every
+// earlier key block of the run has started (or finished) when this one waits.
+template <typename Cfg>
+__device__ int dq_turn(const KeyBlockWork& w, int m) {
+  int64_t first_key, end_key;
+  w.mask.key_range_for_rows(int64_t(m) * Cfg::kBlockM, min(int64_t(m + 1) * Cfg::kBlockM, int64_t(w.seqlen_q)),
+                            &first_key, &end_key);
+  return w.key0 / Cfg::kBlockN - int(first_key / Cfg::kBlockN);
+}
+
+template <typename Cfg>
+__device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, const BackwardKernelArgs& a) {
+  const bool leader = threadIdx.x % 32 == 0;
+  const QueryBlockOrder order(w, a.heads_per_kv);
+  for (int i = 0; i < order.blocks; ++i) {
+    const int head = order.head(w, a.heads_per_kv, i), m = order.block(w, i);
+    float* tile = dq_accum_tile<Cfg>(a, w, head, m);
+    int* turns = a.dq_turns ? a.dq_turns + (int64_t(head) * a.ws_head_stride + w.ws_row0) / Cfg::kBlockM + m : nullptr;
+#pragma unroll
+    for (int wg = 0; wg < Cfg::kConsumerWarpgroups; ++wg) {
+      named_barrier_sync(kDqFullBarrier + wg, kDqHandoffThreads);
+      if (leader) {
+        if (turns && wg == 0) {
+          wait_for_turn(turns, dq_turn<Cfg>(w, m));
+          fence_async_global();  // the bulk additions below come after the previous holder's, as the turn says
+        }
+        bulk_reduce_add_f32(tile + wg * (Cfg::kDqStageBytes / 4), sm.dq_stage(wg), Cfg::kDqStageBytes);
+        bulk_commit();
+        if (turns && wg + 1 == Cfg::kConsumerWarpgroups) {
+          bulk_wait<0>();  // the additions have completed, not only read the stages
+          fence_async_global();
+          pass_turn(turns);
+        } else {
+          bulk_wait_read<0>();
+        }
+      }
+      __syncwarp();
+      // The consumers wait for an empty stage before every block but their first.
+      if (i + 1 < order.blocks) named_barrier_arrive(kDqEmptyBarrier + wg, kDqHandoffThreads);
+    }
+  }
+  if (leader) bulk_wait<0>();
 }
 
 // ---- consumer: one warpgroup, 64 keys ----
@@ -375,6 +462,19 @@ struct BackwardConsumer {
     }
   }
 
+  // kDqThroughSmem: this thread's dQ fragment into the warpgroup's stage, float4 k of thread t at 16 (128 k + t)
+  // bytes (a warp's stores cover 512 contiguous bytes: no bank conflicts), then handed to the dQ writer. The
+  // stage is reused once the writer has read the previous block's (`wait_empty`: every block but the first).
+  __device__ void stage_dq(const float (&dq)[Cfg::kDqTileCols / 2], bool wait_empty) const {
+    if (wait_empty) named_barrier_sync(kDqEmptyBarrier + wg, kDqHandoffThreads);
+    float4* stage = reinterpret_cast<float4*>(sm.dq_stage(wg)) + threadIdx.x % kWarpgroupThreads;
+#pragma unroll
+    for (int k = 0; k < Cfg::kDqTileCols / 8; ++k)
+      stage[k * kWarpgroupThreads] = make_float4(dq[4 * k], dq[4 * k + 1], dq[4 * k + 2], dq[4 * k + 3]);
+    fence_async_shared();  // the bulk reduce reads the stage through the async proxy
+    named_barrier_arrive(kDqFullBarrier + wg, kDqHandoffThreads);
+  }
+
   __device__ void release(int stage) const {
     __syncwarp();
     if (lane == 0) mbarrier_arrive(&sm.empty()[stage]);
@@ -445,16 +545,15 @@ struct BackwardConsumer {
 
 // The query blocks of every query head of the group. A block's stage is released as soon as dV and dK have
 // landed (dQ reads only dSᵀ and K), before dQ is waited for: +6-10% at hd 128 over releasing after dQ
-// (bench/results/sm90-backward.md, v4). Issuing the next block's Sᵀ and dPᵀ behind dQ instead of waiting was
-// slower at hd 64 (324 -> 262 TFLOP/s at 16k) and spilled at hd 128 (v4).
+// (bench/results/hopper-backward.md, 53a4bb5). Issuing the next block's Sᵀ and dPᵀ behind dQ instead of waiting was
+// slower at hd 64 (324 -> 262 TFLOP/s at 16k) and spilled at hd 128 (the same entry).
 template <typename T, typename Cfg, bool kSoftcap>
 __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int heads_per_kv) {
   mbarrier_wait(c.sm.kv_full(), 0);
-  const int blocks_per_head = w.m_end - w.m_begin;
-  const int blocks = heads_per_kv * blocks_per_head;
+  const QueryBlockOrder order(w, heads_per_kv);
   RingPosition<Cfg::kStages> pos;
-  for (int i = 0; i < blocks; ++i) {
-    const int head = w.kv_head * heads_per_kv + i / blocks_per_head, m = w.m_begin + i % blocks_per_head;
+  for (int i = 0; i < order.blocks; ++i) {
+    const int head = order.head(w, heads_per_kv, i), m = order.block(w, i);
     typename BackwardConsumer<T, Cfg>::Scores s, dp;
     mbarrier_wait(&c.sm.full()[pos.index], pos.phase);
     c.issue_scores(s, dp, pos.index);
@@ -467,15 +566,19 @@ __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int 
     pos.advance();
     wgmma_wait<0>();
     fence_registers(dq);
-    float* head_rows = c.a.dq_accum + (int64_t(head) * c.a.ws_head_stride + w.ws_row0) * Cfg::kHeadDim;
-    c.accumulate_dq(dq, head_rows, m);
+    if constexpr (Cfg::kDqThroughSmem) {
+      c.stage_dq(dq, i > 0);
+    } else {
+      float* head_rows = c.a.dq_accum + (int64_t(head) * c.a.ws_head_stride + w.ws_row0) * Cfg::kHeadDim;
+      c.accumulate_dq(dq, head_rows, m);
 #pragma unroll
-    for (int piece = 1; piece < Cfg::kDqPieces; ++piece) {
-      wgmma_fence();  // dq was just read by the reductions
-      c.issue_dq(dq, c.sm.ds(i % 2, c.wg), piece);
-      wgmma_wait<0>();
-      fence_registers(dq);
-      c.accumulate_dq(dq, head_rows, m, piece);
+      for (int piece = 1; piece < Cfg::kDqPieces; ++piece) {
+        wgmma_fence();  // dq was just read by the reductions
+        c.issue_dq(dq, c.sm.ds(i % 2, c.wg), piece);
+        wgmma_wait<0>();
+        fence_registers(dq);
+        c.accumulate_dq(dq, head_rows, m, piece);
+      }
     }
   }
 }
@@ -509,6 +612,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tma_prefetch_map(&tm_q);
       tma_prefetch_map(&tm_do);
       produce<Cfg>(sm, w, args.heads_per_kv, &tm_q, &tm_k, &tm_v, &tm_do, &tm_lse, &tm_dsum);
+    } else if (Cfg::kDqThroughSmem && threadIdx.x / 32 == kDqWriterWarp && has_work) {
+      write_dq<Cfg>(sm, w, args);
     }
   } else {
     setmaxnreg_increase<Cfg::kConsumerRegisters>();
@@ -520,6 +625,69 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         consume<T, Cfg, false>(c, w, args.heads_per_kv);
     }
     c.epilogue();
+  }
+}
+
+// What dq_convert_fragments_kernel reads; lengths and strides in elements.
+struct DqConvertArgs {
+  void* dq;
+  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+  const float* dq_accum;
+  int64_t ws_head_stride;
+  const int32_t* cu_seqlens_q;  // null: padded batch of `batch` sequences of seqlen_q rows
+  int batch, seqlen_q;
+  float scale;      // softmax_scale
+  bool pair_stores;  // dq's base and strides allow 4-byte stores of element pairs
+};
+
+// dQ = dq_accum · scale as the dtype, from kDqThroughSmem's fragment-ordered tiles (write_dq): one CTA per
+// (query block of the workspace, query head), a thread per fragment slot of the consumer warpgroups; thread t's
+// float4 k of piece p holds rows 16 (t / 32) + (t % 32) / 4 (+ 8) at columns p kDqTileCols + 8 k + 2 (t % 4)
+// (+ 1), as in the wgmma accumulator. A block past its sequence's last row (the slack between sequences) writes
+// nothing.
+template <typename T, typename Cfg>
+__global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel(const DqConvertArgs a) {
+  const int64_t ws_row = int64_t(blockIdx.x) * Cfg::kBlockM;
+  const int head = blockIdx.y;
+  // The sequence whose workspace rows hold this block: the last one starting at or before it (the starts grow by
+  // at least a block from one sequence to the next, empty ones included).
+  auto first_row = [&](int b) -> int64_t { return a.cu_seqlens_q ? a.cu_seqlens_q[b] : int64_t(b) * a.seqlen_q; };
+  int lo = 0, hi = a.batch - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (sm80::ws_sequence_start(first_row(mid), mid, Cfg::kWsAlign) <= ws_row) lo = mid;
+    else hi = mid - 1;
+  }
+  const int b = lo;
+  const int64_t row0 = first_row(b);
+  const int64_t len = a.cu_seqlens_q ? a.cu_seqlens_q[b + 1] - row0 : a.seqlen_q;
+  const int64_t i0 = ws_row - sm80::ws_sequence_start(row0, b, Cfg::kWsAlign);
+  if (i0 >= len) return;
+  T* dq = static_cast<T*>(a.dq) + (a.cu_seqlens_q ? row0 * a.dq_row_stride : int64_t(b) * a.dq_batch_stride) +
+          int64_t(head) * a.dq_head_stride;
+  const float* tile = a.dq_accum + (int64_t(head) * a.ws_head_stride + ws_row) * Cfg::kHeadDim;
+  const int t = threadIdx.x, row_in_block = 16 * (t / 32) + (t % 32) / 4;
+#pragma unroll
+  for (int piece = 0; piece < Cfg::kConsumerWarpgroups; ++piece) {
+#pragma unroll
+    for (int k = 0; k < Cfg::kDqTileCols / 8; ++k) {
+      const float4 v = reinterpret_cast<const float4*>(tile + piece * (Cfg::kDqStageBytes / 4))[k * kWarpgroupThreads + t];
+      const int col = piece * Cfg::kDqTileCols + 8 * k + 2 * (t % 4);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t i = i0 + row_in_block + 8 * half;
+        if (i >= len) continue;
+        T* dst = dq + i * a.dq_row_stride + col;
+        const float x = (half ? v.z : v.x) * a.scale, y = (half ? v.w : v.y) * a.scale;
+        if (a.pair_stores) {
+          *reinterpret_cast<uint32_t*>(dst) = pack_pair<T>(x, y);
+        } else {
+          const uint32_t bits = pack_pair<T>(x, y);
+          *reinterpret_cast<uint16_t*>(dst) = uint16_t(bits & 0xffffu);
+          *reinterpret_cast<uint16_t*>(dst + 1) = uint16_t(bits >> 16);
+        }
+      }
+    }
   }
 }
 
@@ -540,15 +708,18 @@ Status launch(const BwdParams& p) {
   cuda::sm80::BwdKernelArgs rows = sm80_backward_args(p);
   // Rows of the Q / dO and K / V tensor maps: one sequence's (padded batch) or every sequence's (varlen).
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
-  // Workspace: D, LSE·log2e [heads_q][ws_head_stride] and dq_accum [heads_q][ws_head_stride][d]. TMA boxes must
-  // start 16-byte aligned, so every sequence starts at a multiple of 4 rows (sm80::ws_sequence_start, which
-  // needs up to batch * 4 rows of slack) and the head stride is a multiple of 4 (at least 4 rows, so the maps
-  // over D and LSE always have a base).
-  constexpr int kWsAlign = 4;
+  // Workspace: D, LSE·log2e [heads_q][ws_head_stride] and dq_accum [heads_q][ws_head_stride][d]. Every sequence
+  // starts at a multiple of Cfg::kWsAlign rows (sm80::ws_sequence_start, which needs up to batch * kWsAlign rows
+  // of slack): a whole query block for the fragment-ordered dq_accum tiles, at least 4 for TMA's 16-byte aligned
+  // boxes of LSE and D; the head stride is a multiple of it (at least one, so the maps over D and LSE always have
+  // a base).
+  constexpr int kWsAlign = Cfg::kWsAlign;
   const int64_t ws_rows = rows.rows_q + int64_t(p.batch) * kWsAlign;
   const int64_t ws_head_stride = std::max<int64_t>((ws_rows + kWsAlign - 1) / kWsAlign * kWsAlign, kWsAlign);
   const size_t row_elems = size_t(p.heads_q) * size_t(ws_head_stride);
-  const size_t ws_bytes = (2 * row_elems + row_elems * kHeadDim) * sizeof(float);
+  // Deterministic mode: one turn counter per (query head, workspace query block), after dq_accum.
+  const size_t turn_counters = p.deterministic ? row_elems / Cfg::kBlockM : 0;
+  const size_t ws_bytes = (2 * row_elems + row_elems * kHeadDim) * sizeof(float) + turn_counters * sizeof(int);
   void* ws = nullptr;
   if (ws_bytes > 0) {
     Status got = workspace_alloc(&ws, ws_bytes, p.device.index, stream);
@@ -564,8 +735,9 @@ Status launch(const BwdParams& p) {
 
   Status st = [&]() -> Status {
     if (ws_bytes == 0) return Status::success();
-    // Zeroed whole: dq_accum is summed into, and the slack rows between sequences, which the tiles past a
-    // sequence's end load, must hold finite D values (their P is 0, but 0 · (dP − NaN) is not).
+    // Zeroed whole: dq_accum is summed into, the turn counters count from 0, and the slack rows between
+    // sequences, which the tiles past a sequence's end load, must hold finite D values (their P is 0, but
+    // 0 · (dP − NaN) is not).
     FA_CUDA_TRY(cudaMemsetAsync(ws, 0, ws_bytes, stream));
     Status pre = sm80_backward_preprocess(rows, p.dtype, stream);
     if (!pre.ok()) return pre;
@@ -612,6 +784,7 @@ Status launch(const BwdParams& p) {
       a.dk_batch_stride = p.dk_batch_stride, a.dk_row_stride = p.dk_row_stride, a.dk_head_stride = p.dk_head_stride;
       a.dv_batch_stride = p.dv_batch_stride, a.dv_row_stride = p.dv_row_stride, a.dv_head_stride = p.dv_head_stride;
       a.dq_accum = rows.dq_accum;
+      a.dq_turns = turn_counters ? reinterpret_cast<int*>(rows.dq_accum + row_elems * kHeadDim) : nullptr;
       a.ws_head_stride = ws_head_stride;
       a.ws_seq_align = kWsAlign;
       a.cu_seqlens_q = p.cu_seqlens_q;
@@ -633,7 +806,26 @@ Status launch(const BwdParams& p) {
       kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a, tm_q, tm_k, tm_v, tm_do, tm_lse, tm_dsum);
       FA_CUDA_TRY(cudaGetLastError());
     }
-    return sm80_backward_dq_convert(rows, p.dtype, stream);
+    if constexpr (!Cfg::kDqThroughSmem) {
+      return sm80_backward_dq_convert(rows, p.dtype, stream);
+    } else {
+      if (p.heads_q == 0 || p.batch == 0) return Status::success();
+      cuda::sm90::DqConvertArgs c{};
+      c.dq = p.dq;
+      c.dq_batch_stride = p.dq_batch_stride, c.dq_row_stride = p.dq_row_stride, c.dq_head_stride = p.dq_head_stride;
+      c.dq_accum = rows.dq_accum;
+      c.ws_head_stride = ws_head_stride;
+      c.cu_seqlens_q = p.cu_seqlens_q;
+      c.batch = int(p.batch);
+      c.seqlen_q = int(p.seqlen_q);
+      c.scale = rows.scale;
+      c.pair_stores = aligned(p.dq, 4) && p.dq_row_stride % 2 == 0 && p.dq_head_stride % 2 == 0 &&
+                      (varlen || p.dq_batch_stride % 2 == 0);
+      const dim3 grid(unsigned(ws_head_stride / Cfg::kBlockM), unsigned(p.heads_q));
+      cuda::sm90::dq_convert_fragments_kernel<T, Cfg><<<grid, cuda::sm90::kWarpgroupThreads, 0, stream>>>(c);
+      FA_CUDA_TRY(cudaGetLastError());
+      return Status::success();
+    }
   }();
   if (ws) {
     Status freed = workspace_free(ws, stream);
@@ -659,8 +851,9 @@ Status sm90_backward_supports(const BwdParams& p) {
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)
     return Status::unsupported("cuda_sm90: backward head dim " + std::to_string(p.head_dim) +
                                " (runs 64, 128 and 256; cuda_sm80 runs the others)");
-  if (p.deterministic)
-    return Status::unsupported("cuda_sm90: the backward sums dQ with atomics; the deterministic mode runs on cuda_sm80");
+  if (p.deterministic && p.head_dim == 256)
+    return Status::unsupported("cuda_sm90: the deterministic backward runs head dims 64 and 128 (head dim 256 sums dQ "
+                               "with atomics; its deterministic mode runs on cuda_sm80)");
   const bool varlen = p.is_varlen();
   const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.k_row_stride, p.k_head_stride, p.v_row_stride,
                              p.v_head_stride, p.do_row_stride, p.do_head_stride, varlen ? 0 : p.q_batch_stride,
@@ -677,7 +870,7 @@ Status sm90_backward_supports(const BwdParams& p) {
     if (s % 2 != 0) return Status::unsupported("cuda_sm90: the backward writes dk, dv in pairs: strides must be even");
   if (!aligned(p.dk, 4) || !aligned(p.dv, 4))
     return Status::unsupported("cuda_sm90: the backward writes dk, dv in pairs: 4-byte aligned bases needed");
-  if (p.heads_kv > 65535 || p.batch > 65535) return Status::unsupported("cuda_sm90: more than 65535 KV heads or batches");
+  if (p.heads_q > 65535 || p.batch > 65535) return Status::unsupported("cuda_sm90: more than 65535 query heads or batches");
   return Status::success();
 }
 

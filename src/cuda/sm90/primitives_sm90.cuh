@@ -19,6 +19,7 @@
 // forward's P = softmax(S) feeding O += P V).
 #pragma once
 
+#include <cuda/atomic>
 #include <cuda/ptx>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -384,6 +385,44 @@ __device__ __forceinline__ void tma_load_2d(void* smem_dst, const void* map, int
   const int32_t coords[2] = {c0, c1};
   ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_shared, ::cuda::ptx::space_global, smem_dst, map, coords,
                                     bar);
+}
+
+// ---- bulk reduce-add: shared -> global, tracked by the issuing thread's bulk groups ----
+// gmem[0 .. bytes/4) += smem[0 .. bytes/4) as fp32, one asynchronous operation (both 16-byte aligned, bytes a
+// multiple of 16). The shared memory it reads must be published by fence_async_shared in the writing threads.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, const float* smem, uint32_t bytes) {
+  ::cuda::ptx::cp_reduce_async_bulk(::cuda::ptx::space_global, ::cuda::ptx::space_shared, ::cuda::ptx::op_add, gmem,
+                                    smem, bytes);
+}
+__device__ __forceinline__ void bulk_commit() { ::cuda::ptx::cp_async_bulk_commit_group(); }
+// Until the shared memory of every committed group but the newest kPending has been read (it may be reused).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  ::cuda::ptx::cp_async_bulk_wait_group_read(::cuda::ptx::n32_t<kPending>{});
+}
+// Until every committed group but the newest kPending has completed (its global writes done).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+  ::cuda::ptx::cp_async_bulk_wait_group(::cuda::ptx::n32_t<kPending>{});
+}
+
+// Orders this thread's generic-proxy global accesses before its later async-proxy (bulk) ones, and the bulk
+// operations it has completed before its later generic ones.
+__device__ __forceinline__ void fence_async_global() { ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_global); }
+
+// ---- a GPU-wide turn counter (deterministic reductions) ----
+// Waits until *counter == turn (acquire); traps after about 4 s, so that a protocol bug fails the launch
+// instead of hanging the device.
+__device__ __forceinline__ void wait_for_turn(const int* counter, int turn) {
+  ::cuda::atomic_ref<const int, ::cuda::thread_scope_device> c(*counter);
+  for (uint32_t spins = 0; c.load(::cuda::memory_order_acquire) != turn; ++spins) {
+    if (spins > (1u << 27)) __trap();
+    __nanosleep(32);
+  }
+}
+// Passes the turn on (release: this thread's earlier global writes are visible to the next holder).
+__device__ __forceinline__ void pass_turn(int* counter) {
+  ::cuda::atomic_ref<int, ::cuda::thread_scope_device>(*counter).fetch_add(1, ::cuda::memory_order_release);
 }
 
 // Pulls a tensor map's descriptor into the cache ahead of its first use.

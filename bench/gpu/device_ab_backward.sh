@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One GPU run for a change to the Hopper backward: builds the tree (library, GPU suite, Python module) and a
+# baseline (the tree with the files under $AB_BASE laid over it: the code before the change) side by side with
+# every core; runs the GPU suite on the tree, compute-sanitizer (memcheck, racecheck, synccheck) on the backward's
+# small cases, and times both builds' backward against cuDNN in alternating bursts (burst_grid.py --backward, one
+# process per build). Summary last; logs in $OUT/logs.tgz, timing tables as ab_*.md.
+#
+#   AB_BASE=.ab/old bash bench/gpu/device_ab_backward.sh      (carry .ab and, without a system googletest, .gtest-src)
+#   AB_TESTS=<gtest filter> (default: all), AB_SANITIZE=0, AB_HD="64 128", AB_SEQLENS="2048 16384", AB_REPEATS=2,
+#   AB_SECONDS=0.5, AB_SKIP_BASE=1 (time the tree alone)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/ab-out}
+mkdir -p "$OUT"
+t_start=$(date +%s)
+elapsed() { echo "$(( $(date +%s) - t_start )) s"; }
+summary=$OUT/summary.txt
+say() { printf '\n==== %s (%s)\n' "$*" "$(elapsed)" | tee -a "$summary"; }
+
+source bench/gpu/device_common.sh
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee -a "$summary"
+prefix=$(gtest_prefix_flag)
+say "build (tree and baseline in parallel)"
+(build_tree . /tmp/build -DFLASHATTN_BUILD_PYTHON=ON -DFLASHATTN_BUILD_BENCH=OFF $prefix > "$OUT/build.log" 2>&1
+ echo "build rc=$?" >> "$OUT/build.log") &
+if [ "${AB_SKIP_BASE:-0}" != 1 ]; then
+  copy_tree /tmp/base-src && cp -r "${AB_BASE:-.ab/old}/." /tmp/base-src/
+  (build_tree /tmp/base-src /tmp/build-base -DFLASHATTN_BUILD_PYTHON=ON -DFLASHATTN_BUILD_BENCH=OFF \
+     -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_CLI=OFF -- _C > "$OUT/build-base.log" 2>&1
+   echo "build rc=$?" >> "$OUT/build-base.log") &
+fi
+wait
+grep -h "build rc" "$OUT"/build*.log | tee -a "$summary"
+grep -hE "\(C75[0-9]+\)|error" "$OUT"/build*.log | head -20 | tee -a "$summary"
+
+t=/tmp/build/tests/flashattn_gpu_tests
+say "GPU suite"
+timeout "${AB_TEST_TIMEOUT:-330}" $t --gtest_filter="${AB_TESTS:-*}" > "$OUT/gpu_tests.log" 2>&1
+echo "gpu tests rc=$?" | tee -a "$summary"
+grep -E "^\[==========\]|^\[  PASSED  \]|^\[  FAILED  \]" "$OUT/gpu_tests.log" | head -40 | tee -a "$summary"
+grep -E "Failure|Which is|error|worst" "$OUT/gpu_tests.log" | head -30 | tee -a "$summary"
+
+if [ "${AB_SANITIZE:-1}" = 1 ]; then
+  say "compute-sanitizer on the backward's small cases"
+  for tool in memcheck racecheck synccheck; do
+    timeout 120 compute-sanitizer --tool $tool $t \
+      --gtest_filter='Paths/GpuBackward.TinyAllPaths/bfloat16_auto:Paths/GpuBackward.HeadDims/float16_auto' \
+      > "$OUT/sanitize_$tool.log" 2>&1
+    echo "$tool rc=$? $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | head -2 | tr '\n' ' ')" |
+      tee -a "$summary"
+  done
+fi
+
+burst() {  # burst BUILD NAME
+  PYTHONPATH=$1/python timeout 200 python3 bench/gpu/burst_grid.py --backward --hd ${AB_HD:-64 128} \
+    --seqlens ${AB_SEQLENS:-2048 16384} --repeats "${AB_REPEATS:-2}" --seconds "${AB_SECONDS:-0.5}" \
+    > "$OUT/ab_$2.md" 2>&1
+}
+say "backward against cuDNN in bursts: baseline, then the tree"
+[ "${AB_SKIP_BASE:-0}" != 1 ] && burst /tmp/build-base base
+burst /tmp/build tree
+for f in "$OUT"/ab_*.md; do echo "-- $(basename "$f")"; cat "$f"; done | tee -a "$summary"
+echo "done ($(elapsed))" | tee -a "$summary"
+(cd "$OUT" && tar czf logs.tgz --remove-files ./*.log 2>/dev/null)
