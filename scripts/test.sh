@@ -29,7 +29,7 @@ cmake --build build -j "$jobs" 2>&1 | tee build/build.log
 echo "build took $(( $(date +%s) - t0 )) s"
 # ptxas reports a kernel whose wgmma it had to serialise (C7510: a call, C7511: registers, C7515: accumulator
 # writes between products) as information, not as an error, and that kernel runs 10-30% slower
-# (bench/results/sm90-notes.md, v15). No GPU is needed to see it, so it fails here.
+# (bench/results/hopper-forward.md, 9eba035). No GPU is needed to see it, so it fails here.
 if grep -E "\(C75[0-9]+\)" build/build.log; then
   echo "error: ptxas serialised wgmma in the kernels named above; keep the consumers' products pipelined" >&2
   exit 1

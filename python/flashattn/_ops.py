@@ -86,7 +86,7 @@ def _backward_outputs(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, 
 # the schema's argument list for every argument on every call (torch._library.utils.fill_defaults), a cost that
 # grows with the square of the argument count. With the fifteen arguments of one each it was 70 of a 167 µs
 # forward call on the host, which at short sequences is more than the kernel
-# (bench/results/host-overhead-2026-11-29/README.md).
+# (bench/results/host-overhead.md).
 INT_OPTIONS = ("max_seqlen_q", "max_seqlen_k", "causal", "window_left", "window_right", "deterministic", "num_threads")
 FLOAT_OPTIONS = ("softmax_scale", "softcap")
 

@@ -157,7 +157,7 @@ struct ForwardKernel {
 
       // One copy of the loop for every head dim of the bucket: columns past d / d_v are zero-filled and go
       // through the mma. (A second, step-skipping copy for small dims was tried on 2026-11-29: ptxas then spilled
-      // inside the full-width copy too and every shape lost ~12%; see bench/results/gpu-forward-2026-11-29.md.)
+      // inside the full-width copy too and every shape lost ~12%; see bench/results/sm80.md, 3c0b9e6.)
       for (int i = 0; i < n_iters; ++i) {
         const int stage = i % kStages;
         const int n0 = (n_block_max - 1 - i) * kBlockN;

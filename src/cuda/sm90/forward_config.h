@@ -6,7 +6,7 @@
 // runs kPipelines independent ones (producer warp, consumer warpgroups, buffers, tile sequence), usually one.
 //
 // The kernel each head dim runs (KernelPlan below), chosen on the H200 from the tile sets, grids and consumer
-// orderings measured in bench/results/sm90-notes.md (v3-v4, v13-v17). Every kernel issues S_n with
+// orderings measured in bench/results/hopper-forward.md (941cb61 to d6a87b5). Every kernel issues S_n with
 // P_{n+1} V_{n+1} and runs the softmax under P V, its consumer warpgroups taking turns or issuing freely
 // (IssueOrder below; forward_mainloop.cuh); every plan runs on the persistent grid.
 //   hd  64: 192 x 128 (three consumer warpgroups), 3 stages: 24 KB + 3 * 32 KB = 120 KB; up to 2k keys (4k
@@ -45,7 +45,7 @@ constexpr int kTileRing = 2;
 // How the consumer warpgroups of a CTA issue their matrix products (forward_mainloop.cuh, wait_turn).
 //   turns: round robin on named barriers, so that one warpgroup's softmax runs under the others' products.
 //   free:  each warpgroup issues as soon as its operands are ready; the tensor cores interleave the groups.
-// Measured with two consumer warpgroups (sm90-notes.md, v17): free +2-4% at hd 128 in nearly every cell (512 to
+// Measured with two consumer warpgroups (bench/results/hopper-forward.md, 58d37b2): free +2-4% at hd 128 in nearly every cell (512 to
 // 16k keys, causal and not); at hd 256 turns +3-6% up to 2k keys, level beyond (free also spills 8 bytes); at hd
 // 64 (128 x 128, masked, 2k keys) free +8%, which only brings it level with the one-warpgroup kernel run there.
 // Three warpgroups (hd 64) keep turns: not measured without.
@@ -123,7 +123,7 @@ struct ForwardConfig {
 // What runs for a head dim, with (kMasked) or without a causal / window mask. Every plan runs on the persistent
 // grid (one CTA per SM claiming tiles; the producer loads a tile's first Q and K under the previous tile): since
 // the loop counters became warp-uniform it is level or ahead of one CTA per tile at every length and head dim
-// (hd 128 at 512-1k +8-18%, hd 256 +0-5%; sm90-notes.md v12). Sm90Grid (forward_sm90.h) can still force one
+// (hd 128 at 512-1k +8-18%, hd 256 +0-5%; bench/results/hopper-forward.md, 9ffdec3). Sm90Grid (forward_sm90.h) can still force one
 // CTA per tile, for the tests and the benchmark.
 // A plan: the tile set, and optionally a second plan (ShortKeysPlan) that runs instead when a sequence has at
 // most kShortKeys keys.
@@ -136,26 +136,26 @@ struct Plan {
 template <int kHeadDim, bool kMasked>
 struct KernelPlan;
 // hd 64: three consumer warpgroups (192-row blocks: the fewest K/V bytes per product). The overlapped ordering
-// against v1's serial one (wait for each product, which hd 64 ran until v16): +1-4% past 2k keys (sm90-notes.md).
+// against the first kernel's serial one (ce3e0eb: wait for each product, which hd 64 ran until 44259c8): +1-4% past 2k keys (bench/results/hopper-forward.md, 44259c8).
 // hd 64 on short sequences (up to 2k keys, 4k under a mask): three pipelines per CTA (kPipelines), each running
 // 64-row blocks with one consumer warpgroup and a 2-stage ring (8 KB + 2 * 32 KB = 72 KB each, 219 KB in all).
 // A block's boundary (Q, the first S, the last P V, the epilogue) runs under the other pipelines' products, the
 // diagonal wastes the least, and each scheduler has three consumer warps where the two CTAs of one warpgroup
 // each (the plan before) gave it two: +11-15% at 512-1k causal, +7-14% at 2k causal (371-394 vs 345 TFLOP/s),
-// +9% at 512-1k without a mask, level at 2k without and 4k with one (sm90-notes.md, v18).
+// +9% at 512-1k without a mask, level at 2k without and 4k with one (bench/results/hopper-forward.md, 0a77eda).
 // Past that three warpgroups share each K/V tile over 192-row blocks (a third of the K/V bytes per product):
 // pipelines at 4k without a mask -3 to -5%, at 8k -3 to -8%.
 // The pipelines run in clusters of two CTAs sharing each K/V tile (kClusterCtas): in sustained timing +2% at 2k
-// causal (368-372 vs 363), +3% at 2k without a mask and at 4k causal, +1% at 1k without (sm90-notes.md, v19).
+// causal (368-372 vs 363), +3% at 2k without a mask and at 4k causal, +1% at 1k without (bench/results/hopper-forward.md, c508eed / 018c957).
 // Clusters did not pay for the 192-row kernel (-2 to -7%) nor for pipelines past these lengths (-2%); 64- or 80-key
-// tiles with deeper rings here lose 9-14% (v20).
+// tiles with deeper rings here lose 9-14% (bench/results/hopper-forward.md, 7d15d21).
 using Hd64ShortKeysPlan = Plan<ForwardConfig<64, 128, 1, 2, IssueOrder::free, 3, 2>>;
 template <>
 struct KernelPlan<64, false> : Plan<ForwardConfig<64, 128, 3, 3>, Hd64ShortKeysPlan, 2048> {};
 template <>
 struct KernelPlan<64, true> : Plan<ForwardConfig<64, 128, 3, 3>, Hd64ShortKeysPlan, 4096> {};
 // hd 128 without a mask, up to 4k keys: 128-key tiles with a 3-stage ring (224 KB). Against 176-key tiles: +8% /
-// +6% / +4% / +2% at 512 / 1k / 2k / 4k, level at 8k (sm90-notes.md, v14); a 176-key tile also leaves 3% of a
+// +6% / +4% / +2% at 512 / 1k / 2k / 4k, level at 8k (bench/results/hopper-forward.md, 461d0b2, 9396921); a 176-key tile also leaves 3% of a
 // 2k sequence's last tile empty.
 // hd 128's two consumer warpgroups issue freely (IssueOrder above).
 using Hd128ShortKeysPlan = Plan<ForwardConfig<128, 128, 2, 3, IssueOrder::free>>;
@@ -165,7 +165,7 @@ struct KernelPlan<128, false>
 template <>
 struct KernelPlan<128, true> : Plan<ForwardConfig<128, 128, 2, 2, IssueOrder::free>> {};
 // hd 256 under a mask: 64-key tiles waste less on the diagonal than 80-key ones; causal +10% / +5% / +4.5% / +2%
-// at 512 / 1k / 2k / 4k keys, level beyond (sm90-notes.md, v17).
+// at 512 / 1k / 2k / 4k keys, level beyond (bench/results/hopper-forward.md, d6a87b5).
 template <>
 struct KernelPlan<256, false> : Plan<ForwardConfig<256, 80, 2, 2>> {};
 template <>

@@ -34,8 +34,8 @@ struct ForwardKernelArgs {
   // With a pipeline per tile that is all. In a persistent grid (fewer pipelines than tiles) a pipeline that
   // finishes a tile claims the next unclaimed one from tile_counter (zeroed before the launch; claims count from
   // clusters * kPipelines), so tiles start in order however unequal their costs. A static stride (c, c +
-  // gridDim.x, ...) instead left up to 1.8x the mean work on one CTA at 16k causal (bench/results/sm90-notes.md,
-  // v3).
+  // gridDim.x, ...) instead left up to 1.8x the mean work on one CTA at 16k causal (bench/results/hopper-forward.md,
+  // 941cb61-17568a4).
   int num_m_tiles, num_heads;
   int num_tiles;  // below 2^30 (sm90_forward_supports), so tile + gridDim.x * kPipelines cannot overflow
   unsigned* tile_counter;  // null: static tiles, clusters * kPipelines apart
