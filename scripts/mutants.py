@@ -109,9 +109,11 @@ def main() -> int:
 
     def test_cmd(m: Mutant | None) -> list[str]:
         if args.gpu:
+            # The baseline runs what the mutants will (the union of their filters, or everything).
+            filters = [m.gtest_filter] if m else [x.gtest_filter for x in mutants]
             cmd = [str(gpu_binary), "--gtest_fail_fast"]
-            if m and m.gtest_filter:
-                cmd.append(f"--gtest_filter={m.gtest_filter}")
+            if all(filters):
+                cmd.append("--gtest_filter=" + ":".join(filters))
             return cmd
         return ["ctest", "--test-dir", str(build), "-L", "cpu", "-j", str(args.jobs), "--stop-on-failure",
                 "--output-on-failure"]
