@@ -8,7 +8,7 @@
 #include <string>
 
 #include "gpu/device_tensor.h"
-#include "gpu/sm90_primitive_kernels.h"
+#include "gpu/stress.h"
 
 namespace flashattn::test {
 namespace {
@@ -35,7 +35,6 @@ TEST(Sm90BackwardStress, DeterministicLaunchesGiveIdenticalGradients) {
     std::mt19937_64 rng(uint64_t(s.head_dim * s.seqlen) + s.causal);
     for (HostTensor* t : {&q, &k, &v, &dout}) t->fill_normal(rng, 1.0);
     DeviceTensor t_q(q), t_k(k), t_v(v), t_o(o), t_lse(lse), t_do(dout), t_dq(dq), t_dk(dk), t_dv(dv);
-    DeviceTensor first_dq(dq), first_dk(dk), first_dv(dv);
     BackwardArgs a;
     a.q = t_q.view(q), a.k = t_k.view(k), a.v = t_v.view(v), a.out = t_o.view(o), a.lse = t_lse.view(lse);
     a.dout = t_do.view(dout), a.dq = t_dq.view(dq), a.dk = t_dk.view(dk), a.dv = t_dv.view(dv);
@@ -46,33 +45,11 @@ TEST(Sm90BackwardStress, DeterministicLaunchesGiveIdenticalGradients) {
     ASSERT_TRUE(make_backward_params(a, opt, &p).ok());
     const BackendChoice choice = choose_backend(p, Backend::automatic);
     ASSERT_EQ(choice.backend, Backend::cuda_sm90) << choice.reason;
-    Status st = attention_forward(a, opt);
+    const Status st = attention_forward(a, opt);
     ASSERT_TRUE(st.ok()) << st.message;
-    st = attention_backward(a, opt);
-    ASSERT_TRUE(st.ok()) << st.message;
-    FA_CUDA_CHECK(cudaMemcpy(first_dq.data(), t_dq.data(), dq.bytes(), cudaMemcpyDeviceToDevice));
-    FA_CUDA_CHECK(cudaMemcpy(first_dk.data(), t_dk.data(), dk.bytes(), cudaMemcpyDeviceToDevice));
-    FA_CUDA_CHECK(cudaMemcpy(first_dv.data(), t_dv.data(), dv.bytes(), cudaMemcpyDeviceToDevice));
-    unsigned* differing = nullptr;
-    FA_CUDA_CHECK(cudaMalloc(&differing, sizeof(unsigned)));
-    FA_CUDA_CHECK(cudaMemset(differing, 0, sizeof(unsigned)));
-    cudaError_t compared = cudaSuccess;
-    for (int i = 1; i < s.launches && st.ok() && compared == cudaSuccess; ++i) {
-      st = attention_backward(a, opt);
-      if (st.ok()) compared = sm90::count_differing_words(t_dq.data(), first_dq.data(), dq.bytes(), differing);
-      if (compared == cudaSuccess)
-        compared = sm90::count_differing_words(t_dk.data(), first_dk.data(), dk.bytes(), differing);
-      if (compared == cudaSuccess)
-        compared = sm90::count_differing_words(t_dv.data(), first_dv.data(), dv.bytes(), differing);
-    }
-    unsigned total = 0;
-    const cudaError_t synced = cudaMemcpy(&total, differing, sizeof total, cudaMemcpyDeviceToHost);
-    cudaFree(differing);
-    ASSERT_TRUE(st.ok()) << st.message;
-    FA_CUDA_CHECK(compared);
-    FA_CUDA_CHECK(synced);
-    EXPECT_EQ(total, 0u) << "32-bit words of dQ, dK and dV that differed from the first launch's, over "
-                         << s.launches - 1 << " launches";
+    expect_identical_over_launches(
+        s.launches, [&] { return attention_backward(a, opt); },
+        {{t_dq.data(), dq.bytes()}, {t_dk.data(), dk.bytes()}, {t_dv.data(), dv.bytes()}}, "dQ, dK and dV");
   }
 }
 

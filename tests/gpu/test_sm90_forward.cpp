@@ -21,6 +21,7 @@
 #include "cuda/sm90/forward_sm90.h"
 #include "gpu/device_tensor.h"
 #include "gpu/sm90_primitive_kernels.h"
+#include "gpu/stress.h"
 
 namespace flashattn::test {
 namespace {
@@ -334,34 +335,14 @@ TEST(Sm90ForwardStress, BackToBackLaunchesGiveIdenticalOutputs) {
     k.fill_normal(rng, 1.0);
     v.fill_normal(rng, 1.0);
     DeviceForward dev(q, k, v, o, lse);
-    DeviceTensor first_out(o), first_lse(lse);
     AttentionOptions opt;
     opt.causal = s.causal;
     FwdParams p;
-    Status st = make_forward_params(dev.args, opt, &p);
-    ASSERT_TRUE(st.ok()) << st.message;
-    st = detail::sm90_forward_run(p, detail::Sm90Grid::persistent);
-    ASSERT_TRUE(st.ok()) << st.message;
-    FA_CUDA_CHECK(cudaMemcpy(first_out.data(), dev.out.data(), o.bytes(), cudaMemcpyDeviceToDevice));
-    FA_CUDA_CHECK(cudaMemcpy(first_lse.data(), dev.lse.data(), lse.bytes(), cudaMemcpyDeviceToDevice));
-    unsigned* differing = nullptr;
-    FA_CUDA_CHECK(cudaMalloc(&differing, sizeof(unsigned)));
-    FA_CUDA_CHECK(cudaMemset(differing, 0, sizeof(unsigned)));
-    cudaError_t compared = cudaSuccess;
-    for (int i = 1; i < s.launches && st.ok() && compared == cudaSuccess; ++i) {
-      st = detail::sm90_forward_run(p, detail::Sm90Grid::persistent);
-      if (st.ok()) compared = sm90::count_differing_words(dev.out.data(), first_out.data(), o.bytes(), differing);
-      if (compared == cudaSuccess)
-        compared = sm90::count_differing_words(dev.lse.data(), first_lse.data(), lse.bytes(), differing);
-    }
-    unsigned total = 0;
-    const cudaError_t synced = cudaMemcpy(&total, differing, sizeof total, cudaMemcpyDeviceToHost);
-    cudaFree(differing);
-    ASSERT_TRUE(st.ok()) << st.message;
-    FA_CUDA_CHECK(compared);
-    FA_CUDA_CHECK(synced);
-    EXPECT_EQ(total, 0u) << "32-bit words of O and LSE that differed from the first launch's, over "
-                         << s.launches - 1 << " launches";
+    const Status made = make_forward_params(dev.args, opt, &p);
+    ASSERT_TRUE(made.ok()) << made.message;
+    expect_identical_over_launches(
+        s.launches, [&] { return detail::sm90_forward_run(p, detail::Sm90Grid::persistent); },
+        {{dev.out.data(), o.bytes()}, {dev.lse.data(), lse.bytes()}}, "O and LSE");
   }
 }
 
