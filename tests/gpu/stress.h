@@ -16,6 +16,16 @@
 
 namespace flashattn::test {
 
+// A shape of the benchmark grid (B·S tokens, H·D model width, bf16) and how many times to launch it.
+struct StressShape {
+  int64_t head_dim, seqlen;
+  bool causal;
+  int launches;
+  std::string name() const {
+    return "hd " + std::to_string(head_dim) + " seqlen " + std::to_string(seqlen) + (causal ? " causal" : "");
+  }
+};
+
 struct DeviceRegion {
   void* data;
   size_t bytes;  // a multiple of 4

@@ -16,17 +16,12 @@ namespace {
 TEST(Sm90BackwardStress, DeterministicLaunchesGiveIdenticalGradients) {
   FA_REQUIRE_GPU();
   if (flashattn::cuda_compute_capability(0) != 90) GTEST_SKIP() << "needs compute capability 9.0";
-  struct Shape {
-    int64_t head_dim, seqlen;
-    bool causal;
-    int launches;
-  };
   // B·S = 8k tokens, H·D = 2048 (the benchmark's model width, half its tokens); GQA 2 on the last shape.
   constexpr int64_t kTokens = 8192, kModelWidth = 2048;
-  for (const Shape s : {Shape{64, 512, true, 400}, Shape{128, 1024, false, 200}, Shape{128, 512, true, 400},
-                        Shape{64, 2048, false, 100}}) {
-    SCOPED_TRACE("hd " + std::to_string(s.head_dim) + " seqlen " + std::to_string(s.seqlen) +
-                 (s.causal ? " causal" : ""));
+  const StressShape shapes[] = {StressShape{64, 512, true, 400}, StressShape{128, 1024, false, 200},
+                                 StressShape{128, 512, true, 400}, StressShape{64, 2048, false, 100}};
+  for (const StressShape& s : shapes) {
+    SCOPED_TRACE(s.name());
     const int64_t batch = kTokens / s.seqlen, heads = kModelWidth / s.head_dim;
     const int64_t heads_kv = s.seqlen == 2048 ? heads / 2 : heads;
     HostTensor q(DType::bf16, {batch, s.seqlen, heads, s.head_dim}), o = q, dout = q, dq = q;

@@ -315,18 +315,14 @@ INSTANTIATE_TEST_SUITE_P(Grid, Sm90Forward, ::testing::ValuesIn(cases()),
 TEST(Sm90ForwardStress, BackToBackLaunchesGiveIdenticalOutputs) {
   FA_REQUIRE_GPU();
   if (flashattn::cuda_compute_capability(0) != 90) GTEST_SKIP() << "needs compute capability 9.0";
-  struct Shape {
-    int64_t head_dim, seqlen;
-    bool causal;
-    int launches;
-  };
   // The benchmark grid's shapes (B·S = 16k tokens, H·D = 2048). hd 64 up to 2k keys runs in clusters (the race
   // above); the other head dims' kernels hand tiles from producer to consumers through the same ring in one CTA.
   constexpr int64_t kTokens = 16384, kModelWidth = 2048;
-  for (const Shape s : {Shape{64, 512, true, 10000}, Shape{64, 512, false, 4000}, Shape{64, 1024, true, 4000},
-                        Shape{128, 512, true, 3000}, Shape{256, 512, true, 3000}}) {
-    SCOPED_TRACE("hd " + std::to_string(s.head_dim) + " seqlen " + std::to_string(s.seqlen) +
-                 (s.causal ? " causal" : ""));
+  const StressShape shapes[] = {StressShape{64, 512, true, 10000}, StressShape{64, 512, false, 4000},
+                                 StressShape{64, 1024, true, 4000}, StressShape{128, 512, true, 3000},
+                                 StressShape{256, 512, true, 3000}};
+  for (const StressShape& s : shapes) {
+    SCOPED_TRACE(s.name());
     const int64_t batch = kTokens / s.seqlen, heads = kModelWidth / s.head_dim;
     HostTensor q(DType::bf16, {batch, s.seqlen, heads, s.head_dim}), o = q, k = q, v = q;
     HostTensor lse(DType::f32, {batch, heads, s.seqlen});
