@@ -64,7 +64,8 @@ struct AttnCase {
     }
     os << "_h" << h_q << "x" << h_kv << "_d" << d << "_dv" << dv;
     if (causal) os << "_causal";
-    if (window_left >= 0 || window_right >= 0) os << "_win" << (window_left + 1) << "m1_" << (window_right + 1) << "m1";
+    auto edge = [](int64_t e) { return e < 0 ? std::string("inf") : std::to_string(e); };
+    if (window_left >= 0 || window_right >= 0) os << "_win" << edge(window_left) << "_" << edge(window_right);
     if (softcap > 0) os << "_cap" << int(softcap);
     if (softmax_scale > 0) os << "_sm" << int(std::lround(softmax_scale * 1000)) << "m";
     if (layout == Layout::bhsd) os << "_bhsd";
