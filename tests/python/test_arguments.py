@@ -44,18 +44,30 @@ def _packed_reference(fn_ref, packed_inputs, dout, dtype, **kwargs):
     return results
 
 
+def _packed_grid(test):
+    """The packed forms' grid: every backend, the option combinations, fp32 and bf16."""
+    for mark in (pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str),
+                 pytest.mark.parametrize("options", PACKED_OPTIONS, ids=_option_id),
+                 pytest.mark.parametrize("backend", cpu_backends())):
+        test = mark(test)
+    return test
+
+
+def _packed_kwargs(options):
+    """(the packed function's keyword arguments, the reference's) for one option combination."""
+    causal, window, softcap, scale = options
+    return (dict(softmax_scale=scale, causal=causal, window_size=window, softcap=softcap),
+            dict(causal=causal, window=window, softcap=softcap, scale=scale))
+
+
 def _compare(names, ours, refs, dtype):
     for name, o, r64, low in zip(names, ours, refs[torch.float64], refs[None]):
         assert_close(name, o, r64, low, torch.float32 if name == "lse" and dtype == torch.float64 else dtype)
 
 
-@pytest.mark.parametrize("backend", cpu_backends())
-@pytest.mark.parametrize("options", PACKED_OPTIONS, ids=_option_id)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@_packed_grid
 def test_qkvpacked_and_kvpacked(options, dtype, backend, device="cpu"):
-    causal, window, softcap, scale = options
-    kw = dict(softmax_scale=scale, causal=causal, window_size=window, softcap=softcap)
-    ref_kw = dict(causal=causal, window=window, softcap=softcap, scale=scale)
+    kw, ref_kw = _packed_kwargs(options)
     b, s, h, d = 2, 11, 4, 16
 
     qkv = torch.randn(b, s, 3, h, d, dtype=dtype, device=device, requires_grad=True)
@@ -76,13 +88,9 @@ def test_qkvpacked_and_kvpacked(options, dtype, backend, device="cpu"):
     _compare(("out", "lse", "dq", "dkv"), (out, lse, q.grad, kv.grad), refs, dtype)
 
 
-@pytest.mark.parametrize("backend", cpu_backends())
-@pytest.mark.parametrize("options", PACKED_OPTIONS, ids=_option_id)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@_packed_grid
 def test_varlen_qkvpacked_and_kvpacked(options, dtype, backend, device="cpu"):
-    causal, window, softcap, scale = options
-    kw = dict(softmax_scale=scale, causal=causal, window_size=window, softcap=softcap)
-    ref_kw = dict(causal=causal, window=window, softcap=softcap, scale=scale)
+    kw, ref_kw = _packed_kwargs(options)
     h, d = 4, 16
 
     lengths = [5, 0, 12, 1]
