@@ -55,8 +55,6 @@ struct FwdParams {
   int num_threads = 0;     // CPU backends: 0 = all hardware threads
 
   bool is_varlen() const { return cu_seqlens_q != nullptr; }
-  // Query rows of every head (packed or batch · seqlen_q): 0 for an empty batch, whose tensors may have no data.
-  int64_t query_rows() const { return is_varlen() ? total_q : batch * seqlen_q; }
 };
 
 struct BwdParams : FwdParams {

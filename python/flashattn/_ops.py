@@ -284,8 +284,8 @@ def check_softcap(softcap) -> float:
 
 def window_edge(name: str, value, q: Tensor, k: Tensor) -> int:
     """A window edge: -1 = unbounded, else the number of keys beyond the diagonal. An edge of at least every
-    sequence length is unbounded; such edges above int32 are passed as -1, so that no 64-bit edge arithmetic
-    can overflow (native windows near 2^63 returned zeros) and edges beyond int64 are not an error."""
+    sequence length is unbounded; such edges above int32 are passed as -1, so that they run the unmasked kernels
+    and edges beyond int64 (which the library cannot take) are not an error."""
     if type(value) is not int:
         try:
             value = operator.index(value)

@@ -2,7 +2,8 @@
 // Hopper forward's tile counter). One pool per device, owned by the library and kept between calls (release
 // threshold unlimited): the device's default pool returns freed memory to the driver at every
 // synchronisation (threshold 0), so each call after one would map its workspace again (measured ~40 µs a call
-// at hd 256, S = 2k on the H200: bench/results/hopper-forward.md, 0bfa611). release_cached_memory() (flashattn.h) trims it.
+// at hd 256, S = 2k on the H200: bench/results/hopper-forward.md, 0bfa611). release_cached_memory() (flashattn.h) trims
+// it.
 #pragma once
 
 #include <cuda_runtime.h>

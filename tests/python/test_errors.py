@@ -188,7 +188,7 @@ def test_flags_accept_bool_like_values():
 
 def test_windows_beyond_every_sequence_are_unbounded():
     """sys.maxsize (or more) as a window edge means unbounded: the same result as -1 (near 2^63 the native
-    edge arithmetic overflowed and returned zeros)."""
+    edge arithmetic once overflowed and returned zeros; past 2^63 the library cannot take the edge at all)."""
     import sys
     for sq, sk in ((5, 5), (2, 5), (5, 2)):
         q, k, v = qkv(sq=sq, sk=sk)

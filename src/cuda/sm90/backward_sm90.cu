@@ -9,11 +9,11 @@
 //   multiple of BackwardConfig::kWsAlign rows (sm80::ws_sequence_start): a query block, where dq_accum's tiles
 //   start, or 4 rows, where TMA boxes of LSE and D must.
 //
-// backward_kernel: one CTA per (block of kBlockN = 128 keys (64 at hd 256), KV head, batch entry); key blocks with the most
-// visible queries (the first, under a causal mask) are launched first, except in the deterministic mode under a
-// mask with a right edge (dq_turn). It loops over the query heads of its KV
-// group and, for each, over the query blocks of kBlockM rows that see any of its keys (MaskSpec::
-// query_range_for_keys), so dK and dV of a KV head sum over its query heads in registers, without atomics.
+// backward_kernel: one CTA per (block of kBlockN = 128 keys (64 at hd 256), KV head, batch entry); key blocks with
+// the most visible queries (the first, under a causal mask) are launched first, except in the deterministic mode
+// under a mask with a right edge (dq_turn). It loops over the query heads of its KV group and, for each, over the
+// query blocks of kBlockM rows that see any of its keys (MaskSpec::query_range_for_keys), so dK and dV of a KV head
+// sum over its query heads in registers, without atomics.
 // Warp roles (384 threads):
 //   warpgroup 0  producer: gives registers away (setmaxnreg); one thread loads K and V once, then streams each
 //                query block's Q, dO (128-byte swizzled panels) and LSE·log2e, D (fp32 rows) through a
@@ -84,7 +84,7 @@ struct BackwardKernelArgs {
   float* dq_accum;         // [heads_q][ws_head_stride][head_dim]
   int64_t ws_head_stride;  // rows per head of the workspace arrays (a multiple of BackwardConfig::kWsAlign)
   // Deterministic mode (kDqThroughSmem): a counter per (query head, workspace query block), zeroed; the key
-  // blocks add into a dq_accum tile one after another in key order, each when the counter says it is its turn.
+  // blocks add into a dq_accum tile one after another, each when the counter says it is its turn (dq_turn).
   int* dq_turns;           // [heads_q][ws_head_stride / kBlockM], or null: additions in any order
   // Deterministic mode under a mask with a right edge (causal, window_right >= 0): key blocks launch from the last
   // to the first and add into a tile in that order (dq_turn).
@@ -555,8 +555,8 @@ struct BackwardConsumer {
 
 // The query blocks of every query head of the group. A block's stage is released as soon as dV and dK have
 // landed (dQ reads only dSᵀ and K), before dQ is waited for: +6-10% at hd 128 over releasing after dQ
-// (bench/results/hopper-backward.md, 53a4bb5). Issuing the next block's Sᵀ and dPᵀ behind dQ instead of waiting was
-// slower at hd 64 (324 -> 262 TFLOP/s at 16k) and spilled at hd 128 (the same entry).
+// (bench/results/hopper-backward.md, 53a4bb5). Issuing the next block's Sᵀ and dPᵀ behind dQ instead of waiting
+// was slower at hd 64 (324 -> 262 TFLOP/s at 16k) and spilled at hd 128 (the same entry).
 template <typename T, typename Cfg, bool kSoftcap>
 __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int heads_per_kv) {
   mbarrier_wait(c.sm.kv_full(), 0);
@@ -681,7 +681,8 @@ __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel
   for (int piece = 0; piece < Cfg::kConsumerWarpgroups; ++piece) {
 #pragma unroll
     for (int k = 0; k < Cfg::kDqTileCols / 8; ++k) {
-      const float4 v = reinterpret_cast<const float4*>(tile + piece * (Cfg::kDqStageBytes / 4))[k * kWarpgroupThreads + t];
+      const float4* stage = reinterpret_cast<const float4*>(tile + piece * (Cfg::kDqStageBytes / 4));
+      const float4 v = stage[k * kWarpgroupThreads + t];
       const int col = piece * Cfg::kDqTileCols + 8 * k + 2 * (t % 4);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -881,12 +882,12 @@ Status sm90_backward_supports(const BwdParams& p) {
     if (s % 2 != 0) return Status::unsupported("cuda_sm90: the backward writes dk, dv in pairs: strides must be even");
   if (!aligned(p.dk, 4) || !aligned(p.dv, 4))
     return Status::unsupported("cuda_sm90: the backward writes dk, dv in pairs: 4-byte aligned bases needed");
-  if (p.heads_q > 65535 || p.batch > 65535) return Status::unsupported("cuda_sm90: more than 65535 query heads or batches");
+  if (p.heads_q > 65535 || p.batch > 65535)
+    return Status::unsupported("cuda_sm90: more than 65535 query heads or batches");
   return Status::success();
 }
 
 Status sm90_backward_run(const BwdParams& p) {
-  if (p.lse == nullptr && p.query_rows() > 0 && p.heads_q > 0) return Status::invalid("lse: required by the backward");
   Status st = sm90_backward_supports(p);
   if (!st.ok()) return st;
   DeviceGuard guard(p.device.index);

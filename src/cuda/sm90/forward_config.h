@@ -45,9 +45,10 @@ constexpr int kTileRing = 2;
 // How the consumer warpgroups of a CTA issue their matrix products (forward_mainloop.cuh, wait_turn).
 //   turns: round robin on named barriers, so that one warpgroup's softmax runs under the others' products.
 //   free:  each warpgroup issues as soon as its operands are ready; the tensor cores interleave the groups.
-// Measured with two consumer warpgroups (bench/results/hopper-forward.md, 58d37b2): free +2-4% at hd 128 in nearly every cell (512 to
-// 16k keys, causal and not); at hd 256 turns +3-6% up to 2k keys, level beyond (free also spills 8 bytes); at hd
-// 64 (128 x 128, masked, 2k keys) free +8%, which only brings it level with the one-warpgroup kernel run there.
+// Measured with two consumer warpgroups (bench/results/hopper-forward.md, 58d37b2): free +2-4% at hd 128 in nearly
+// every cell (512 to 16k keys, causal and not); at hd 256 turns +3-6% up to 2k keys, level beyond (free also spills 8
+// bytes); at hd 64 (128 x 128, masked, 2k keys) free +8%, which only brings it level with the one-warpgroup kernel run
+// there.
 // Three warpgroups (hd 64) keep turns: not measured without.
 enum class IssueOrder { turns, free };
 
@@ -123,8 +124,8 @@ struct ForwardConfig {
 // What runs for a head dim, with (kMasked) or without a causal / window mask. Every plan runs on the persistent
 // grid (one CTA per SM claiming tiles; the producer loads a tile's first Q and K under the previous tile): since
 // the loop counters became warp-uniform it is level or ahead of one CTA per tile at every length and head dim
-// (hd 128 at 512-1k +8-18%, hd 256 +0-5%; bench/results/hopper-forward.md, 9ffdec3). Sm90Grid (forward_sm90.h) can still force one
-// CTA per tile, for the tests and the benchmark.
+// (hd 128 at 512-1k +8-18%, hd 256 +0-5%; bench/results/hopper-forward.md, 9ffdec3). Sm90Grid (forward_sm90.h) can
+// still force one CTA per tile, for the tests and the benchmark.
 // A plan: the tile set, and optionally a second plan (ShortKeysPlan) that runs instead when a sequence has at
 // most kShortKeys keys.
 template <typename Config_, typename ShortKeysPlan_ = void, int64_t kShortKeys_ = 0>
@@ -136,7 +137,8 @@ struct Plan {
 template <int kHeadDim, bool kMasked>
 struct KernelPlan;
 // hd 64: three consumer warpgroups (192-row blocks: the fewest K/V bytes per product). The overlapped ordering
-// against the first kernel's serial one (ce3e0eb: wait for each product, which hd 64 ran until 44259c8): +1-4% past 2k keys (bench/results/hopper-forward.md, 44259c8).
+// against the first kernel's serial one (ce3e0eb: wait for each product, which hd 64 ran until 44259c8): +1-4% past 2k
+// keys (bench/results/hopper-forward.md, 44259c8).
 // hd 64 on short sequences (up to 2k keys, 4k under a mask): three pipelines per CTA (kPipelines), each running
 // 64-row blocks with one consumer warpgroup and a 2-stage ring (8 KB + 2 * 32 KB = 72 KB each, 219 KB in all).
 // A block's boundary (Q, the first S, the last P V, the epilogue) runs under the other pipelines' products, the
@@ -146,17 +148,18 @@ struct KernelPlan;
 // Past that three warpgroups share each K/V tile over 192-row blocks (a third of the K/V bytes per product):
 // pipelines at 4k without a mask -3 to -5%, at 8k -3 to -8%.
 // The pipelines run in clusters of two CTAs sharing each K/V tile (kClusterCtas): in sustained timing +2% at 2k
-// causal (368-372 vs 363), +3% at 2k without a mask and at 4k causal, +1% at 1k without (bench/results/hopper-forward.md, c508eed / 018c957).
-// Clusters did not pay for the 192-row kernel (-2 to -7%) nor for pipelines past these lengths (-2%); 64- or 80-key
-// tiles with deeper rings here lose 9-14% (bench/results/hopper-forward.md, 7d15d21).
+// causal (368-372 vs 363), +3% at 2k without a mask and at 4k causal, +1% at 1k without
+// (bench/results/hopper-forward.md, c508eed / 018c957). Clusters did not pay for the 192-row kernel (-2 to -7%) nor for
+// pipelines past these lengths (-2%); 64- or 80-key tiles with deeper rings here lose 9-14%
+// (bench/results/hopper-forward.md, 7d15d21).
 using Hd64ShortKeysPlan = Plan<ForwardConfig<64, 128, 1, 2, IssueOrder::free, 3, 2>>;
 template <>
 struct KernelPlan<64, false> : Plan<ForwardConfig<64, 128, 3, 3>, Hd64ShortKeysPlan, 2048> {};
 template <>
 struct KernelPlan<64, true> : Plan<ForwardConfig<64, 128, 3, 3>, Hd64ShortKeysPlan, 4096> {};
 // hd 128 without a mask, up to 4k keys: 128-key tiles with a 3-stage ring (224 KB). Against 176-key tiles: +8% /
-// +6% / +4% / +2% at 512 / 1k / 2k / 4k, level at 8k (bench/results/hopper-forward.md, 461d0b2, 9396921); a 176-key tile also leaves 3% of a
-// 2k sequence's last tile empty.
+// +6% / +4% / +2% at 512 / 1k / 2k / 4k, level at 8k (bench/results/hopper-forward.md, 461d0b2, 9396921); a 176-key
+// tile also leaves 3% of a 2k sequence's last tile empty.
 // hd 128's two consumer warpgroups issue freely (IssueOrder above).
 using Hd128ShortKeysPlan = Plan<ForwardConfig<128, 128, 2, 3, IssueOrder::free>>;
 template <>

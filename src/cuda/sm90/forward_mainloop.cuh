@@ -32,9 +32,9 @@ struct PipelineState {
 // runs one tile ahead here: K_{n-1} is requested before V_n, whose stage frees last (its previous V's P V ends
 // an iteration after that K's S). In tile order, K then V, each K waited behind the previous V's slot and
 // reached the consumers with one iteration to spare. Timed level with that order (the probe's K/V waits, 6% of
-// consumer time, are not this latency), but this loop keeps the producer free of spills (bench/results/hopper-forward.md, 44259c8, 32e49d1).
-// The first K tile is loaded before waiting for the Q buffer: in a persistent CTA it then arrives while the
-// consumers still finish the previous tile.
+// consumer time, are not this latency), but this loop keeps the producer free of spills
+// (bench/results/hopper-forward.md, 44259c8, 32e49d1). The first K tile is loaded before waiting for the Q buffer: in a
+// persistent CTA it then arrives while the consumers still finish the previous tile.
 // In a cluster (kClusterCtas > 1) the producer of rank r loads rows [r, r + 1) * kKVPartRows of each K / V tile
 // into the same slot of every CTA (the tensor maps' boxes are that tall): it waits until the slot is free in
 // all of them (empty counts every CTA's consumer warps), and its own full barrier expects the whole tile, whose
@@ -201,7 +201,8 @@ struct Consumer {
   __device__ void softmax(Scores& s, float (&rescale)[2]) {
     // The two rows' chains run side by side (r innermost), each split four ways, and the quad shuffles of both
     // rows are in flight together: with two consumer warps per scheduler, the softmax's own independent work
-    // is what hides ALU and shuffle latency (ncu: "wait" was the largest stall, bench/results/hopper-forward.md, bea5ed7, e4177d3).
+    // is what hides ALU and shuffle latency (ncu: "wait" was the largest stall, bench/results/hopper-forward.md,
+    // bea5ed7, e4177d3).
     float mx4[2][4];
 #pragma unroll
     for (int r = 0; r < 2; ++r) mx4[r][0] = row_max[r], mx4[r][1] = mx4[r][2] = mx4[r][3] = -INFINITY;
@@ -300,9 +301,9 @@ struct Consumer {
   // lanes swap their 4-byte column pairs (quad_transpose) so that each lane holds 8 consecutive columns, and a
   // warp's store writes whole 32-byte sectors (8 rows x 64 bytes) instead of 8 rows x 16 bytes. The 4-byte
   // stores wrote 4x the sectors and left the epilogue at 13-16% of the consumers' time at causal 2k (hd 128, 256;
-  // ~9% after; bench/results/hopper-forward.md, 9eba035). Rows start 16-byte aligned (sm90_forward_supports: strides a multiple of 8
-  // elements, 16-byte aligned base). The LSE takes log2 from the special-function unit (absolute error ~1e-7,
-  // against the 1e-3 the tests allow).
+  // ~9% after; bench/results/hopper-forward.md, 9eba035). Rows start 16-byte aligned (sm90_forward_supports: strides a
+  // multiple of 8 elements, 16-byte aligned base). The LSE takes log2 from the special-function unit (absolute error
+  // ~1e-7, against the 1e-3 the tests allow).
   __device__ void epilogue() {
     constexpr float kLn2 = 0.69314718055994530942f;
 #pragma unroll
