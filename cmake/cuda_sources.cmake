@@ -2,6 +2,7 @@
 # (80 and 90 by default, so they also run natively on Hopper).
 set(FLASHATTN_CUDA_SOURCES
   src/cuda/runtime.cu
+  src/cuda/kv_cache.cu
   src/cuda/sm80/supports.cpp
   src/cuda/sm80/forward.cu
   src/cuda/sm80/forward_hd64.cu
@@ -12,6 +13,10 @@ set(FLASHATTN_CUDA_SOURCES
   src/cuda/sm80/backward_hd128.cu
   src/cuda/sm80/backward_hd256.cu
   src/cuda/sm80/backward_rows.cu
+  src/cuda/sm80/decode.cu
+  src/cuda/sm80/decode_hd64.cu
+  src/cuda/sm80/decode_hd128.cu
+  src/cuda/sm80/decode_hd256.cu
   src/cuda/sm90/unavailable.cpp
 )
 

@@ -23,6 +23,14 @@ Status cuda_sm90_backward_supports(const BwdParams& p);
 Status cuda_sm90_forward(const FwdParams& p);
 Status cuda_sm90_backward(const BwdParams& p);
 
+// The KV-cache path on CUDA (src/cuda/kv_cache.cu): append + rotary kernels, then `forward` (a CUDA backend's
+// forward, which runs cache params on the split-KV decode kernel) over the cache.
+using ForwardFn = Status (*)(const FwdParams&);
+Status cuda_kvcache(const KVCacheParams& kp, ForwardFn forward);
+// The split-KV decode kernel (src/cuda/sm80/decode.cu), which both CUDA backends run for cache params.
+Status cuda_decode_supports(const FwdParams& p);
+Status cuda_decode_forward(const FwdParams& p);
+
 // Runtime queries and the small host<->device copies validation needs (varlen offsets).
 int cuda_device_count_impl();
 int cuda_compute_capability_impl(int device_index);

@@ -2,6 +2,7 @@
 #include <string>
 
 #include "backend.h"
+#include "cpu/kv_cache.h"
 #include "flashattn/flashattn.h"
 
 namespace flashattn {
@@ -71,6 +72,7 @@ BackendChoice choose(const FwdParams& p, Backend requested, const BwdParams* bwd
     if (s.ok()) {
       c.backend = b;
       c.reason = std::string(backend_name(b)) + " supports this call" +
+                 (p.has_kv_cache() ? std::string(" (KV cache: the split-KV decode kernel)") : std::string()) +
                  (passed_over.empty() ? std::string() : " (" + passed_over + ")");
       return c;
     }
@@ -125,6 +127,26 @@ Status run_backward(const BwdParams& p, Backend requested) {
     case Backend::automatic: break;
   }
   return Status::invalid("backend: not a concrete backend");
+}
+
+Status run_kvcache(const KVCacheParams& kp, Backend requested) {
+  const BackendChoice c = choose_backend(kp.attn, requested, false);
+  if (!c.status.ok()) return c.status;
+  switch (c.backend) {
+    case Backend::cpu_reference: return detail::cpu_kvcache(kp, detail::cpu_reference_forward);
+    case Backend::cpu_flash: return detail::cpu_kvcache(kp, detail::cpu_flash_forward);
+    case Backend::cuda_sm80: return detail::cuda_kvcache(kp, detail::cuda_sm80_forward);
+    case Backend::cuda_sm90: return detail::cuda_kvcache(kp, detail::cuda_sm90_forward);
+    case Backend::automatic: break;
+  }
+  return Status::invalid("backend: not a concrete backend");
+}
+
+Status attention_with_kvcache(const KVCacheArgs& args, const AttentionOptions& options) {
+  KVCacheParams p;
+  Status st = make_kvcache_params(args, options, &p);
+  if (!st.ok()) return st;
+  return run_kvcache(p, options.backend);
 }
 
 Status attention_forward(const ForwardArgs& args, const AttentionOptions& options) {

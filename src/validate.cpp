@@ -316,3 +316,331 @@ Status make_backward_params(const BackwardArgs& a, const AttentionOptions& o, Bw
 }
 
 }  // namespace flashattn
+
+namespace flashattn {
+namespace {
+
+// An optional int32 [batch] index tensor of a KV-cache call.
+Status check_index_vector(const char* name, const TensorView& t, int64_t batch, Device dev, const int32_t** out) {
+  *out = nullptr;
+  if (!t.defined()) return Status::success();
+  const int64_t shape[1] = {batch};
+  Status st = check_tensor(name, t, 1, shape, DType::i32, dev, true);
+  if (!st.ok()) return st;
+  *out = static_cast<const int32_t*>(t.data);
+  return Status::success();
+}
+
+// Host copy of `count` int32 values (a contiguous device or host array).
+Status read_indices(const int32_t* data, int64_t count, Device dev, void* stream, std::vector<int32_t>* host) {
+  host->assign(size_t(count), 0);
+  if (count == 0) return Status::success();
+  if (dev.type == DeviceType::cpu) {
+    std::copy(data, data + count, host->begin());
+    return Status::success();
+  }
+  return detail::cuda_copy_to_host(host->data(), data, size_t(count) * sizeof(int32_t), dev.index, stream);
+}
+
+// The index values of a validated KV-cache call: lengths within the capacity, entries and pages in range.
+Status check_index_values(const KVCacheParams& kp, const TensorView& block_table_view) {
+  const FwdParams& p = kp.attn;
+  const Device dev = p.device;
+  std::vector<int32_t> used, pad, idx, table;
+  Status st;
+  if (p.seqused_k && !(st = read_indices(p.seqused_k, p.batch, dev, p.stream, &used)).ok()) return st;
+  if (p.leftpad_k && !(st = read_indices(p.leftpad_k, p.batch, dev, p.stream, &pad)).ok()) return st;
+  if (p.kv_batch_idx && !(st = read_indices(p.kv_batch_idx, p.batch, dev, p.stream, &idx)).ok()) return st;
+  // The block table's pages are checked where reading it is free (CPU tensors). On CUDA it may be large and its
+  // pages cost nothing to leave to the kernels, which never read or write through a page out of range.
+  const bool check_pages = p.block_table != nullptr && dev.type == DeviceType::cpu;
+  if (check_pages) {
+    // Rows are read whole; the stride between them may exceed the row (a view of a wider table).
+    const int64_t cols = block_table_view.shape[1];
+    std::vector<int32_t> row;
+    table.reserve(size_t(p.cache_entries * cols));
+    if (p.block_table_stride == cols) {
+      if (!(st = read_indices(p.block_table, p.cache_entries * cols, dev, p.stream, &table)).ok()) return st;
+    } else {
+      for (int64_t r = 0; r < p.cache_entries; ++r) {
+        if (!(st = read_indices(p.block_table + r * p.block_table_stride, cols, dev, p.stream, &row)).ok()) return st;
+        table.insert(table.end(), row.begin(), row.end());
+      }
+    }
+  }
+  const char* capacity_name = p.block_table ? "block_table" : "k_cache";
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t entry = p.kv_batch_idx ? idx[size_t(b)] : b;
+    if (entry < 0 || entry >= p.cache_entries) {
+      return Status::invalid("cache_batch_idx: entry " + std::to_string(b) + " is " + std::to_string(entry) +
+                             ", outside [0, " + std::to_string(p.cache_entries) + ")");
+    }
+    const int64_t end = (p.seqused_k ? int64_t(used[size_t(b)]) : p.seqlen_k) + p.appended_k;
+    if (p.seqused_k && used[size_t(b)] < 0) {
+      return Status::invalid("cache_seqlens: entry " + std::to_string(b) + " is negative (" +
+                             std::to_string(used[size_t(b)]) + ")");
+    }
+    if (end > p.seqlen_k) {
+      std::string what = "cache_seqlens[" + std::to_string(b) + "] (" + std::to_string(end - p.appended_k) + ")";
+      if (p.appended_k > 0) what += " + " + std::to_string(p.appended_k) + " new rows";
+      return Status::invalid(std::string(capacity_name) + ": " + what + " exceeds the " +
+                             std::to_string(p.seqlen_k) + " rows the cache addresses" +
+                             (p.block_table ? " (block_table columns x page_size)" : " (k_cache's dim 1)"));
+    }
+    if (kp.rotary_cos && kp.rotary_per_row && end - p.appended_k + p.seqlen_q > kp.rotary_rows) {
+      return Status::invalid("rotary_cos: " + std::to_string(kp.rotary_rows) + " positions, but sequence " +
+                             std::to_string(b) + "'s queries are rotated at positions up to " +
+                             std::to_string(end - p.appended_k + p.seqlen_q - 1) + " (cache_seqlens + query row)");
+    }
+    const int64_t begin = p.leftpad_k ? pad[size_t(b)] : 0;
+    if (begin < 0 || begin > end) {
+      return Status::invalid("cache_leftpad: entry " + std::to_string(b) + " is " + std::to_string(begin) +
+                             ", outside [0, " + std::to_string(end) + "] (the sequence's used rows)");
+    }
+    // The pages of the rows read (from leftpad) and of the rows written (the appended ones, which may start
+    // before leftpad).
+    const int64_t first = p.appended_k > 0 ? std::min(begin, end - p.appended_k) : begin;
+    if (check_pages && end > first) {
+      const int64_t cols = block_table_view.shape[1];
+      for (int64_t pg = first / p.page_size; pg <= (end - 1) / p.page_size; ++pg) {
+        const int64_t page = table[size_t(entry * cols + pg)];
+        if (page < 0 || page >= p.num_pages) {
+          return Status::invalid("block_table: row " + std::to_string(entry) + ", column " + std::to_string(pg) +
+                                 " is page " + std::to_string(page) + ", outside [0, " + std::to_string(p.num_pages) +
+                                 ") (k_cache's dim 0)");
+        }
+      }
+    }
+  }
+  return Status::success();
+}
+
+}  // namespace
+
+Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCacheParams* out) {
+  Status st = check_options(o);
+  if (!st.ok()) return st;
+  if (out == nullptr) return Status::invalid("params: null output pointer");
+  const bool varlen = a.cu_seqlens_q.defined();
+  const int qrank = varlen ? 3 : 4;
+  if (a.q.rank != qrank) {
+    return Status::invalid(std::string("q: expected a rank-") + std::to_string(qrank) + " tensor " +
+                           (varlen ? "[total_q, heads, dim] (cu_seqlens_q given)" : "[batch, seqlen_q, heads, dim]") +
+                           ", got rank " + std::to_string(a.q.rank) + " " + shape_str(a.q));
+  }
+  if (!is_float_dtype(a.q.dtype)) {
+    return Status::invalid(std::string("q: dtype must be float16, bfloat16, float32 or float64, got ") +
+                           dtype_name(a.q.dtype));
+  }
+  for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"k_cache", &a.k_cache}, {"v_cache", &a.v_cache}}) {
+    if (t->rank != 4) {
+      return Status::invalid(std::string(name) + ": expected a rank-4 tensor [batch_cache, seqlen_cache, heads_kv, dim] "
+                             "or, paged, [num_pages, page_size, heads_kv, dim], got rank " + std::to_string(t->rank) +
+                             " " + shape_str(*t));
+    }
+  }
+  if (varlen && (a.cu_seqlens_q.rank != 1 || a.cu_seqlens_q.shape[0] < 1)) {
+    return Status::invalid("cu_seqlens_q: expected a rank-1 tensor of batch + 1 >= 1 entries, got " +
+                           shape_str(a.cu_seqlens_q));
+  }
+  for (int i = 0; i < qrank; ++i)
+    if (a.q.shape[i] < 0) return Status::invalid("q: negative size in " + shape_str(a.q));
+  for (int i = 0; i < 4; ++i) {
+    if (a.k_cache.shape[i] < 0) return Status::invalid("k_cache: negative size in " + shape_str(a.k_cache));
+    if (a.v_cache.shape[i] < 0) return Status::invalid("v_cache: negative size in " + shape_str(a.v_cache));
+  }
+
+  KVCacheParams kp;
+  FwdParams& p = kp.attn;
+  p.dtype = a.q.dtype;
+  p.device = a.q.device;
+  const Device dev = p.device;
+  const int o_ = varlen ? 0 : 1;
+  p.batch = varlen ? a.cu_seqlens_q.shape[0] - 1 : a.q.shape[0];
+  p.heads_q = a.q.shape[o_ + 1];
+  p.head_dim = a.q.shape[o_ + 2];
+  p.heads_kv = a.k_cache.shape[2];
+  p.head_dim_v = a.v_cache.shape[3];
+  if (p.head_dim < 1 || p.head_dim > kMaxHeadDim) {
+    return Status::invalid("q: head dim must be in [1, " + std::to_string(kMaxHeadDim) + "], got " +
+                           std::to_string(p.head_dim));
+  }
+  if (p.head_dim_v < 1 || p.head_dim_v > kMaxHeadDim) {
+    return Status::invalid("v_cache: head dim must be in [1, " + std::to_string(kMaxHeadDim) + "], got " +
+                           std::to_string(p.head_dim_v));
+  }
+  if (p.heads_q < 1) return Status::invalid("q: number of heads must be >= 1");
+  if (p.heads_kv < 1) return Status::invalid("k_cache: number of heads must be >= 1");
+  if (p.heads_q % p.heads_kv != 0) {
+    return Status::invalid("k_cache: query heads (" + std::to_string(p.heads_q) +
+                           ") must be a multiple of key/value heads (" + std::to_string(p.heads_kv) + ")");
+  }
+  if (!((st = check_tensor("q", a.q, qrank, a.q.shape, p.dtype, dev, true)).ok())) return st;
+
+  // The cache: dense, or paged through block_table.
+  const bool paged = a.block_table.defined();
+  const int64_t cache_dim0 = a.k_cache.shape[0], cache_rows = a.k_cache.shape[1];
+  if (paged) {
+    if (a.block_table.rank != 2) {
+      return Status::invalid("block_table: expected a rank-2 int32 tensor [batch, max_pages], got rank " +
+                             std::to_string(a.block_table.rank) + " " + shape_str(a.block_table));
+    }
+    if (!((st = check_tensor("block_table", a.block_table, 2, a.block_table.shape, DType::i32, dev, true)).ok()))
+      return st;
+    if (cache_rows < 1) return Status::invalid("k_cache: the page size (dim 1) must be >= 1 when paged");
+    p.block_table = static_cast<const int32_t*>(a.block_table.data);
+    p.block_table_stride = a.block_table.stride[0];
+    p.page_size = cache_rows;
+    p.num_pages = cache_dim0;
+    p.cache_entries = a.block_table.shape[0];
+    p.seqlen_k = a.block_table.shape[1] * cache_rows;
+  } else {
+    p.cache_entries = cache_dim0;
+    p.seqlen_k = cache_rows;
+  }
+  const int64_t k_shape[4] = {cache_dim0, cache_rows, p.heads_kv, p.head_dim};
+  const int64_t v_shape[4] = {cache_dim0, cache_rows, p.heads_kv, p.head_dim_v};
+  if (!((st = check_tensor("k_cache", a.k_cache, 4, k_shape, p.dtype, dev, true)).ok())) return st;
+  if (!((st = check_tensor("v_cache", a.v_cache, 4, v_shape, p.dtype, dev, true)).ok())) return st;
+
+  if (!((st = check_index_vector("cache_seqlens", a.cache_seqlens, p.batch, dev, &p.seqused_k)).ok())) return st;
+  if (!((st = check_index_vector("cache_leftpad", a.cache_leftpad, p.batch, dev, &p.leftpad_k)).ok())) return st;
+  if (!((st = check_index_vector("cache_batch_idx", a.cache_batch_idx, p.batch, dev, &p.kv_batch_idx)).ok()))
+    return st;
+  if (!p.kv_batch_idx && p.cache_entries < p.batch) {
+    return Status::invalid(std::string(paged ? "block_table" : "k_cache") + ": " + std::to_string(p.cache_entries) +
+                           (paged ? " rows" : " cache entries (dim 0)") + " for a batch of " +
+                           std::to_string(p.batch) + " (pass cache_batch_idx to map sequences to entries)");
+  }
+
+  // Queries, and the output laid out like them.
+  if (varlen) {
+    p.total_q = a.q.shape[0];
+    p.seqlen_q = a.max_seqlen_q;
+    if (a.check_index_values || a.max_seqlen_q <= 0 || dev.type == DeviceType::cpu) {
+      if (!((st = check_cu_seqlens("cu_seqlens_q", a.cu_seqlens_q, dev, p.batch, p.total_q, &p.seqlen_q,
+                                   "max_seqlen_q", o.stream))
+                .ok()))
+        return st;
+    } else {
+      // Unchecked (CUDA-graph capture): the offsets stay on the device; the kernels read them, bounded by
+      // max_seqlen_q rows per sequence and total_q rows in all.
+      const int64_t shape[1] = {p.batch + 1};
+      if (!((st = check_tensor("cu_seqlens_q", a.cu_seqlens_q, 1, shape, DType::i32, dev, true)).ok())) return st;
+    }
+    p.cu_seqlens_q = static_cast<const int32_t*>(a.cu_seqlens_q.data);
+  } else {
+    p.seqlen_q = a.q.shape[1];
+  }
+  int64_t o_shape[4];
+  std::copy(a.q.shape, a.q.shape + qrank, o_shape);
+  o_shape[qrank - 1] = p.head_dim_v;
+  if (!a.out.defined()) return Status::invalid("out: required");
+  if (!((st = check_tensor("out", a.out, qrank, o_shape, p.dtype, dev, true)).ok())) return st;
+  if (a.lse.defined()) {
+    const int64_t lse_varlen[2] = {p.heads_q, p.total_q};
+    const int64_t lse_padded[3] = {p.batch, p.heads_q, p.seqlen_q};
+    if (!((st = check_tensor("lse", a.lse, varlen ? 2 : 3, varlen ? lse_varlen : lse_padded, DType::f32, dev, true))
+              .ok()))
+      return st;
+    p.lse = static_cast<float*>(a.lse.data);
+    p.lse_batch_stride = varlen ? 0 : a.lse.stride[0];
+    p.lse_head_stride = varlen ? a.lse.stride[0] : a.lse.stride[1];
+  }
+
+  // New rows to append, and the rotary embedding.
+  if (a.k_new.defined() != a.v_new.defined()) {
+    return Status::invalid(a.k_new.defined() ? "v_new: required when k_new is given" : "k_new: required when v_new is given");
+  }
+  if (a.k_new.defined()) {
+    if (varlen) {
+      return Status::unsupported("k_new: appending to the cache with varlen queries (cu_seqlens_q) is not supported "
+                                 "yet; append with a padded batch, or write the rows beforehand");
+    }
+    if (!a.cache_seqlens.defined()) return Status::invalid("cache_seqlens: required when k_new / v_new are appended");
+    if (a.k_new.rank != 4) {
+      return Status::invalid("k_new: expected a rank-4 tensor [batch, seqlen_new, heads_kv, dim], got " +
+                             shape_str(a.k_new));
+    }
+    kp.seqlen_new = a.k_new.shape[1];
+    const int64_t kn_shape[4] = {p.batch, kp.seqlen_new, p.heads_kv, p.head_dim};
+    const int64_t vn_shape[4] = {p.batch, kp.seqlen_new, p.heads_kv, p.head_dim_v};
+    if (!((st = check_tensor("k_new", a.k_new, 4, kn_shape, p.dtype, dev, true)).ok())) return st;
+    if (!((st = check_tensor("v_new", a.v_new, 4, vn_shape, p.dtype, dev, true)).ok())) return st;
+    if (kp.seqlen_new > p.seqlen_k) {
+      return Status::invalid("k_new: " + std::to_string(kp.seqlen_new) + " new rows exceed the cache's " +
+                             std::to_string(p.seqlen_k) + " rows");
+    }
+    kp.k_new = a.k_new.data;
+    kp.v_new = a.v_new.data;
+    kp.k_new_batch_stride = a.k_new.stride[0], kp.k_new_row_stride = a.k_new.stride[1];
+    kp.k_new_head_stride = a.k_new.stride[2];
+    kp.v_new_batch_stride = a.v_new.stride[0], kp.v_new_row_stride = a.v_new.stride[1];
+    kp.v_new_head_stride = a.v_new.stride[2];
+    p.appended_k = kp.seqlen_new;
+  }
+  if (a.rotary_cos.defined() != a.rotary_sin.defined()) {
+    return Status::invalid(a.rotary_cos.defined() ? "rotary_sin: required when rotary_cos is given"
+                                                  : "rotary_cos: required when rotary_sin is given");
+  }
+  if (a.rotary_cos.defined()) {
+    if (!a.k_new.defined()) return Status::invalid("rotary_cos: rotary embedding needs the new rows k_new / v_new");
+    if (a.rotary_cos.rank != 2) {
+      return Status::invalid("rotary_cos: expected a rank-2 tensor [seqlen_ro, rotary_dim / 2], got " +
+                             shape_str(a.rotary_cos));
+    }
+    kp.rotary_rows = a.rotary_cos.shape[0];
+    kp.rotary_dim = 2 * a.rotary_cos.shape[1];
+    if (!((st = check_tensor("rotary_cos", a.rotary_cos, 2, a.rotary_cos.shape, p.dtype, dev, true)).ok())) return st;
+    if (!((st = check_tensor("rotary_sin", a.rotary_sin, 2, a.rotary_cos.shape, p.dtype, dev, true)).ok())) return st;
+    if (a.rotary_cos.stride[0] != a.rotary_cos.shape[1] || a.rotary_sin.stride[0] != a.rotary_sin.shape[1]) {
+      return Status::invalid(std::string(a.rotary_cos.stride[0] != a.rotary_cos.shape[1] ? "rotary_cos" : "rotary_sin") +
+                             ": must be contiguous");
+    }
+    if (kp.rotary_dim < 2 || kp.rotary_dim > p.head_dim) {
+      return Status::invalid("rotary_cos: rotary_dim (2 x dim 1 = " + std::to_string(kp.rotary_dim) +
+                             ") must be in [2, head dim " + std::to_string(p.head_dim) + "]");
+    }
+    kp.rotary_per_row = o.causal || o.window_left >= 0 || o.window_right >= 0;
+    // Appended rows are rotated at their cache rows; queries past the new rows (s_q > s_new) at positions beyond
+    // them, checked with the index values.
+    if (kp.rotary_rows < p.seqlen_k) {
+      return Status::invalid("rotary_cos: " + std::to_string(kp.rotary_rows) +
+                             " positions, but rows are rotated at positions up to " + std::to_string(p.seqlen_k - 1) +
+                             " (the cache's rows)");
+    }
+    kp.rotary_cos = a.rotary_cos.data;
+    kp.rotary_sin = a.rotary_sin.data;
+    kp.rotary_interleaved = a.rotary_interleaved;
+  }
+  if (a.num_splits < 0 || a.num_splits > 256) {
+    return Status::invalid("num_splits: must be in [0, 256] (0 = chosen from the shape), got " +
+                           std::to_string(a.num_splits));
+  }
+
+  p.q = a.q.data;
+  p.k = a.k_cache.data;
+  p.v = a.v_cache.data;
+  p.o = a.out.data;
+  kp.k_cache = a.k_cache.data;
+  kp.v_cache = a.v_cache.data;
+  row_strides(a.q, varlen, &p.q_batch_stride, &p.q_row_stride, &p.q_head_stride);
+  row_strides(a.out, varlen, &p.o_batch_stride, &p.o_row_stride, &p.o_head_stride);
+  row_strides(a.k_cache, false, &p.k_batch_stride, &p.k_row_stride, &p.k_head_stride);
+  row_strides(a.v_cache, false, &p.v_batch_stride, &p.v_row_stride, &p.v_head_stride);
+  p.num_splits = a.num_splits;
+  p.softmax_scale = o.softmax_scale > 0 ? float(o.softmax_scale) : float(1.0 / std::sqrt(double(p.head_dim)));
+  p.softcap = float(o.softcap);
+  p.causal = o.causal;
+  constexpr int64_t kWidestWindow = int64_t(1) << 62;
+  p.window_left = std::min(o.window_left, kWidestWindow);
+  p.window_right = std::min(o.window_right, kWidestWindow);
+  p.stream = o.stream;
+  p.num_threads = o.num_threads;
+  // With no index tensor at all this is a plain forward over every cache row (any backend runs it).
+  if (a.check_index_values && !((st = check_index_values(kp, a.block_table)).ok())) return st;
+  *out = kp;
+  return Status::success();
+}
+
+}  // namespace flashattn

@@ -64,6 +64,34 @@ struct BackwardArgs : ForwardArgs {
   TensorView dout, dq, dk, dv;
 };
 
+// Attention over a key/value cache (flash_attn_with_kvcache), forward only.
+//   q        [b, s_q, h_q, d], or [total_q, h_q, d] with cu_seqlens_q ([b + 1]) and max_seqlen_q (0 = computed;
+//            cu_seqlens_q is then read on the host, like the index tensors below)
+//   k_cache  dense [b_cache, s_cache, h_kv, d] or, with block_table, paged [num_pages, page_size, h_kv, d]
+//   v_cache  like k_cache with d_v; both writable when k_new / v_new are given
+//   cache_seqlens   int32 [b]: rows in use before appending (absolute, leftpad included); undefined = all rows
+//   k_new, v_new    [b, s_new, h_kv, d / d_v]: appended in place at rows cache_seqlens[b] .. + s_new, then attended
+//   rotary_cos/sin  [s_ro, rotary_dim / 2] in q's dtype, contiguous; need k_new; rotate k_new and q (see params.h)
+//   cache_batch_idx int32 [b]: cache entry (dense row / block_table row) of sequence b
+//   cache_leftpad   int32 [b]: first used cache row of sequence b
+//   block_table     int32 [entries, max_pages], last dim contiguous: the pages of each entry (any page size)
+//   out [like q with d_v], lse [b, h_q, s_q] (varlen: [h_q, total_q]) fp32, optional
+// The index tensors may live on the device (no host round trip is needed to run). With check_index_values (the
+// default) cache_seqlens, cache_leftpad and cache_batch_idx are read on the host first (a synchronising copy each
+// on CUDA) and every value is checked (lengths within the capacity, entries in range), naming the argument; the
+// block table's pages too for CPU tensors. Turn it off under CUDA-graph capture. Unchecked values are clamped by
+// the kernels: lengths to the capacity, an entry out of range gives an empty sequence, a page out of range reads
+// as zeros and is never written; nothing outside the tensors is read or written.
+struct KVCacheArgs {
+  TensorView q, k_cache, v_cache, out, lse;
+  TensorView cache_seqlens, k_new, v_new, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table;
+  TensorView cu_seqlens_q;
+  int64_t max_seqlen_q = 0;
+  bool rotary_interleaved = true;
+  int num_splits = 0;  // CUDA: key splits per sequence (1 = none); 0 = chosen from the shape
+  bool check_index_values = true;
+};
+
 // What the dispatcher would run for a call, and why.
 struct BackendChoice {
   Backend backend = Backend::cpu_flash;
@@ -73,10 +101,13 @@ struct BackendChoice {
 
 Status attention_forward(const ForwardArgs& args, const AttentionOptions& options = {});
 Status attention_backward(const BackwardArgs& args, const AttentionOptions& options = {});
+// Appends (k_new / v_new, with rotary) and attends over the cache. `options.deterministic` does not apply.
+Status attention_with_kvcache(const KVCacheArgs& args, const AttentionOptions& options = {});
 
 // Validation alone: fills `params` on success. Exposed for engines that launch many times with one layout.
 Status make_forward_params(const ForwardArgs& args, const AttentionOptions& options, FwdParams* params);
 Status make_backward_params(const BackwardArgs& args, const AttentionOptions& options, BwdParams* params);
+Status make_kvcache_params(const KVCacheArgs& args, const AttentionOptions& options, KVCacheParams* params);
 
 // The backend choice for already validated params (`backward` selects for the backward pass, judged from the
 // forward's params: dout and the gradients laid out like out, q, k, v; `deterministic` as the backward's
@@ -87,6 +118,7 @@ BackendChoice choose_backend(const BwdParams& params, Backend requested);
 // Run validated params on a backend (automatic allowed). No validation beyond backend support.
 Status run_forward(const FwdParams& params, Backend backend = Backend::automatic);
 Status run_backward(const BwdParams& params, Backend backend = Backend::automatic);
+Status run_kvcache(const KVCacheParams& params, Backend backend = Backend::automatic);
 
 // The CUDA backends take their scratch memory (the backward's workspace, O(b·h·s·d) floats; a few bytes for
 // the Hopper forward) from one pool per device that the library keeps between calls, so repeated calls do not

@@ -9,6 +9,17 @@
 // Varlen: cu_seqlens_q/k (int32, batch + 1 entries, on the tensors' device) are set; Q/K/V/O are then
 // [total, heads, dim] with batch stride unused, seqlen_q/k hold the maximum lengths, and LSE is
 // [heads_q, total_q] (lse_head_stride = total_q, lse_batch_stride unused).
+//
+// KV cache (forward only; `has_kv_cache()`): K/V are a cache that sequence b reads through its entry
+// e = kv_batch_idx ? kv_batch_idx[b] : b. Dense: K [cache_entries, seqlen_k, heads_kv, head_dim] (batch stride
+// = entry stride). Paged: K [num_pages, page_size, heads_kv, head_dim] (batch stride = page stride); key row j
+// of entry e lives in page block_table[e * block_table_stride + j / page_size], row j % page_size. Sequence b
+// uses key rows [leftpad_k[b], seqused_k[b] + appended_k) (defaults 0 and seqlen_k); its mask is that of a
+// sequence of seqused_k[b] + appended_k - leftpad_k[b] keys. Queries are padded or varlen (cu_seqlens_q alone;
+// cu_seqlens_k stays null). seqlen_k is the capacity: the cache's rows, or block-table columns x page_size.
+// Index values out of range never reach memory: the kernels clamp lengths to the capacity and treat a page or
+// entry index out of range as rows of zeros that are never written (validation rejects them up front unless
+// asked not to read device memory).
 #pragma once
 
 #include <cstdint>
@@ -51,10 +62,52 @@ struct FwdParams {
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
 
+  // KV cache (see above); all int32 on the tensors' device, each optional.
+  const int32_t* seqused_k = nullptr;     // [batch]: end of sequence b's used key rows, before appended_k
+  const int32_t* leftpad_k = nullptr;     // [batch]: first used key row
+  const int32_t* kv_batch_idx = nullptr;  // [batch]: cache entry of sequence b
+  const int32_t* block_table = nullptr;   // [cache_entries, pages_per_entry]: paged K/V
+  int64_t block_table_stride = 0;         // elements between block-table rows
+  int64_t page_size = 0;                  // rows per page (paged only)
+  int64_t cache_entries = 0;              // dense: K's first dim; paged: block-table rows
+  int64_t num_pages = 0;                  // paged: K's first dim
+  int64_t appended_k = 0;                 // rows appended after seqused_k (flash_attn_with_kvcache's new k/v)
+  int num_splits = 0;                     // CUDA decode: key splits per sequence, 0 = chosen from the shape
+
   void* stream = nullptr;  // cudaStream_t for CUDA backends
   int num_threads = 0;     // CPU backends: 0 = all hardware threads
 
   bool is_varlen() const { return cu_seqlens_q != nullptr; }
+  // Varlen queries over a padded or paged K/V (cu_seqlens_q without cu_seqlens_k) are a cache call too.
+  bool has_kv_cache() const {
+    return seqused_k != nullptr || leftpad_k != nullptr || kv_batch_idx != nullptr || block_table != nullptr ||
+           (cu_seqlens_q != nullptr && cu_seqlens_k == nullptr);
+  }
+  bool is_paged() const { return block_table != nullptr; }
+};
+
+// flash_attn_with_kvcache's appending step: new K/V rows [batch, seqlen_new, heads_kv, d] written into the cache
+// at rows [seqused_k[b], seqused_k[b] + seqlen_new) of sequence b's entry, K rotated (rotary embedding) on the
+// way; Q (attn.q, left untouched) rotated into scratch at positions seqused_k[b] + i (causal or local) or seqused_k[b] (otherwise).
+// `attn` is the attention over the cache afterwards (appended_k = seqlen_new).
+struct KVCacheParams {
+  FwdParams attn;
+  void* k_cache = nullptr;  // attn.k / attn.v, writable
+  void* v_cache = nullptr;
+  const void* k_new = nullptr;  // null: nothing appended
+  const void* v_new = nullptr;
+  int64_t k_new_batch_stride = 0, k_new_row_stride = 0, k_new_head_stride = 0;
+  int64_t v_new_batch_stride = 0, v_new_row_stride = 0, v_new_head_stride = 0;
+  int64_t seqlen_new = 0;
+
+  // Rotary embedding: cos/sin [rotary_rows, rotary_dim / 2], contiguous, in the inputs' dtype; null = none.
+  const void* rotary_cos = nullptr;
+  const void* rotary_sin = nullptr;
+  int64_t rotary_dim = 0;
+  int64_t rotary_rows = 0;
+  bool rotary_interleaved = true;  // pairs (2i, 2i + 1) (GPT-J) or (i, i + rotary_dim / 2) (GPT-NeoX)
+  bool rotary_per_row = false;     // q row i at position seqused_k[b] + i (causal or local windows)
+  // Positions past the table (only reachable with unchecked index values) use its last row.
 };
 
 struct BwdParams : FwdParams {

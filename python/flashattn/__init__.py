@@ -31,6 +31,7 @@ if _torch is not None:
         flash_attn_varlen_func,
         flash_attn_varlen_kvpacked_func,
         flash_attn_varlen_qkvpacked_func,
+        flash_attn_with_kvcache,
     )
     from .sdpa import scaled_dot_product_attention
 
@@ -44,5 +45,6 @@ if _torch is not None:
         "flash_attn_varlen_func",
         "flash_attn_varlen_kvpacked_func",
         "flash_attn_varlen_qkvpacked_func",
+        "flash_attn_with_kvcache",
         "scaled_dot_product_attention",
     ]

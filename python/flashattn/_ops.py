@@ -1,20 +1,30 @@
-"""PyTorch operators over the native module: ``flashattn::attention_forward`` / ``attention_backward``.
+"""PyTorch operators over the native module: ``flashattn::attention_forward`` / ``attention_backward`` and
+``flashattn::attention_with_kvcache``.
 
-Both are ``torch.library.custom_op`` operators with no mutated arguments: the outputs are allocated here by torch
-on the inputs' device (the same allocation code runs under FakeTensor for ``register_fake``, so real and fake
-outputs agree on shape, dtype and strides). Autograd goes through ``register_autograd``: the forward saves
-q, k, v, out and lse, the backward calls ``attention_backward``. Both work in eager mode, under autograd and in
-``torch.compile(fullgraph=True)`` without graph breaks.
+``attention_forward`` and ``attention_backward`` are ``torch.library.custom_op`` operators with no mutated arguments:
+the outputs are allocated here by torch on the inputs' device (the same allocation code runs under FakeTensor for
+``register_fake``, so real and fake outputs agree on shape, dtype and strides). Autograd goes through
+``register_autograd``: the forward saves q, k, v, out and lse, the backward calls ``attention_backward``. Both work in
+eager mode, under autograd and in ``torch.compile(fullgraph=True)`` without graph breaks.
+
+``attention_with_kvcache`` (flash_attn_with_kvcache, and flash_attn_varlen_func over a paged cache) declares
+k_cache and v_cache as mutated (new rows are appended to them in place) and returns (out, lse). It is inference
+only, with no backward (as in flash_attn): kvcache_attention calls it on detached tensors, so its outputs never
+require grad; called directly with inputs that require grad, a backward reaching it raises.
 
 CUDA: the kernels run on torch's current stream of the inputs' device, passed to the native module as an
 integer. Tensors are exported with ``to_dlpack`` (no cross-stream synchronisation) and the padded path performs
 no host synchronisation, so CUDA graph capture works. The varlen path validates cu_seqlens on the
-host, which copies them from the device (not capturable).
+host, which copies them from the device (not capturable). The KV-cache operator copies its index tensors
+(cache_seqlens, cache_batch_idx, cache_leftpad, block_table) to the host to check their values, except while the
+current stream is being captured into a CUDA graph: then nothing is copied and the kernels clamp out-of-range
+values instead (decode steps with padded queries are capturable; varlen queries are not).
 """
 
 from __future__ import annotations
 
 import operator
+import re
 from typing import List, NamedTuple, Optional, Tuple
 
 import torch
@@ -187,6 +197,111 @@ def _backward(ctx, dout, _dlse):
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
+# ---- the KV-cache operator (forward only) -----------------------------------------------------------------------
+KV_INT_OPTIONS = ("max_seqlen_q", "causal", "window_left", "window_right", "rotary_interleaved", "num_splits",
+                  "num_threads", "check_index_values")
+KV_FLOAT_OPTIONS = ("softmax_scale", "softcap")
+
+
+def kvcache_options(max_seqlen_q: int = 0, softmax_scale: float = 1.0, causal: bool = False, window_left: int = -1,
+                    window_right: int = -1, softcap: float = 0.0, rotary_interleaved: bool = True,
+                    num_splits: int = 0, num_threads: int = 0,
+                    check_index_values: bool = True) -> Tuple[List[int], List[float]]:
+    """attention_with_kvcache's (int_options, float_options), in the orders KV_INT_OPTIONS and KV_FLOAT_OPTIONS
+    name. check_index_values=False skips the host-side check of the index values (it is skipped anyway while a CUDA
+    graph is being captured)."""
+    return ([int(max_seqlen_q), int(bool(causal)), int(window_left), int(window_right), int(bool(rotary_interleaved)),
+             int(num_splits), int(num_threads), int(bool(check_index_values))], [float(softmax_scale), float(softcap)])
+
+
+def _kvcache_native_options(int_options: List[int], float_options: List[float]) -> dict:
+    if len(int_options) != len(KV_INT_OPTIONS) or len(float_options) != len(KV_FLOAT_OPTIONS):
+        raise ValueError(f"int_options, float_options: expected {len(KV_INT_OPTIONS)} ints {KV_INT_OPTIONS} and "
+                         f"{len(KV_FLOAT_OPTIONS)} floats {KV_FLOAT_OPTIONS}, got {len(int_options)} and "
+                         f"{len(float_options)}")
+    o = dict(zip(KV_INT_OPTIONS, int_options))
+    o.update(zip(KV_FLOAT_OPTIONS, float_options))
+    for flag in ("causal", "rotary_interleaved", "check_index_values"):
+        o[flag] = bool(o[flag])
+    return o
+
+
+def _kvcache_outputs(q: Tensor, v_cache: Tensor, varlen: bool) -> Tuple[Tensor, Tensor]:
+    _check_rank("q", q, varlen)
+    if v_cache.dim() != 4:
+        raise ValueError(f"v_cache: expected a rank-4 tensor [batch_cache, seqlen_cache, heads_kv, dim] or, paged, "
+                         f"[num_pages, page_size, heads_kv, dim], got shape {list(v_cache.shape)}")
+    out = torch.empty((*q.shape[:-1], v_cache.shape[-1]), dtype=q.dtype, device=q.device)
+    if varlen:
+        lse_shape = (q.shape[1], q.shape[0])  # [heads_q, total_q]
+    else:
+        lse_shape = (q.shape[0], q.shape[2], q.shape[1])  # [batch, heads_q, seqlen_q]
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+def _capturing(t: Tensor) -> bool:
+    """Whether torch's current stream of t's device is being captured into a CUDA graph."""
+    if t.device.type != "cuda":
+        return False
+    if t.device.index is None or t.device.index == torch.cuda.current_device():
+        return torch.cuda.is_current_stream_capturing()
+    with torch.cuda.device(t.device):
+        return torch.cuda.is_current_stream_capturing()
+
+
+def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.contiguous()
+
+
+@torch.library.custom_op("flashattn::attention_with_kvcache", mutates_args=("k_cache", "v_cache"))
+def attention_with_kvcache(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k_new: Optional[Tensor],
+    v_new: Optional[Tensor],
+    rotary_cos: Optional[Tensor],
+    rotary_sin: Optional[Tensor],
+    cache_seqlens: Optional[Tensor],
+    cache_batch_idx: Optional[Tensor],
+    cache_leftpad: Optional[Tensor],
+    block_table: Optional[Tensor],
+    cu_seqlens_q: Optional[Tensor],
+    int_options: List[int],
+    float_options: List[float],
+    backend: str,
+) -> Tuple[Tensor, Tensor]:
+    """Appends k_new / v_new to the caches in place (k_new rotated when rotary_cos / rotary_sin are given) and
+    attends q over them: out [.., heads_q, d_v] and lse (fp32). Options as kvcache_options() builds them.
+    Inference only (no backward). The caches are written, never copied: their last dimension must be contiguous."""
+    o = _kvcache_native_options(int_options, float_options)
+    if _capturing(q):
+        if cu_seqlens_q is not None and o["max_seqlen_q"] <= 0:
+            raise ValueError(
+                "max_seqlen_q: required (> 0) to capture varlen queries over a KV cache in a CUDA graph (without it "
+                "the longest sequence is read off cu_seqlens_q on the host)")
+        o["check_index_values"] = False  # no device-to-host copy inside a capture; the kernels clamp instead
+    q, k_new, v_new = (None if t is None else _last_dim_contiguous(t) for t in (q, k_new, v_new))
+    rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, cu_seqlens_q = (
+        _contiguous(t) for t in (rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                 cu_seqlens_q))
+    out, lse = _kvcache_outputs(q, v_cache, cu_seqlens_q is not None)
+    # The native module makes q's device current for the launch itself.
+    _C.attention_with_kvcache(_dl(q), _dl(k_cache), _dl(v_cache), _dl(out), _dl(lse), _dl(k_new), _dl(v_new),
+                              _dl(rotary_cos), _dl(rotary_sin), _dl(cache_seqlens), _dl(cache_batch_idx),
+                              _dl(cache_leftpad), _dl(block_table), _dl(cu_seqlens_q), o.pop("max_seqlen_q"),
+                              backend=backend, stream=_stream(q), **o)
+    return out, lse
+
+
+@attention_with_kvcache.register_fake
+def _attention_with_kvcache_fake(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
+                                 cache_batch_idx, cache_leftpad, block_table, cu_seqlens_q, int_options, float_options,
+                                 backend):
+    return _kvcache_outputs(q, v_cache, cu_seqlens_q is not None)
+
+
 # ---- Python entry points ------------------------------------------------------------------------------------------
 
 
@@ -346,6 +461,125 @@ def attention(
     ints, floats = op_options(max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap,
                               deterministic, num_threads)
     return torch.ops.flashattn.attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, ints, floats, str(backend))
+
+
+def _check_index(name: str, t) -> None:
+    """An optional int32 index tensor (cache_seqlens, cu_seqlens_q, block_table, ...)."""
+    if t is not None:
+        _check_tensor(name, t, floating=False)
+        if t.dtype != torch.int32:
+            raise TypeError(f"{name}: dtype must be torch.int32, got {t.dtype}")
+
+
+def _cache_window_edge(name: str, value, rows: Optional[int]) -> int:
+    """A window edge of a KV-cache call: -1 = unbounded. An edge of at least max(query rows, cache capacity)
+    cannot mask any key, so it is passed as -1 (as flash_attn does with edges past the cache), which also keeps
+    edges beyond int64 from being an error."""
+    if type(value) is not int:
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise TypeError(f"{name}: expected an integer, got {type(value).__name__} {value!r}") from None
+    if value < -1:
+        raise ValueError(f"{name}: must be >= -1 (-1 = unbounded), got {value}")
+    if rows is not None and value >= rows:
+        return -1
+    return min(value, INT64_MAX)
+
+
+def _renamed(e: Exception, names: dict) -> Exception:
+    """e with the library's argument names replaced by the caller's (k_new -> k). Keys are regular expressions
+    matched at word boundaries, replaced in order (so more specific phrasings may come first)."""
+    message = str(e)
+    for ours, theirs in names.items():
+        message = re.sub(rf"\b{ours}(?![A-Za-z0-9_])", theirs, message)
+    return type(e)(message)
+
+
+def kvcache_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    *,
+    k_new: Optional[Tensor] = None,
+    v_new: Optional[Tensor] = None,
+    rotary_cos: Optional[Tensor] = None,
+    rotary_sin: Optional[Tensor] = None,
+    cache_seqlens=None,
+    cache_batch_idx: Optional[Tensor] = None,
+    cache_leftpad: Optional[Tensor] = None,
+    block_table: Optional[Tensor] = None,
+    cu_seqlens_q: Optional[Tensor] = None,
+    max_seqlen_q: int = 0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    num_splits: int = 0,
+    backend: str = "auto",
+    num_threads: int = 0,
+    check_index_values: bool = True,
+    names: Optional[dict] = None,
+) -> Tuple[Tensor, Tensor]:
+    """Attention over a KV cache in the library's own terms (flash_attn_with_kvcache's semantics); returns (out, lse).
+
+    k_cache / v_cache: dense [b_cache, s_cache, h_kv, d] or, with block_table (int32 [entries, max_pages]), paged
+    [num_pages, page_size, h_kv, d]. k_new / v_new [b, s_new, h_kv, d] are written into the caches in place at rows
+    cache_seqlens[b] ... (k_new rotated by rotary_cos / rotary_sin [s_ro, rotary_dim / 2], and q too: at
+    cache_seqlens + i when causal or windowed, else at cache_seqlens). cache_seqlens: int32 [b] or an int;
+    cache_batch_idx, cache_leftpad: int32 [b]. q [b, s_q, h_q, d] -> out [b, s_q, h_q, d_v], lse [b, h_q, s_q];
+    varlen q [total_q, h_q, d] with cu_seqlens_q -> lse [h_q, total_q] (no k_new then). Inference only.
+    check_index_values=False skips reading cache_seqlens / cache_leftpad / cache_batch_idx (and cu_seqlens_q when
+    max_seqlen_q > 0) on the host, a device synchronisation each on CUDA: the kernels then clamp out-of-range values
+    (nothing outside the tensors is read or written) instead of raising. It is off anyway under CUDA-graph capture.
+    `names` maps the library's argument names to the caller's, for error messages (see _renamed).
+    """
+    names = names or {}
+    name = lambda n: names.get(n, n)  # noqa: E731
+    _check_tensor(name("q"), q)
+    for n, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k_new", k_new), ("v_new", v_new),
+                 ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        if t is None and n not in ("k_cache", "v_cache"):
+            continue
+        _check_tensor(name(n), t)
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name(n)}: dtype {t.dtype} differs from q's {q.dtype}")
+    if isinstance(cache_seqlens, Tensor) or cache_seqlens is None:
+        _check_index(name("cache_seqlens"), cache_seqlens)
+    else:
+        # flash_attn: an int is every sequence's length. Filled on the device, no host synchronisation.
+        length = check_integer(name("cache_seqlens"), cache_seqlens, 0, INT32_MAX)
+        cache_seqlens = torch.full((q.shape[0] if q.dim() else 0,), length, dtype=torch.int32, device=q.device)
+    for n, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
+                 ("block_table", block_table), ("cu_seqlens_q", cu_seqlens_q)):
+        _check_index(name(n), t)
+    scale = resolve_scale(softmax_scale, q.shape[-1] if q.dim() else 0)
+    # Rows that bound every mask edge: the query rows and the cache's capacity (dense rows, or pages x page size).
+    rows = None
+    if q.dim() >= 3 and k_cache.dim() == 4 and (block_table is None or block_table.dim() == 2):
+        capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
+        rows = max(q.shape[-3], capacity)
+    ints, floats = kvcache_options(
+        check_integer("max_seqlen_q", max_seqlen_q, 0, INT64_MAX), scale, check_flag("causal", causal),
+        _cache_window_edge("window_left", window_left, rows), _cache_window_edge("window_right", window_right, rows),
+        check_softcap(softcap), check_flag("rotary_interleaved", rotary_interleaved),
+        check_integer("num_splits", num_splits, 0, 256), check_integer("num_threads", num_threads, 0, INT32_MAX),
+        check_flag("check_index_values", check_index_values))
+    # Inference only, as in flash_attn: the outputs never require grad (no graph is recorded through the call; the
+    # detached caches share their storage and version counter, so the in-place append stays visible to autograd).
+    q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin = (
+        t.detach() if t is not None and t.requires_grad else t
+        for t in (q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin))
+    args = (q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+            block_table, cu_seqlens_q, ints, floats, str(backend))
+    if not names or torch.compiler.is_compiling():
+        return torch.ops.flashattn.attention_with_kvcache(*args)
+    try:
+        return torch.ops.flashattn.attention_with_kvcache(*args)
+    except (ValueError, TypeError, NotImplementedError) as e:
+        raise _renamed(e, names) from None
 
 
 class BackendChoice(NamedTuple):

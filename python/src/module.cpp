@@ -7,7 +7,7 @@
 //
 // Errors: Status::invalid_argument -> ValueError, unsupported -> NotImplementedError, device_error ->
 // RuntimeError, each with the C++ message unchanged. Element types this library has no DType for -> TypeError.
-// The GIL is released while validating (varlen validation may wait on a device copy) and computing.
+// The GIL is released while validating (varlen and KV-cache validation may wait on a device copy) and computing.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -82,7 +82,8 @@ DType to_dtype(const char* name, const nb::dlpack::dtype& t) {
   if (t.code > uint8_t(code::Bool)) got = "dlpack type code " + std::to_string(int(t.code)) + " bits " + std::to_string(int(t.bits));
   if (t.lanes != 1) got += "x" + std::to_string(int(t.lanes));
   throw_python(PyExc_TypeError, std::string(name) + ": unsupported dtype " + got +
-                             " (expected float16, bfloat16, float32 or float64; int32 for cu_seqlens)");
+                                    " (expected float16, bfloat16, float32 or float64; int32 for cu_seqlens and the"
+                                    " cache indices)");
 }
 
 Device to_device(const char* name, int device_type, int device_id) {
@@ -211,6 +212,54 @@ std::string backward(const In& dout, const In& q, const In& k, const In& v, cons
   return flashattn::backend_name(ran);
 }
 
+// flash_attn_with_kvcache: appends k_new / v_new (k rotated) into the caches in place, then attends over them into
+// caller-allocated out and optional lse. The caches are writable arrays (they are written when k_new is given).
+// Returns the name of the backend that ran.
+std::string attention_with_kvcache(const In& q, const Out& k_cache, const Out& v_cache, const Out& out,
+                                   const OptOut& lse, const OptIn& k_new, const OptIn& v_new, const OptIn& rotary_cos,
+                                   const OptIn& rotary_sin, const OptIn& cache_seqlens, const OptIn& cache_batch_idx,
+                                   const OptIn& cache_leftpad, const OptIn& block_table, const OptIn& cu_seqlens_q,
+                                   int64_t max_seqlen_q, double softmax_scale, bool causal, int64_t window_left,
+                                   int64_t window_right, double softcap, bool rotary_interleaved, int num_splits,
+                                   bool check_index_values, const std::string& backend, int num_threads,
+                                   uintptr_t stream) {
+  flashattn::KVCacheArgs a;
+  a.q = to_view("q", q);
+  a.k_cache = to_view("k_cache", k_cache);
+  a.v_cache = to_view("v_cache", v_cache);
+  a.out = to_view("out", out);
+  a.lse = to_view("lse", lse);
+  a.k_new = to_view("k_new", k_new);
+  a.v_new = to_view("v_new", v_new);
+  a.rotary_cos = to_view("rotary_cos", rotary_cos);
+  a.rotary_sin = to_view("rotary_sin", rotary_sin);
+  a.cache_seqlens = to_view("cache_seqlens", cache_seqlens);
+  a.cache_batch_idx = to_view("cache_batch_idx", cache_batch_idx);
+  a.cache_leftpad = to_view("cache_leftpad", cache_leftpad);
+  a.block_table = to_view("block_table", block_table);
+  a.cu_seqlens_q = to_view("cu_seqlens_q", cu_seqlens_q);
+  a.max_seqlen_q = max_seqlen_q;
+  a.rotary_interleaved = rotary_interleaved;
+  a.num_splits = num_splits;
+  a.check_index_values = check_index_values;
+  const AttentionOptions o =
+      make_options(softmax_scale, causal, window_left, window_right, softcap, false, backend, num_threads, stream);
+  Status st;
+  Backend ran = o.backend;
+  {
+    nb::gil_scoped_release release;
+    flashattn::KVCacheParams p;
+    st = flashattn::make_kvcache_params(a, o, &p);
+    if (st.ok()) {
+      const flashattn::BackendChoice c = flashattn::choose_backend(p.attn, o.backend, false);
+      st = c.status.ok() ? flashattn::run_kvcache(p, c.backend) : c.status;
+      ran = c.backend;
+    }
+  }
+  throw_if_failed(st);
+  return flashattn::backend_name(ran);
+}
+
 // What the dispatcher would run for this call and why, as (backend, supported, reason). Validation errors
 // raise as in forward(). Without `out` a view of the right shape over q's memory stands in: validation only
 // reads shapes and strides, and nothing runs.
@@ -269,6 +318,22 @@ NB_MODULE(_C, m) {
         "num_threads"_a = 0, "stream"_a = 0,
         "Attention backward: fills caller-allocated dq, dk, dv from dout and the forward's out and lse.\n"
         "Returns the name of the backend that ran.");
+
+  m.def("attention_with_kvcache", &attention_with_kvcache, "q"_a, "k_cache"_a, "v_cache"_a, "out"_a,
+        "lse"_a.none() = nb::none(), "k_new"_a.none() = nb::none(), "v_new"_a.none() = nb::none(),
+        "rotary_cos"_a.none() = nb::none(), "rotary_sin"_a.none() = nb::none(), "cache_seqlens"_a.none() = nb::none(),
+        "cache_batch_idx"_a.none() = nb::none(), "cache_leftpad"_a.none() = nb::none(),
+        "block_table"_a.none() = nb::none(), "cu_seqlens_q"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
+        nb::kw_only(), "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1, "window_right"_a = -1,
+        "softcap"_a = 0.0, "rotary_interleaved"_a = true, "num_splits"_a = 0, "check_index_values"_a = true,
+        "backend"_a = "auto", "num_threads"_a = 0, "stream"_a = 0,
+        "Attention over a key/value cache (flash_attn_with_kvcache), forward only. k_cache / v_cache: dense\n"
+        "[b_cache, s_cache, h_kv, d] or, with block_table (int32 [entries, max_pages]), paged [num_pages, page_size,\n"
+        "h_kv, d]; written in place when k_new / v_new [b, s_new, h_kv, d] are given (appended at cache_seqlens,\n"
+        "k_new rotated by rotary_cos / rotary_sin [s_ro, rotary_dim / 2]). Index tensors are int32 [b]. q is\n"
+        "[b, s_q, h_q, d], or [total_q, h_q, d] with cu_seqlens_q; out like q with d_v, lse [b, h_q, s_q] or\n"
+        "[h_q, total_q] (fp32). check_index_values=False skips the host copy and check of the index values (CUDA\n"
+        "graph capture; the kernels then clamp). Returns the name of the backend that ran.");
 
   m.def("choose_backend", &choose_backend, "q"_a, "k"_a, "v"_a, "out"_a.none() = nb::none(),
         "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,

@@ -220,8 +220,8 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
   const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right);
   const ScoreTransform<Acc> score(p);
   const Acc ds_scale = Acc(p.softmax_scale);
-  const auto k = key_view<const T>(p, p.k, ext, t.batch, t.kv_head, false);
-  const auto v = key_view<const T>(p, p.v, ext, t.batch, t.kv_head, true);
+  const auto k = key_view<const T>(p, p.k, ext, t.kv_head, false);
+  const auto v = key_view<const T>(p, p.v, ext, t.kv_head, true);
   const size_t unit = size_t(t.batch * p.heads_kv + t.kv_head);
 
   const int64_t kc0 = t.key_begin, kc1 = t.key_end, chunk_keys = kc1 - kc0;

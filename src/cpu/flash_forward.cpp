@@ -32,6 +32,7 @@
 #include "backend.h"
 #include "common/mask.h"
 #include "common/softmax_state.h"
+#include "cpu/kv_cache.h"
 #include "cpu/sequence.h"
 
 // GCC's tuning for recent Xeons prefers 256-bit vectors; the micro-kernels need 512-bit ones to use both FMA
@@ -85,8 +86,8 @@ void forward_task(const FwdParams& p, int64_t block_q, const QueryBlockTask& t, 
   const SequenceExtent ext = sequence_extent(p, t.batch);
   const int64_t hk = t.head / (p.heads_q / p.heads_kv);
   const auto q = query_view<const T>(p, p.q, ext, t.batch, t.head);
-  const auto k = key_view<const T>(p, p.k, ext, t.batch, hk, false);
-  const auto v = key_view<const T>(p, p.v, ext, t.batch, hk, true);
+  const auto k = key_view<const T>(p, p.k, ext, hk, false);
+  const auto v = key_view<const T>(p, p.v, ext, hk, true);
   const auto o = output_view<T>(p, p.o, ext, t.batch, t.head);
   const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right);
   const ScoreTransform<Acc> score(p);
@@ -210,6 +211,7 @@ Status forward_typed(const FwdParams& p) {
 }  // namespace
 
 Status cpu_flash_forward(const FwdParams& p) {
+  if (p.is_paged()) return cpu_forward_dense_cache(p, cpu_flash_forward);
   switch (p.dtype) {
     case DType::f32: return forward_typed<float, float>(p);
     case DType::f64: return forward_typed<double, double>(p);

@@ -10,6 +10,7 @@
 #include "backend.h"
 #include "common/half.h"
 #include "common/mask.h"
+#include "cpu/kv_cache.h"
 #include "cpu/sequence.h"
 
 namespace flashattn::detail {
@@ -22,8 +23,8 @@ void row_typed(const BwdParams& p, int64_t b, int64_t h, int64_t i, bool with_gr
   const int64_t group = p.heads_q / p.heads_kv;
   const SequenceExtent ext = sequence_extent(p, b);
   const auto q = query_view<const T>(p, p.q, ext, b, h);
-  const auto k = key_view<const T>(p, p.k, ext, b, h / group, false);
-  const auto v = key_view<const T>(p, p.v, ext, b, h / group, true);
+  const auto k = key_view<const T>(p, p.k, ext, h / group, false);
+  const auto v = key_view<const T>(p, p.v, ext, h / group, true);
   const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right);
   const int64_t sk = ext.len_k;
 
@@ -167,7 +168,10 @@ void reference_row(const BwdParams& p, int64_t b, int64_t h, int64_t i, bool wit
   by_dtype<Row>(p.dtype, p, b, h, i, with_grad, row);
 }
 
-Status cpu_reference_forward(const FwdParams& p) { return by_dtype<Forward>(p.dtype, p); }
+Status cpu_reference_forward(const FwdParams& p) {
+  if (p.is_paged()) return cpu_forward_dense_cache(p, cpu_reference_forward);
+  return by_dtype<Forward>(p.dtype, p);
+}
 Status cpu_reference_backward(const BwdParams& p) { return by_dtype<Backward>(p.dtype, p); }
 
 }  // namespace flashattn::detail

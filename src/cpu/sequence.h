@@ -5,24 +5,37 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/kv_cache.h"
 #include "flashattn/params.h"
 
 namespace flashattn::detail {
 
 struct SequenceExtent {
-  int64_t start_q = 0, start_k = 0;  // first packed row (varlen) or 0 (padded)
+  int64_t start_q = 0, start_k = 0;  // first packed row (varlen) or 0 (padded); cache: first used key row
   int64_t len_q = 0, len_k = 0;
+  int64_t kv_batch = 0;              // K/V batch index: b, or the cache entry of sequence b
 };
 
+// Paged caches reach the CPU kernels densified (cpu/kv_cache.h), so only the dense cache form is read here.
 inline SequenceExtent sequence_extent(const FwdParams& p, int64_t b) {
   SequenceExtent e;
+  e.kv_batch = b;
   if (p.is_varlen()) {
     e.start_q = p.cu_seqlens_q[b];
-    e.start_k = p.cu_seqlens_k[b];
     e.len_q = p.cu_seqlens_q[b + 1] - e.start_q;
-    e.len_k = p.cu_seqlens_k[b + 1] - e.start_k;
   } else {
     e.len_q = p.seqlen_q;
+  }
+  if (p.has_kv_cache()) {
+    const KVCacheLayout cache = KVCacheLayout::of(p);
+    int64_t end = 0;
+    cache.rows(b, &e.start_k, &end);
+    e.len_k = end - e.start_k;
+    e.kv_batch = cache.entry(b) < 0 ? 0 : cache.entry(b);
+  } else if (p.is_varlen()) {
+    e.start_k = p.cu_seqlens_k[b];
+    e.len_k = p.cu_seqlens_k[b + 1] - e.start_k;
+  } else {
     e.len_k = p.seqlen_k;
   }
   return e;
@@ -51,12 +64,11 @@ SequenceView<T> query_view(const FwdParams& p, const void* q, const SequenceExte
   return make_view<T>(const_cast<void*>(q), p.q_batch_stride, p.q_row_stride, p.q_head_stride, b, e.start_q, h, e.len_q);
 }
 
-// K (is_value = false) or V (true) of KV head `hk`.
+// K (is_value = false) or V (true) of KV head `hk`, in batch entry e.kv_batch (the sequence's, or its cache entry).
 template <typename T>
-SequenceView<T> key_view(const FwdParams& p, const void* kv, const SequenceExtent& e, int64_t b, int64_t hk,
-                         bool is_value) {
-  return is_value ? make_view<T>(const_cast<void*>(kv), p.v_batch_stride, p.v_row_stride, p.v_head_stride, b, e.start_k, hk, e.len_k)
-                  : make_view<T>(const_cast<void*>(kv), p.k_batch_stride, p.k_row_stride, p.k_head_stride, b, e.start_k, hk, e.len_k);
+SequenceView<T> key_view(const FwdParams& p, const void* kv, const SequenceExtent& e, int64_t hk, bool is_value) {
+  return is_value ? make_view<T>(const_cast<void*>(kv), p.v_batch_stride, p.v_row_stride, p.v_head_stride, e.kv_batch, e.start_k, hk, e.len_k)
+                  : make_view<T>(const_cast<void*>(kv), p.k_batch_stride, p.k_row_stride, p.k_head_stride, e.kv_batch, e.start_k, hk, e.len_k);
 }
 
 template <typename T>

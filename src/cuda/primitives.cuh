@@ -24,6 +24,8 @@ struct ElementTraits<__half> {
   static constexpr bool is_bf16 = false;
   __device__ static Pair pack(float lo, float hi) { return __floats2half2_rn(lo, hi); }
   __device__ static float2 unpack(Pair v) { return __half22float2(v); }
+  __device__ static __half from(float x) { return __float2half_rn(x); }
+  __device__ static float to(__half x) { return __half2float(x); }
 };
 template <>
 struct ElementTraits<__nv_bfloat16> {
@@ -31,6 +33,8 @@ struct ElementTraits<__nv_bfloat16> {
   static constexpr bool is_bf16 = true;
   __device__ static Pair pack(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
   __device__ static float2 unpack(Pair v) { return __bfloat1622float2(v); }
+  __device__ static __nv_bfloat16 from(float x) { return __float2bfloat16_rn(x); }
+  __device__ static float to(__nv_bfloat16 x) { return __bfloat162float(x); }
 };
 
 // Two floats rounded into one 32-bit register of two 16-bit elements (low half = first).
@@ -38,6 +42,16 @@ template <typename T>
 __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
   typename ElementTraits<T>::Pair v = ElementTraits<T>::pack(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// One float rounded to T (round to nearest even), and back.
+template <typename T>
+__device__ __forceinline__ T from_float(float x) {
+  return ElementTraits<T>::from(x);
+}
+template <typename T>
+__device__ __forceinline__ float to_float(T x) {
+  return ElementTraits<T>::to(x);
 }
 
 template <typename T>

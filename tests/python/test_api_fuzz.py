@@ -405,7 +405,9 @@ class Gen:
         for v in (0.1, 1.0, -0.1, None, float("nan"), "0", [0.0]):
             out.append(set_("dropout_p", v, {"dropout_p"}))
         out.append(set_("alibi_slopes", lambda: torch.ones(4), {"alibi_slopes"}, "a tensor"))
-        out.append(set_("block_table", lambda: torch.zeros(1, 1, dtype=torch.int32), {"block_table"}, "a tensor"))
+        # (with a block table, k and v must be paged caches [num_pages, page_size, heads, dim]: these are not)
+        out.append(set_("block_table", lambda: torch.zeros(1, 1, dtype=torch.int32), {"block_table", "k", "v"},
+                        "a tensor"))
         for n in ("causal", "deterministic", "return_attn_probs", "backward", "is_causal", "enable_gqa"):
             out += [set_(n, v, {n}) for v in (None, "yes", 2, [True])]
         out += [set_("num_threads", v, {"num_threads"}) for v in (-1, None, 1.5, 2**40, "2")]

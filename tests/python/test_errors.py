@@ -72,7 +72,8 @@ def test_varlen_errors():
         flash_attn_varlen_func(q, k, v, cu_q, torch.tensor([0, 9], dtype=torch.int32), 4, 9)
     with pytest.raises(ValueError, match="^q: expected a rank-3"):
         flash_attn_varlen_func(q[None], k, v, cu_q, cu_k, 4, 5)
-    with pytest.raises(NotImplementedError, match="block_table"):
+    # with block_table, k and v are paged caches (test_kvcache.py covers that path)
+    with pytest.raises(ValueError, match=r"^k: expected a rank-4 paged cache \[num_pages, page_size"):
         flash_attn_varlen_func(q, k, v, cu_q, cu_k, 4, 5, block_table=torch.zeros(2, 1, dtype=torch.int32))
     with pytest.raises(ValueError, match="^cu_seqlens_k: cu_seqlens_q and cu_seqlens_k must be given together"):
         flashattn.attention(q, k, v, cu_seqlens_q=cu_q)

@@ -17,6 +17,7 @@ Status cuda_sm80_supports(const FwdParams& p, bool /*backward*/) {
                                " has " + std::to_string(cc / 10) + "." + std::to_string(cc % 10));
   }
   if (p.head_dim > 256 || p.head_dim_v > 256) return Status::unsupported("cuda_sm80: head dims above 256");
+  if (p.has_kv_cache()) return cuda_decode_supports(p);
   return Status::success();
 }
 

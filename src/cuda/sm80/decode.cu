@@ -1,0 +1,68 @@
+// Entry point of the split-KV decode kernel for KV-cache calls (both CUDA backends): which calls it runs, and the
+// typed dispatch dtype x head-dim bucket. The kernel: decode_kernel.cuh; the launch: decode_launch.cuh.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "backend.h"
+#include "cuda/sm80/decode_config.h"
+#include "cuda/sm80/forward_config.h"
+#include "flashattn/params.h"
+
+namespace flashattn::cuda::sm80 {
+template <typename T, int kD>
+Status launch_decode(const FwdParams& p);  // decode_launch.cuh, instantiated in decode_hd*.cu
+}  // namespace flashattn::cuda::sm80
+
+namespace flashattn::detail {
+namespace {
+
+bool aligned2(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 1u) == 0; }
+
+template <typename T>
+Status decode_by_bucket(const FwdParams& p, int bucket) {
+  using namespace flashattn::cuda::sm80;
+  switch (bucket) {
+    case 64: return launch_decode<T, 64>(p);
+    case 128: return launch_decode<T, 128>(p);
+    case 256: return launch_decode<T, 256>(p);
+    default: return Status::unsupported("cuda decode: no kernel for head dims " + std::to_string(p.head_dim));
+  }
+}
+
+}  // namespace
+
+Status cuda_decode_supports(const FwdParams& p) {
+  if (p.dtype != DType::f16 && p.dtype != DType::bf16) {
+    return Status::unsupported(std::string("cuda decode: runs float16 and bfloat16; got ") + dtype_name(p.dtype));
+  }
+  if (cuda::sm80::forward_head_dim_bucket(std::max(p.head_dim, p.head_dim_v)) == 0) {
+    return Status::unsupported("cuda decode: head dims must be in [1, 256]");
+  }
+  if (p.seqlen_k > INT_MAX - 1024 || p.seqlen_q * (p.heads_q / p.heads_kv) > INT_MAX - 1024) {
+    return Status::unsupported("cuda decode: caches or packed query rows beyond 2^31 - 1024 rows");
+  }
+  if (p.is_paged() && p.page_size > INT_MAX) return Status::unsupported("cuda decode: pages above 2^31 rows");
+  if (p.num_splits > cuda::sm80::kMaxDecodeSplits) {
+    return Status::unsupported("num_splits: at most " + std::to_string(cuda::sm80::kMaxDecodeSplits));
+  }
+  if (!aligned2(p.q) || !aligned2(p.k) || !aligned2(p.v) || !aligned2(p.o) ||
+      (p.lse != nullptr && (reinterpret_cast<uintptr_t>(p.lse) & 3u) != 0)) {
+    return Status::unsupported("cuda decode: a tensor's data pointer is not aligned to its element size");
+  }
+  return Status::success();
+}
+
+Status cuda_decode_forward(const FwdParams& p) {
+  Status st = cuda_decode_supports(p);
+  if (!st.ok()) return st;
+  const int64_t rows_q = p.is_varlen() ? p.total_q : p.batch * p.seqlen_q;
+  if (p.batch == 0 || rows_q == 0 || p.seqlen_q == 0) return Status::success();
+  const int bucket = cuda::sm80::forward_head_dim_bucket(std::max(p.head_dim, p.head_dim_v));
+  return p.dtype == DType::f16 ? decode_by_bucket<__half>(p, bucket) : decode_by_bucket<__nv_bfloat16>(p, bucket);
+}
+
+}  // namespace flashattn::detail

@@ -1,0 +1,130 @@
+// Host side of the split-KV decode: FwdParams -> DecodeKernelArgs, the split count, the partials' workspace and
+// the two launches (decode_kernel, then decode_combine_kernel when split). Instantiated once per head-dim
+// bucket in decode_hd*.cu so that the buckets compile in parallel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "common/kv_cache.h"
+#include "cuda/check.h"
+#include "cuda/sm80/decode_kernel.cuh"
+#include "cuda/sm80/forward_launch.cuh"
+#include "cuda/workspace.h"
+#include "flashattn/params.h"
+
+namespace flashattn::cuda::sm80 {
+
+// Key splits per sequence when the caller leaves it to us (num_splits = 0): enough blocks to fill the GPU's
+// block slots, by FA2's rule: among the split counts that keep at least two key tiles per split, the smallest
+// whose wave efficiency (blocks / (waves x slots)) reaches 85% of the best. `tiles` = blocks of one split,
+// `key_blocks` = key tiles of the longest possible sequence (the capacity: lengths live on the device).
+inline int decode_num_splits(int64_t tiles, int64_t key_blocks, int slots) {
+  if (tiles >= int64_t(slots) * 8 / 10) return 1;
+  const int most = int(std::min<int64_t>({int64_t(kMaxDecodeSplits), key_blocks / 2, int64_t(slots)}));
+  if (most <= 1) return 1;
+  auto efficiency = [&](int s) {
+    const double blocks = double(tiles) * s, waves = std::ceil(blocks / slots);
+    return blocks / (waves * slots);
+  };
+  double best = 0;
+  for (int s = 1; s <= most; ++s) best = std::max(best, efficiency(s));
+  for (int s = 1; s <= most; ++s)
+    if (efficiency(s) >= 0.85 * best) return s;
+  return 1;
+}
+
+template <typename T, int kD>
+Status launch_decode(const FwdParams& p) {
+  using Kernel = DecodeKernel<T, kD>;
+  constexpr int kSmem = Kernel::kSmemBytes;
+  DecodeKernelArgs a{};
+  a.q = p.q, a.k = p.k, a.v = p.v, a.o = p.o, a.lse = p.lse;
+  a.q_batch_stride = p.q_batch_stride, a.q_row_stride = p.q_row_stride, a.q_head_stride = p.q_head_stride;
+  a.k_batch_stride = p.k_batch_stride, a.k_row_stride = p.k_row_stride, a.k_head_stride = p.k_head_stride;
+  a.v_batch_stride = p.v_batch_stride, a.v_row_stride = p.v_row_stride, a.v_head_stride = p.v_head_stride;
+  a.o_batch_stride = p.o_batch_stride, a.o_row_stride = p.o_row_stride, a.o_head_stride = p.o_head_stride;
+  a.lse_batch_stride = p.lse_batch_stride, a.lse_head_stride = p.lse_head_stride;
+  a.cu_seqlens_q = p.cu_seqlens_q;
+  a.cache = KVCacheLayout::of(p);
+  a.seqlen_q = int(p.seqlen_q);
+  a.rows_total = int(p.is_varlen() ? p.total_q : p.batch * p.seqlen_q);
+  a.heads_q = int(p.heads_q);
+  a.head_group = int(p.heads_q / p.heads_kv);
+  a.head_dim = int(p.head_dim);
+  a.head_dim_v = int(p.head_dim_v);
+  a.causal = p.causal;
+  a.window_left = p.window_left;
+  a.window_right = p.window_right;
+  const double unit = p.softcap > 0 ? double(p.softcap) : double(p.softmax_scale);
+  a.unit_scale = float(unit);
+  a.scale_log2 = float(unit * 1.4426950408889634);  // log2(e)
+  a.softcap_pre = p.softcap > 0 ? float(double(p.softmax_scale) / double(p.softcap)) : 0.f;
+  a.q_vec = vector_ok(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.head_dim);
+  a.k_vec = vector_ok(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, p.head_dim);
+  a.v_vec = vector_ok(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, p.head_dim_v);
+  a.o_vec = vector_ok(p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride, p.head_dim_v);
+
+  detail::DeviceGuard guard(p.device.index);
+  FA_CUDA_TRY(guard.status());
+  auto stream = static_cast<cudaStream_t>(p.stream);
+  auto kernel = decode_kernel<T, kD>;
+  static std::atomic<bool> smem_set[kMaxDevices];
+  const bool cached = p.device.index >= 0 && p.device.index < kMaxDevices;
+  if (!cached || !smem_set[p.device.index].load(std::memory_order_acquire)) {
+    FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    if (cached) smem_set[p.device.index].store(true, std::memory_order_release);
+  }
+
+  const int64_t m_blocks = (p.seqlen_q * a.head_group + Kernel::kBlockM - 1) / Kernel::kBlockM;
+  const int64_t tiles = m_blocks * p.heads_kv * p.batch;
+  int splits = p.num_splits;
+  if (splits == 0) {
+    int sms = 0, per_sm = 0;
+    FA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device.index));
+    FA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Kernel::kThreads, kSmem));
+    splits = decode_num_splits(tiles, (p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN, sms * std::max(per_sm, 1));
+  }
+  a.num_splits = splits;
+  if (m_blocks > 65535) return Status::unsupported("cuda decode: more than 65535 x 16 packed query rows per sequence");
+  if (p.heads_kv * p.batch > INT32_MAX) return Status::unsupported("cuda decode: batch x heads_kv above 2^31");
+  const dim3 grid(unsigned(splits), unsigned(m_blocks), unsigned(p.heads_kv * p.batch));
+
+  if (splits == 1) {
+    kernel<<<grid, Kernel::kThreads, kSmem, stream>>>(a);
+    FA_CUDA_TRY(cudaGetLastError());
+    return Status::success();
+  }
+  const int64_t slots = int64_t(a.rows_total) * p.heads_q;
+  void* ws = nullptr;
+  const size_t bytes = size_t(splits) * size_t(slots) * size_t(p.head_dim_v + 1) * sizeof(float);
+  Status st = detail::workspace_alloc(&ws, bytes, p.device.index, stream);
+  if (!st.ok()) return st;
+  a.partial_o = static_cast<float*>(ws);
+  a.partial_lse = a.partial_o + size_t(splits) * size_t(slots) * size_t(p.head_dim_v);
+  kernel<<<grid, Kernel::kThreads, kSmem, stream>>>(a);
+  cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) {
+    DecodeCombineArgs c{};
+    c.partial_o = a.partial_o, c.partial_lse = a.partial_lse;
+    c.o = p.o, c.lse = p.lse;
+    c.o_batch_stride = p.o_batch_stride, c.o_row_stride = p.o_row_stride, c.o_head_stride = p.o_head_stride;
+    c.lse_batch_stride = p.lse_batch_stride, c.lse_head_stride = p.lse_head_stride;
+    c.cu_seqlens_q = p.cu_seqlens_q;
+    c.seqlen_q = a.seqlen_q, c.rows_total = a.rows_total, c.batch = int(p.batch);
+    c.heads_q = a.heads_q, c.head_dim_v = a.head_dim_v, c.num_splits = splits;
+    constexpr int kCombineWarps = 4;
+    const unsigned blocks = unsigned((slots + kCombineWarps - 1) / kCombineWarps);
+    decode_combine_kernel<T><<<blocks, kCombineWarps * 32, 0, stream>>>(c);
+    err = cudaGetLastError();
+  }
+  st = detail::workspace_free(ws, stream);
+  if (err != cudaSuccess) return detail::cuda_status(err, "decode kernel launch");
+  return st;
+}
+
+}  // namespace flashattn::cuda::sm80

@@ -1,0 +1,180 @@
+// The KV-cache call on the CUDA backends (the split-KV decode kernel, the append and rotary kernels) against the
+// oracle over the gathered keys, on the grid of tests/common/kv_cache_case.h (both backends where the device
+// runs them), plus long caches with many splits, clamped index values, and a CUDA-graph-captured decode loop.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "common/kv_cache_case.h"
+#include "gpu/device_tensor.h"
+
+namespace flashattn::test {
+namespace {
+
+// The case's tensors on the device, and a call over them.
+struct DeviceKV {
+  std::vector<std::unique_ptr<DeviceTensor>> tensors;
+  std::vector<TensorView> views;
+  explicit DeviceKV(KVCase& c) {
+    for (HostTensor* t : kv_tensors(c)) {
+      if (t->shape().empty()) {
+        tensors.push_back(nullptr);
+        views.push_back(TensorView{});
+      } else {
+        tensors.push_back(std::make_unique<DeviceTensor>(*t));
+        views.push_back(tensors.back()->view(*t));
+      }
+    }
+  }
+  void download(KVCase& c) {
+    std::vector<HostTensor*> host = kv_tensors(c);
+    for (size_t i = 0; i < host.size(); ++i)
+      if (tensors[i]) tensors[i]->download(*host[i]);
+  }
+};
+
+bool backend_runs(Backend b) {
+  if (!have_gpu()) return false;
+  return b == Backend::cuda_sm80 || cuda_compute_capability(0) == 90;
+}
+
+struct GpuKVParam {
+  KVCaseSpec spec;
+  Backend backend;
+};
+
+class GpuKVCache : public ::testing::TestWithParam<GpuKVParam> {};
+
+void run_case(KVCase& c, Backend backend, bool check_values = true) {
+  const KVExpected want = expected_kv(c);
+  DeviceKV dev(c);
+  KVCacheArgs a = kv_args(c, dev.views);
+  a.check_index_values = check_values;
+  const Status st = attention_with_kvcache(a, kv_options(c.spec, backend));
+  ASSERT_TRUE(st.ok()) << st.message;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  dev.download(c);
+  check_kv_results(c, want, DType::f32);
+}
+
+TEST_P(GpuKVCache, MatchesOracle) {
+  FA_REQUIRE_GPU();
+  if (!backend_runs(GetParam().backend)) GTEST_SKIP() << backend_name(GetParam().backend) << " needs another GPU";
+  KVCase c = make_kv_case(GetParam().spec);
+  run_case(c, GetParam().backend);
+}
+
+std::vector<GpuKVParam> gpu_grid() {
+  std::vector<GpuKVParam> out;
+  for (const KVCaseSpec& s : kv_case_grid(true)) {
+    out.push_back({s, Backend::cuda_sm90});
+    out.push_back({s, Backend::cuda_sm80});
+  }
+  // Long caches: many key tiles per split, the split heuristic and forced split counts.
+  for (int splits : {0, 1, 7, 64}) {
+    KVCaseSpec s;
+    s.batch = 2, s.h_q = 32, s.h_kv = 8, s.d = 128, s.d_v = 128, s.capacity = 9000, s.page_size = 16;
+    s.full = true, s.num_splits = splits, s.s_new = 1, s.rotary_dim = 128, s.interleaved = false, s.causal = true;
+    s.seed = 100 + uint64_t(splits);
+    out.push_back({s, Backend::cuda_sm90});
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, GpuKVCache, ::testing::ValuesIn(gpu_grid()),
+                         [](const ::testing::TestParamInfo<GpuKVParam>& i) {
+                           return i.param.spec.name() + "_" + backend_name(i.param.backend);
+                         });
+
+// Index values out of range with the host check off (as under capture): no fault, nothing outside written
+// (run under compute-sanitizer by bench/gpu/device_check_*.sh).
+TEST(GpuKVCacheClamps, OutOfRangeValuesStayInBounds) {
+  FA_REQUIRE_GPU();
+  KVCaseSpec s;
+  s.page_size = 16, s.s_new = 2, s.rotary_dim = 16, s.batch = 3, s.batch_idx = true;
+  KVCase c = make_kv_case(s);
+  c.seqlens.set(0, 1e6);
+  c.seqlens.set(1, -50);
+  c.block_table.set(1, -3);
+  c.batch_idx.set(2, 1000);
+  DeviceKV dev(c);
+  KVCacheArgs a = kv_args(c, dev.views);
+  a.check_index_values = false;
+  ASSERT_TRUE(attention_with_kvcache(a, kv_options(s, Backend::automatic)).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  dev.download(c);
+  // The sequence with no valid entry sees no key: O = 0, LSE = -inf.
+  for (int64_t h = 0; h < s.h_q; ++h) EXPECT_EQ(c.lse.get(c.lse.offset({2, h, 0})), -INFINITY);
+}
+
+// A decode loop captured once in a CUDA graph and replayed with new lengths and rows gives what eager calls give.
+TEST(GpuKVCacheGraph, CapturedDecodeLoopMatchesEager) {
+  FA_REQUIRE_GPU();
+  KVCaseSpec s;
+  s.batch = 4, s.h_q = 32, s.h_kv = 8, s.d = 128, s.d_v = 128, s.capacity = 512, s.page_size = 16, s.s_new = 1;
+  s.rotary_dim = 64, s.causal = true, s.full = false;
+  KVCase eager = make_kv_case(s);
+  for (int64_t b = 0; b < s.batch; ++b) eager.seqlens.set(b, double(10 * b));
+  KVCase graphed = eager;
+  DeviceKV de(eager), dg(graphed);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  AttentionOptions opt = kv_options(s, Backend::automatic);
+  opt.stream = stream;
+  KVCacheArgs ag = kv_args(graphed, dg.views);
+  ag.check_index_values = false;
+  ag.num_splits = 4;  // fixed: the graph's grid must not depend on the lengths
+  KVCacheArgs ae = kv_args(eager, de.views);
+  ae.num_splits = 4;
+
+  // Warm-up outside capture (first-use attribute setting and the workspace pool).
+  ASSERT_TRUE(attention_with_kvcache(ag, opt).ok());
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  dg.tensors[1]->upload(graphed.k_cache);
+  dg.tensors[2]->upload(graphed.v_cache);
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const Status captured = attention_with_kvcache(ag, opt);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(captured.ok()) << captured.message;
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+
+  std::mt19937_64 rng(7);
+  HostTensor seqlens = eager.seqlens;
+  for (int step = 0; step < 100; ++step) {
+    eager.k_new.fill_normal(rng);
+    eager.v_new.fill_normal(rng);
+    eager.q.fill_normal(rng);
+    // The step's inputs (q, k_new, v_new, cache_seqlens), the same in both.
+    for (int i : {0, 5, 6}) {
+      de.tensors[size_t(i)]->upload(*kv_tensors(eager)[size_t(i)]);
+      dg.tensors[size_t(i)]->upload(*kv_tensors(eager)[size_t(i)]);
+    }
+    de.tensors[9]->upload(seqlens);
+    dg.tensors[9]->upload(seqlens);
+    ASSERT_TRUE(attention_with_kvcache(ae, opt).ok());
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    HostTensor oe = eager.out, og = graphed.out;
+    de.tensors[3]->download(oe);
+    dg.tensors[3]->download(og);
+    ASSERT_EQ(std::memcmp(oe.data(), og.data(), oe.bytes()), 0) << "step " << step;
+    for (int64_t b = 0; b < s.batch; ++b)
+      seqlens.set(b, double(std::min<int64_t>(int64_t(seqlens.get(b)) + 1 + b, eager.capacity - 1)));
+  }
+  HostTensor ke = eager.k_cache, kg = graphed.k_cache;
+  de.tensors[1]->download(ke);
+  dg.tensors[1]->download(kg);
+  EXPECT_EQ(std::memcmp(ke.data(), kg.data(), ke.bytes()), 0) << "the caches diverged";
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+}  // namespace flashattn::test
