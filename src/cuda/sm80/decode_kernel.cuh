@@ -95,21 +95,26 @@ __device__ __forceinline__ void gather_tile(T* s, RowPtr row_ptr, const T* fallb
   }
 }
 
-// K and V tiles of the same rows: row r's sources come from kv_rows(r, &k, &v) (null: zeros).
+// K and V tiles of the same rows: row r's sources come from kv_rows(r, &k, &v) (null: zeros). Every row's
+// addresses are computed before the first copy is issued, so that the block-table reads of a paged cache overlap
+// one another instead of each delaying its row's copy.
 template <int kRows, int kD, int kThreads, typename T, typename RowPtrs>
 __device__ __forceinline__ void gather_kv_tiles(T* sk, T* sv, RowPtrs kv_rows, const T* k_fallback,
                                                 const T* v_fallback, int k_cols, int v_cols, bool k_vec, bool v_vec) {
   constexpr int kChunksPerRow = kD / 8;
   constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  constexpr int kPasses = kRows / kRowsPerPass;
   static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
   const int row0 = int(threadIdx.x) / kChunksPerRow;
+  const T* k_src[kPasses];
+  const T* v_src[kPasses];
 #pragma unroll
-  for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+  for (int i = 0; i < kPasses; ++i) kv_rows(row0 + i * kRowsPerPass, &k_src[i], &v_src[i]);
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) {
     const int row = row0 + i * kRowsPerPass;
-    const T *k_src, *v_src;
-    kv_rows(row, &k_src, &v_src);
-    gather_tile<1, kD, kChunksPerRow>(sk, [&](int) { return k_src; }, k_fallback, k_cols, k_vec, row);
-    gather_tile<1, kD, kChunksPerRow>(sv, [&](int) { return v_src; }, v_fallback, v_cols, v_vec, row);
+    gather_tile<1, kD, kChunksPerRow>(sk, [&](int) { return k_src[i]; }, k_fallback, k_cols, k_vec, row);
+    gather_tile<1, kD, kChunksPerRow>(sv, [&](int) { return v_src[i]; }, v_fallback, v_cols, v_vec, row);
   }
 }
 
