@@ -13,6 +13,7 @@ struct DecodeTile {
   int block_n;  // keys per K/V tile; each warp takes block_n / warps of them
   int warps;
   int stages;   // K/V tiles in flight
+  int min_blocks_sm;  // __launch_bounds__ occupancy target (registers capped at 65536 / (threads * this))
 };
 
 // Why these numbers (H100/H200, 2-byte elements): decode is a stream of K/V through shared memory with a few
@@ -24,7 +25,7 @@ struct DecodeTile {
 // - stages: as many 64-key tiles in flight as keep two blocks per SM: d 64: 4 x 16 KB, d 128: 3 x 32 KB,
 //   d 256: 2 x 64 KB (one block per SM there).
 constexpr DecodeTile decode_tile(int bucket) {
-  return bucket == 64 ? DecodeTile{16, 64, 4, 4} : bucket == 128 ? DecodeTile{16, 64, 4, 3} : DecodeTile{16, 64, 4, 2};
+  return bucket == 64 ? DecodeTile{16, 64, 4, 4, 1} : bucket == 128 ? DecodeTile{16, 64, 4, 3, 1} : DecodeTile{16, 64, 4, 2, 1};
 }
 
 // Dynamic shared memory: Q tile + stages x (K + V), 2-byte elements; the warps' merge reuses the K/V buffers.

@@ -314,7 +314,8 @@ struct DecodeKernel {
 };
 
 template <typename T, int kD>
-__global__ void __launch_bounds__(DecodeKernel<T, kD>::kThreads) decode_kernel(const __grid_constant__ DecodeKernelArgs args) {
+__global__ void __launch_bounds__(DecodeKernel<T, kD>::kThreads, decode_tile(kD).min_blocks_sm)
+    decode_kernel(const __grid_constant__ DecodeKernelArgs args) {
   extern __shared__ __align__(128) unsigned char smem[];
   DecodeKernel<T, kD>::run(args, smem);
 }
