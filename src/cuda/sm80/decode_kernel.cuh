@@ -12,8 +12,8 @@
 // end through shared memory.
 //
 // Shared memory (decode_config.h): Q tile (block_m x D) + stages x (K + V tiles, block_n x D each), swizzled
-// (tile_io.cuh); the merge reuses the K/V buffers. K/V rows are gathered row by row: row j of the sequence
-// lives at KVCacheLayout::row_offset (any page size, pages in any order); rows of a missing page read as zeros.
+// (tile_io.cuh); the merge reuses the K/V buffers. K/V rows come from KVCacheLayout's addressing (any page size,
+// pages in any order; rows of a page out of range read as zeros), by the cheapest of three loaders (load_kv).
 //
 // Preconditions (checked by the launcher, decode.cu): fp16 or bf16; head dims <= D; 2-byte aligned pointers;
 // `vec` flags only for 16-byte aligned tensors with strides and head dims that are multiples of 8 elements;
@@ -61,7 +61,29 @@ struct DecodeKernelArgs {
 
 // Copies kRows rows x kD columns into the swizzled tile `s`; row r comes from row_ptr(r) (null: zeros), columns
 // past cols_valid are zero-filled. All kThreads threads call it; the fast path only issues cp.async.
-// `fallback` is any valid global address: zero-filled chunks pass it to cp.async, which does not read it.
+// One 16-byte chunk (8 elements) of a tile row: from src + col, or zeros when src is null; columns past
+// cols_valid read as zeros. `fallback` is any valid global address: a zero-filled chunk passes it to cp.async,
+// which does not read it. The slow path (not 16-byte aligned) gathers element by element.
+template <typename T>
+__device__ __forceinline__ void copy_chunk(T* dst, const T* src, const T* fallback, int col, int cols_valid,
+                                           bool vec) {
+  const bool in = col < cols_valid && src != nullptr;
+  if (vec) {
+    cp_async_16(dst, in ? src + col : fallback, in);
+    return;
+  }
+  const uint16_t* src16 = reinterpret_cast<const uint16_t*>((in ? src : fallback) + col);
+  uint32_t w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t lo = (in && col + 2 * j < cols_valid) ? src16[2 * j] : 0u;
+    const uint32_t hi = (in && col + 2 * j + 1 < cols_valid) ? src16[2 * j + 1] : 0u;
+    w[j] = lo | (hi << 16);
+  }
+  *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Copies kRows rows x kD columns into the swizzled tile `s`; row r comes from row_ptr(r) (null: zeros).
 // kThreads threads (thread t = threadIdx.x % kThreads) copy rows first_row .. first_row + kRows - 1.
 template <int kRows, int kD, int kThreads, typename T, typename RowPtr>
 __device__ __forceinline__ void gather_tile(T* s, RowPtr row_ptr, const T* fallback, int cols_valid, bool vec,
@@ -72,26 +94,45 @@ __device__ __forceinline__ void gather_tile(T* s, RowPtr row_ptr, const T* fallb
   const int t = int(threadIdx.x) % kThreads;
   const int row0 = t / kChunksPerRow;
   const int col = (t % kChunksPerRow) * 8;
-  const bool col_in = col < cols_valid;
 #pragma unroll
   for (int i = 0; i < kRows / kRowsPerPass; ++i) {
     const int row = first_row + row0 + i * kRowsPerPass;
-    const T* src = row_ptr(row);
-    T* dst = s + swizzle<kD>(row, col);
-    const bool in = col_in && src != nullptr;
-    if (vec) {
-      cp_async_16(dst, in ? src + col : fallback, in);
-    } else {
-      const uint16_t* src16 = reinterpret_cast<const uint16_t*>((in ? src : fallback) + col);
-      uint32_t w[4];
+    copy_chunk(s + swizzle<kD>(row, col), row_ptr(row), fallback, col, cols_valid, vec);
+  }
+}
+
+// K and V tiles of a paged cache whose page size is a power of two (1 << page_shift) and a multiple of the rows
+// one pass copies, with the tile's first row (first_row, an absolute cache row) on a pass boundary: every pass
+// lies inside one page, so each pass costs one block-table read that all threads share, issued for all passes
+// before the first copy. Rows from rows_valid on, and rows of pages out of range, read as zeros.
+template <int kRows, int kD, int kThreads, typename T>
+__device__ __forceinline__ void load_paged_kv_tiles(T* sk, T* sv, const T* k_base, const T* v_base,
+                                                    int64_t k_page_stride, int64_t k_row_stride,
+                                                    int64_t v_page_stride, int64_t v_row_stride,
+                                                    const int32_t* table_row, int64_t num_pages, int page_shift,
+                                                    int first_row, int rows_valid, int k_cols, int v_cols, bool k_vec,
+                                                    bool v_vec) {
+  constexpr int kChunksPerRow = kD / 8;
+  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  constexpr int kPasses = kRows / kRowsPerPass;
+  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
+  const int row0 = int(threadIdx.x) / kChunksPerRow;
+  const int col = (int(threadIdx.x) % kChunksPerRow) * 8;
+  const int in_page_mask = (1 << page_shift) - 1;
+  int page[kPasses];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t lo = (in && col + 2 * j < cols_valid) ? src16[2 * j] : 0u;
-        const uint32_t hi = (in && col + 2 * j + 1 < cols_valid) ? src16[2 * j + 1] : 0u;
-        w[j] = lo | (hi << 16);
-      }
-      *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
-    }
+  for (int i = 0; i < kPasses; ++i) {
+    page[i] = i * kRowsPerPass < rows_valid ? table_row[(first_row + i * kRowsPerPass) >> page_shift] : -1;
+  }
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) {
+    const int row = row0 + i * kRowsPerPass;
+    const bool in = row < rows_valid && page[i] >= 0 && page[i] < num_pages;
+    const int64_t in_page = ((first_row + i * kRowsPerPass) & in_page_mask) + row0;
+    const T* k_src = in ? k_base + int64_t(page[i]) * k_page_stride + in_page * k_row_stride : nullptr;
+    const T* v_src = in ? v_base + int64_t(page[i]) * v_page_stride + in_page * v_row_stride : nullptr;
+    copy_chunk(sk + swizzle<kD>(row, col), k_src, k_base, col, k_cols, k_vec);
+    copy_chunk(sv + swizzle<kD>(row, col), v_src, v_base, col, v_cols, v_vec);
   }
 }
 
@@ -175,36 +216,52 @@ struct DecodeKernel {
       const int pr = r0 + r, i = pr / a.head_group, h = hk * a.head_group + pr % a.head_group;
       return static_cast<const T*>(a.q) + b * a.q_batch_stride + (start_q + i) * a.q_row_stride + h * a.q_head_stride;
     };
-    // Tile it covers keys [n0, n0 + kBlockN) of the sequence, i.e. cache rows key_begin + n0 ... K and V rows
-    // share one address computation (one block-table read and one 32-bit division per row for paged caches).
+    // Tile it covers keys [n0, n0 + kBlockN) of the sequence, i.e. cache rows key_begin + n0 ... Three ways to
+    // load it, chosen once per block: a dense cache is strided rows (load_tile steps one pointer per pass); a
+    // paged cache whose passes each fall inside one page reads the block table once per pass; anything else
+    // (pages of 1-4 rows, other sizes, a leftpad off the pass grid) computes each row's address.
+    constexpr int kRowsPerPass = kThreads / (kD / 8);
     const T* k_base = static_cast<const T*>(a.k) + hk * a.k_head_stride;
     const T* v_base = static_cast<const T*>(a.v) + hk * a.v_head_stride;
+    const bool paged = a.cache.paged();
     const int page_size = int(a.cache.page_size);
-    const int32_t* table_row =
-        a.cache.paged() && entry >= 0 ? a.cache.block_table + entry * a.cache.block_table_stride : nullptr;
+    const int page_shift = paged && page_size >= kRowsPerPass && (page_size & (page_size - 1)) == 0
+                               ? __ffs(page_size) - 1 : -1;
+    const bool page_per_pass = page_shift >= 0 && key_begin % kRowsPerPass == 0;
+    const int32_t* table_row = paged && entry >= 0 ? a.cache.block_table + entry * a.cache.block_table_stride : nullptr;
     auto load_kv = [&](int it) {
       if (it < n_iters) {
         const int n0 = (split_begin + it) * kBlockN;
         const int stage = it % kStages;
-        auto kv_rows = [&](int r, const T** k_row, const T** v_row) {
-          const int j = n0 + r;
-          *k_row = *v_row = nullptr;
-          if (j >= len_k) return;
-          const int row = int(key_begin) + j;
-          if (a.cache.paged()) {
+        T* sk = sK + stage * kBlockN * kD;
+        T* sv = sV + stage * kBlockN * kD;
+        if (!paged) {
+          const int64_t row = key_begin + n0;
+          load_tile<kBlockN, kD, kThreads>(sk, k_base + entry * a.k_batch_stride + row * a.k_row_stride,
+                                           a.k_row_stride, len_k - n0, a.head_dim, a.k_vec);
+          load_tile<kBlockN, kD, kThreads>(sv, v_base + entry * a.v_batch_stride + row * a.v_row_stride,
+                                           a.v_row_stride, len_k - n0, a.head_dim_v, a.v_vec);
+        } else if (page_per_pass) {
+          load_paged_kv_tiles<kBlockN, kD, kThreads>(sk, sv, k_base, v_base, a.k_batch_stride, a.k_row_stride,
+                                                     a.v_batch_stride, a.v_row_stride, table_row, a.cache.num_pages,
+                                                     page_shift, int(key_begin) + n0, len_k - n0, a.head_dim,
+                                                     a.head_dim_v, a.k_vec, a.v_vec);
+        } else {
+          auto kv_rows = [&](int r, const T** k_row, const T** v_row) {
+            const int j = n0 + r;
+            *k_row = *v_row = nullptr;
+            if (j >= len_k) return;
+            const int row = int(key_begin) + j;
             const int slot = row / page_size;
             const int64_t page = table_row[slot];
             if (page < 0 || page >= a.cache.num_pages) return;
             const int in_page = row - slot * page_size;
             *k_row = k_base + page * a.k_batch_stride + int64_t(in_page) * a.k_row_stride;
             *v_row = v_base + page * a.v_batch_stride + int64_t(in_page) * a.v_row_stride;
-          } else {
-            *k_row = k_base + entry * a.k_batch_stride + int64_t(row) * a.k_row_stride;
-            *v_row = v_base + entry * a.v_batch_stride + int64_t(row) * a.v_row_stride;
-          }
-        };
-        gather_kv_tiles<kBlockN, kD, kThreads>(sK + stage * kBlockN * kD, sV + stage * kBlockN * kD, kv_rows, k_base,
-                                               v_base, a.head_dim, a.head_dim_v, a.k_vec, a.v_vec);
+          };
+          gather_kv_tiles<kBlockN, kD, kThreads>(sk, sv, kv_rows, k_base, v_base, a.head_dim, a.head_dim_v, a.k_vec,
+                                                 a.v_vec);
+        }
       }
       cp_async_commit();
     };
