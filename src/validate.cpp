@@ -131,6 +131,54 @@ void row_strides(const TensorView& t, bool varlen, int64_t* batch, int64_t* row,
   *head = t.stride[row_dim + 1];
 }
 
+// Head counts and dims read off the shapes: their ranges and the GQA ratio; q_name / k_name / v_name are the
+// tensors they came from.
+Status check_heads(const FwdParams& p, const char* k_name, const char* v_name) {
+  if (p.head_dim < 1 || p.head_dim > kMaxHeadDim) {
+    return Status::invalid("q: head dim must be in [1, " + std::to_string(kMaxHeadDim) + "], got " +
+                           std::to_string(p.head_dim));
+  }
+  if (p.head_dim_v < 1 || p.head_dim_v > kMaxHeadDim) {
+    return Status::invalid(std::string(v_name) + ": head dim must be in [1, " + std::to_string(kMaxHeadDim) +
+                           "], got " + std::to_string(p.head_dim_v));
+  }
+  if (p.heads_q < 1) return Status::invalid("q: number of heads must be >= 1");
+  if (p.heads_kv < 1) return Status::invalid(std::string(k_name) + ": number of heads must be >= 1");
+  if (p.heads_q % p.heads_kv != 0) {
+    return Status::invalid(std::string(k_name) + ": query heads (" + std::to_string(p.heads_q) +
+                           ") must be a multiple of key/value heads (" + std::to_string(p.heads_kv) + ")");
+  }
+  return Status::success();
+}
+
+// The optional LSE output: [b, h_q, s_q] fp32, or [h_q, total_q] for varlen queries.
+Status set_lse(const TensorView& lse, FwdParams* p) {
+  if (!lse.defined()) return Status::success();
+  const bool varlen = p->is_varlen();
+  const int64_t lse_varlen[2] = {p->heads_q, p->total_q};
+  const int64_t lse_padded[3] = {p->batch, p->heads_q, p->seqlen_q};
+  Status st = check_tensor("lse", lse, varlen ? 2 : 3, varlen ? lse_varlen : lse_padded, DType::f32, p->device, true);
+  if (!st.ok()) return st;
+  p->lse = static_cast<float*>(lse.data);
+  p->lse_batch_stride = varlen ? 0 : lse.stride[0];
+  p->lse_head_stride = varlen ? lse.stride[0] : lse.stride[1];
+  return Status::success();
+}
+
+// The options every forward takes as they are (check_options has accepted them).
+void set_options(const AttentionOptions& o, FwdParams* p) {
+  p->softmax_scale = o.softmax_scale > 0 ? float(o.softmax_scale) : float(1.0 / std::sqrt(double(p->head_dim)));
+  p->softcap = float(o.softcap);
+  p->causal = o.causal;
+  // A window edge of 2^62 keys already reaches every key of any sequence (lengths are below 2^62); wider ones are
+  // the same window, and narrowing them keeps every backend's mask arithmetic (diagonal ± edge) inside int64.
+  constexpr int64_t kWidestWindow = int64_t(1) << 62;
+  p->window_left = std::min(o.window_left, kWidestWindow);
+  p->window_right = std::min(o.window_right, kWidestWindow);
+  p->stream = o.stream;
+  p->num_threads = o.num_threads;
+}
+
 }  // namespace
 
 Status make_forward_params(const ForwardArgs& a, const AttentionOptions& o, FwdParams* out) {
@@ -184,20 +232,7 @@ Status make_forward_params(const ForwardArgs& a, const AttentionOptions& o, FwdP
   p.head_dim = a.q.shape[o_ + 2];
   p.head_dim_v = a.v.shape[o_ + 2];
 
-  if (p.head_dim < 1 || p.head_dim > kMaxHeadDim) {
-    return Status::invalid("q: head dim must be in [1, " + std::to_string(kMaxHeadDim) + "], got " +
-                           std::to_string(p.head_dim));
-  }
-  if (p.head_dim_v < 1 || p.head_dim_v > kMaxHeadDim) {
-    return Status::invalid("v: head dim must be in [1, " + std::to_string(kMaxHeadDim) + "], got " +
-                           std::to_string(p.head_dim_v));
-  }
-  if (p.heads_q < 1) return Status::invalid("q: number of heads must be >= 1");
-  if (p.heads_kv < 1) return Status::invalid("k: number of heads must be >= 1");
-  if (p.heads_q % p.heads_kv != 0) {
-    return Status::invalid("k: query heads (" + std::to_string(p.heads_q) + ") must be a multiple of key/value heads (" +
-                           std::to_string(p.heads_kv) + ")");
-  }
+  if (!((st = check_heads(p, "k", "v")).ok())) return st;
 
   // Shapes every other tensor must have.
   int64_t k_shape[4], v_shape[4], o_shape[4], q_shape[4];
@@ -248,16 +283,7 @@ Status make_forward_params(const ForwardArgs& a, const AttentionOptions& o, FwdP
     p.seqlen_k = a.k.shape[1];
   }
 
-  if (a.lse.defined()) {
-    const int64_t lse_varlen[2] = {p.heads_q, p.total_q};
-    const int64_t lse_padded[3] = {p.batch, p.heads_q, p.seqlen_q};
-    if (!((st = check_tensor("lse", a.lse, varlen ? 2 : 3, varlen ? lse_varlen : lse_padded, DType::f32, dev, true))
-              .ok()))
-      return st;
-    p.lse = static_cast<float*>(a.lse.data);
-    p.lse_batch_stride = varlen ? 0 : a.lse.stride[0];
-    p.lse_head_stride = varlen ? a.lse.stride[0] : a.lse.stride[1];
-  }
+  if (!((st = set_lse(a.lse, &p)).ok())) return st;
 
   p.q = a.q.data;
   p.k = a.k.data;
@@ -268,16 +294,7 @@ Status make_forward_params(const ForwardArgs& a, const AttentionOptions& o, FwdP
   row_strides(a.v, varlen, &p.v_batch_stride, &p.v_row_stride, &p.v_head_stride);
   row_strides(a.out, varlen, &p.o_batch_stride, &p.o_row_stride, &p.o_head_stride);
 
-  p.softmax_scale = o.softmax_scale > 0 ? float(o.softmax_scale) : float(1.0 / std::sqrt(double(p.head_dim)));
-  p.softcap = float(o.softcap);
-  p.causal = o.causal;
-  // A window edge of 2^62 keys already reaches every key of any sequence (lengths are below 2^62); wider ones are
-  // the same window, and narrowing them keeps every backend's mask arithmetic (diagonal ± edge) inside int64.
-  constexpr int64_t kWidestWindow = int64_t(1) << 62;
-  p.window_left = std::min(o.window_left, kWidestWindow);
-  p.window_right = std::min(o.window_right, kWidestWindow);
-  p.stream = o.stream;
-  p.num_threads = o.num_threads;
+  set_options(o, &p);
   *out = p;
   return Status::success();
 }
@@ -461,20 +478,7 @@ Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCa
   p.head_dim = a.q.shape[o_ + 2];
   p.heads_kv = a.k_cache.shape[2];
   p.head_dim_v = a.v_cache.shape[3];
-  if (p.head_dim < 1 || p.head_dim > kMaxHeadDim) {
-    return Status::invalid("q: head dim must be in [1, " + std::to_string(kMaxHeadDim) + "], got " +
-                           std::to_string(p.head_dim));
-  }
-  if (p.head_dim_v < 1 || p.head_dim_v > kMaxHeadDim) {
-    return Status::invalid("v_cache: head dim must be in [1, " + std::to_string(kMaxHeadDim) + "], got " +
-                           std::to_string(p.head_dim_v));
-  }
-  if (p.heads_q < 1) return Status::invalid("q: number of heads must be >= 1");
-  if (p.heads_kv < 1) return Status::invalid("k_cache: number of heads must be >= 1");
-  if (p.heads_q % p.heads_kv != 0) {
-    return Status::invalid("k_cache: query heads (" + std::to_string(p.heads_q) +
-                           ") must be a multiple of key/value heads (" + std::to_string(p.heads_kv) + ")");
-  }
+  if (!((st = check_heads(p, "k_cache", "v_cache")).ok())) return st;
   if (!((st = check_tensor("q", a.q, qrank, a.q.shape, p.dtype, dev, true)).ok())) return st;
 
   // The cache: dense, or paged through block_table.
@@ -537,16 +541,7 @@ Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCa
   o_shape[qrank - 1] = p.head_dim_v;
   if (!a.out.defined()) return Status::invalid("out: required");
   if (!((st = check_tensor("out", a.out, qrank, o_shape, p.dtype, dev, true)).ok())) return st;
-  if (a.lse.defined()) {
-    const int64_t lse_varlen[2] = {p.heads_q, p.total_q};
-    const int64_t lse_padded[3] = {p.batch, p.heads_q, p.seqlen_q};
-    if (!((st = check_tensor("lse", a.lse, varlen ? 2 : 3, varlen ? lse_varlen : lse_padded, DType::f32, dev, true))
-              .ok()))
-      return st;
-    p.lse = static_cast<float*>(a.lse.data);
-    p.lse_batch_stride = varlen ? 0 : a.lse.stride[0];
-    p.lse_head_stride = varlen ? a.lse.stride[0] : a.lse.stride[1];
-  }
+  if (!((st = set_lse(a.lse, &p)).ok())) return st;
 
   // New rows to append, and the rotary embedding.
   if (a.k_new.defined() != a.v_new.defined()) {
@@ -629,14 +624,7 @@ Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCa
   row_strides(a.k_cache, false, &p.k_batch_stride, &p.k_row_stride, &p.k_head_stride);
   row_strides(a.v_cache, false, &p.v_batch_stride, &p.v_row_stride, &p.v_head_stride);
   p.num_splits = a.num_splits;
-  p.softmax_scale = o.softmax_scale > 0 ? float(o.softmax_scale) : float(1.0 / std::sqrt(double(p.head_dim)));
-  p.softcap = float(o.softcap);
-  p.causal = o.causal;
-  constexpr int64_t kWidestWindow = int64_t(1) << 62;
-  p.window_left = std::min(o.window_left, kWidestWindow);
-  p.window_right = std::min(o.window_right, kWidestWindow);
-  p.stream = o.stream;
-  p.num_threads = o.num_threads;
+  set_options(o, &p);
   // With no index tensor at all this is a plain forward over every cache row (any backend runs it).
   if (a.check_index_values && !((st = check_index_values(kp, a.block_table)).ok())) return st;
   *out = kp;

@@ -72,16 +72,20 @@ def _check_rank(name: str, t: Tensor, varlen: bool) -> None:
         raise ValueError(f"{name}: expected a rank-{rank} tensor {layout}, got shape {list(t.shape)}")
 
 
-def _forward_outputs(q: Tensor, v: Tensor, varlen: bool) -> Tuple[Tensor, Tensor]:
-    _check_rank("q", q, varlen)
-    _check_rank("v", v, varlen)
-    out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
+def _outputs_like(q: Tensor, head_dim_v: int, varlen: bool) -> Tuple[Tensor, Tensor]:
+    """out laid out like q with head dim d_v, and the fp32 lse: [batch, heads_q, seqlen_q] or [heads_q, total_q]."""
+    out = torch.empty((*q.shape[:-1], head_dim_v), dtype=q.dtype, device=q.device)
     if varlen:
         lse_shape = (q.shape[1], q.shape[0])  # [heads_q, total_q]
     else:
         lse_shape = (q.shape[0], q.shape[2], q.shape[1])  # [batch, heads_q, seqlen_q]
-    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
-    return out, lse
+    return out, torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+
+
+def _forward_outputs(q: Tensor, v: Tensor, varlen: bool) -> Tuple[Tensor, Tensor]:
+    _check_rank("q", q, varlen)
+    _check_rank("v", v, varlen)
+    return _outputs_like(q, v.shape[-1], varlen)
 
 
 def _backward_outputs(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
@@ -231,13 +235,7 @@ def _kvcache_outputs(q: Tensor, v_cache: Tensor, varlen: bool) -> Tuple[Tensor, 
     if v_cache.dim() != 4:
         raise ValueError(f"v_cache: expected a rank-4 tensor [batch_cache, seqlen_cache, heads_kv, dim] or, paged, "
                          f"[num_pages, page_size, heads_kv, dim], got shape {list(v_cache.shape)}")
-    out = torch.empty((*q.shape[:-1], v_cache.shape[-1]), dtype=q.dtype, device=q.device)
-    if varlen:
-        lse_shape = (q.shape[1], q.shape[0])  # [heads_q, total_q]
-    else:
-        lse_shape = (q.shape[0], q.shape[2], q.shape[1])  # [batch, heads_q, seqlen_q]
-    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
-    return out, lse
+    return _outputs_like(q, v_cache.shape[-1], varlen)
 
 
 def _capturing(t: Tensor) -> bool:

@@ -157,6 +157,26 @@ flashattn::ForwardArgs forward_args(const In& q, const In& k, const In& v, const
   return a;
 }
 
+// Validates (make), picks the backend (choose) and runs (run) with the GIL released; raises on failure, else
+// returns the name of the backend that ran.
+template <typename Params, typename Args, typename Make, typename Choose, typename Run>
+std::string validate_and_run(const Args& a, const AttentionOptions& o, Make make, Choose choose, Run run) {
+  Status st;
+  Backend ran = o.backend;
+  {
+    nb::gil_scoped_release release;
+    Params p;
+    st = make(a, o, &p);
+    if (st.ok()) {
+      const flashattn::BackendChoice c = choose(p);
+      st = c.status.ok() ? run(p, c.backend) : c.status;
+      ran = c.backend;
+    }
+  }
+  throw_if_failed(st);
+  return flashattn::backend_name(ran);
+}
+
 // Validates, picks the backend and runs the forward; returns the name of the backend that ran.
 std::string forward(const In& q, const In& k, const In& v, const Out& out, const OptOut& lse,
                     const OptIn& cu_seqlens_q, const OptIn& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
@@ -166,20 +186,10 @@ std::string forward(const In& q, const In& k, const In& v, const Out& out, const
                                                 cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   const AttentionOptions o =
       make_options(softmax_scale, causal, window_left, window_right, softcap, false, backend, num_threads, stream);
-  Status st;
-  Backend ran = o.backend;
-  {
-    nb::gil_scoped_release release;
-    flashattn::FwdParams p;
-    st = flashattn::make_forward_params(a, o, &p);
-    if (st.ok()) {
-      const flashattn::BackendChoice c = flashattn::choose_backend(p, o.backend, false);
-      st = c.status.ok() ? flashattn::run_forward(p, c.backend) : c.status;
-      ran = c.backend;
-    }
-  }
-  throw_if_failed(st);
-  return flashattn::backend_name(ran);
+  return validate_and_run<flashattn::FwdParams>(
+      a, o, flashattn::make_forward_params,
+      [&](const flashattn::FwdParams& p) { return flashattn::choose_backend(p, o.backend, false); },
+      flashattn::run_forward);
 }
 
 std::string backward(const In& dout, const In& q, const In& k, const In& v, const In& out, const OptIn& lse,
@@ -196,20 +206,9 @@ std::string backward(const In& dout, const In& q, const In& k, const In& v, cons
   a.dv = to_view("dv", dv);
   const AttentionOptions o = make_options(softmax_scale, causal, window_left, window_right, softcap, deterministic,
                                           backend, num_threads, stream);
-  Status st;
-  Backend ran = o.backend;
-  {
-    nb::gil_scoped_release release;
-    flashattn::BwdParams p;
-    st = flashattn::make_backward_params(a, o, &p);
-    if (st.ok()) {
-      const flashattn::BackendChoice c = flashattn::choose_backend(p, o.backend);
-      st = c.status.ok() ? flashattn::run_backward(p, c.backend) : c.status;
-      ran = c.backend;
-    }
-  }
-  throw_if_failed(st);
-  return flashattn::backend_name(ran);
+  return validate_and_run<flashattn::BwdParams>(
+      a, o, flashattn::make_backward_params,
+      [&](const flashattn::BwdParams& p) { return flashattn::choose_backend(p, o.backend); }, flashattn::run_backward);
 }
 
 // flash_attn_with_kvcache: appends k_new / v_new (k rotated) into the caches in place, then attends over them into
@@ -244,20 +243,10 @@ std::string attention_with_kvcache(const In& q, const Out& k_cache, const Out& v
   a.check_index_values = check_index_values;
   const AttentionOptions o =
       make_options(softmax_scale, causal, window_left, window_right, softcap, false, backend, num_threads, stream);
-  Status st;
-  Backend ran = o.backend;
-  {
-    nb::gil_scoped_release release;
-    flashattn::KVCacheParams p;
-    st = flashattn::make_kvcache_params(a, o, &p);
-    if (st.ok()) {
-      const flashattn::BackendChoice c = flashattn::choose_backend(p.attn, o.backend, false);
-      st = c.status.ok() ? flashattn::run_kvcache(p, c.backend) : c.status;
-      ran = c.backend;
-    }
-  }
-  throw_if_failed(st);
-  return flashattn::backend_name(ran);
+  return validate_and_run<flashattn::KVCacheParams>(
+      a, o, flashattn::make_kvcache_params,
+      [&](const flashattn::KVCacheParams& p) { return flashattn::choose_backend(p.attn, o.backend, false); },
+      flashattn::run_kvcache);
 }
 
 // What the dispatcher would run for this call and why, as (backend, supported, reason). Validation errors

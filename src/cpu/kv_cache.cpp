@@ -8,6 +8,7 @@
 
 #include "common/half.h"
 #include "common/kv_cache.h"
+#include "cpu/dtype_dispatch.h"
 
 namespace flashattn::detail {
 namespace {
@@ -157,13 +158,7 @@ Status dense_typed(const FwdParams& p, ForwardFn run) {
 
 template <template <typename> class F, typename... Args>
 Status by_dtype(DType t, Args&&... args) {
-  switch (t) {
-    case DType::f32: return F<float>()(args...);
-    case DType::f64: return F<double>()(args...);
-    case DType::f16: return F<half_t>()(args...);
-    case DType::bf16: return F<bfloat16_t>()(args...);
-    default: return Status::unsupported(std::string("KV cache on the CPU: dtype ") + dtype_name(t) + " is not supported");
-  }
+  return call_by_dtype<F>("KV cache on the CPU", t, args...);
 }
 
 template <typename T>

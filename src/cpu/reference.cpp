@@ -10,6 +10,7 @@
 #include "backend.h"
 #include "common/half.h"
 #include "common/mask.h"
+#include "cpu/dtype_dispatch.h"
 #include "cpu/kv_cache.h"
 #include "cpu/sequence.h"
 
@@ -134,16 +135,9 @@ Status backward_typed(const BwdParams& p) {
   return Status::success();
 }
 
-// Calls F<T>() for the storage type of `dtype`.
 template <template <typename> class F, typename... Args>
 Status by_dtype(DType dtype, Args&&... args) {
-  switch (dtype) {
-    case DType::f32: return F<float>()(args...);
-    case DType::f64: return F<double>()(args...);
-    case DType::f16: return F<half_t>()(args...);
-    case DType::bf16: return F<bfloat16_t>()(args...);
-    default: return Status::unsupported(std::string("cpu_reference: dtype ") + dtype_name(dtype));
-  }
+  return call_by_dtype<F>("cpu_reference", dtype, args...);
 }
 
 template <typename T>

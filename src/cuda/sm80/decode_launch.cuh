@@ -43,31 +43,10 @@ Status launch_decode(const FwdParams& p) {
   using Kernel = DecodeKernel<T, kD>;
   constexpr int kSmem = Kernel::kSmemBytes;
   DecodeKernelArgs a{};
-  a.q = p.q, a.k = p.k, a.v = p.v, a.o = p.o, a.lse = p.lse;
-  a.q_batch_stride = p.q_batch_stride, a.q_row_stride = p.q_row_stride, a.q_head_stride = p.q_head_stride;
-  a.k_batch_stride = p.k_batch_stride, a.k_row_stride = p.k_row_stride, a.k_head_stride = p.k_head_stride;
-  a.v_batch_stride = p.v_batch_stride, a.v_row_stride = p.v_row_stride, a.v_head_stride = p.v_head_stride;
-  a.o_batch_stride = p.o_batch_stride, a.o_row_stride = p.o_row_stride, a.o_head_stride = p.o_head_stride;
-  a.lse_batch_stride = p.lse_batch_stride, a.lse_head_stride = p.lse_head_stride;
-  a.cu_seqlens_q = p.cu_seqlens_q;
+  fill_attention_args(p, &a);
   a.cache = KVCacheLayout::of(p);
-  a.seqlen_q = int(p.seqlen_q);
   a.rows_total = int(p.is_varlen() ? p.total_q : p.batch * p.seqlen_q);
   a.heads_q = int(p.heads_q);
-  a.head_group = int(p.heads_q / p.heads_kv);
-  a.head_dim = int(p.head_dim);
-  a.head_dim_v = int(p.head_dim_v);
-  a.causal = p.causal;
-  a.window_left = p.window_left;
-  a.window_right = p.window_right;
-  const double unit = p.softcap > 0 ? double(p.softcap) : double(p.softmax_scale);
-  a.unit_scale = float(unit);
-  a.scale_log2 = float(unit * 1.4426950408889634);  // log2(e)
-  a.softcap_pre = p.softcap > 0 ? float(double(p.softmax_scale) / double(p.softcap)) : 0.f;
-  a.q_vec = vector_ok(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.head_dim);
-  a.k_vec = vector_ok(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, p.head_dim);
-  a.v_vec = vector_ok(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, p.head_dim_v);
-  a.o_vec = vector_ok(p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride, p.head_dim_v);
 
   detail::DeviceGuard guard(p.device.index);
   FA_CUDA_TRY(guard.status());
