@@ -549,7 +549,12 @@ def kvcache_attention(
     else:
         # flash_attn: an int is every sequence's length. Filled on the device, no host synchronisation.
         length = check_integer(name("cache_seqlens"), cache_seqlens, 0, INT32_MAX)
-        cache_seqlens = torch.full((q.shape[0] if q.dim() else 0,), length, dtype=torch.int32, device=q.device)
+        # One length per sequence: the batch is q's first dim, or cu_seqlens_q's entries - 1 for varlen queries.
+        if isinstance(cu_seqlens_q, Tensor) and cu_seqlens_q.dim() == 1:
+            batch = max(cu_seqlens_q.shape[0] - 1, 0)
+        else:
+            batch = q.shape[0] if q.dim() else 0
+        cache_seqlens = torch.full((batch,), length, dtype=torch.int32, device=q.device)
     for n, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
                  ("block_table", block_table), ("cu_seqlens_q", cu_seqlens_q)):
         _check_index(name(n), t)

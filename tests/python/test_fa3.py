@@ -1,0 +1,723 @@
+"""flashattn.fa3, FlashAttention-3's interface (hopper/flash_attn_interface.py at Dao-AILab/flash-attention
+0251105a2fb1), against the float64 references of fa_reference / test_kvcache and against flashattn's flash_attn 2
+API: signatures (names, positional order, defaults) as FA3's, values and gradients, seqused_q / seqused_k, the paged
+path, the KV cache, flash_attn_combine against a float64 merge, and every unsupported FA3 argument raising
+NotImplementedError that names it. The `cuda` tests run the same checks on the GPU (skipped, and counted in the skip
+summary, without one).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import replace
+from typing import List, Optional, Sequence
+
+import pytest
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import flashattn
+from conftest import cpu_backends, requires_cuda
+from fa_reference import assert_close, attention_ref
+from flashattn import fa3
+from test_kvcache import (GRID, SPECIAL, KVCase, PagedVarlenCase, check_caches, check_outputs, expected_caches,
+                          index_tensor, make_inputs, paged_varlen_inputs, reference, to_device)
+
+I32 = torch.int32
+NEG_INF = float("-inf")
+
+# ---- signatures: FA3's, as read at that commit ----------------------------------------------------------------------
+
+_E = inspect.Parameter.empty
+FA3_SIGNATURES = {
+    "flash_attn_func": [
+        ("q", _E), ("k", _E), ("v", _E), ("softmax_scale", None), ("causal", False), ("qv", None),
+        ("q_descale", None), ("k_descale", None), ("v_descale", None), ("window_size", (-1, -1)),
+        ("attention_chunk", 0), ("softcap", 0.0), ("num_splits", 1), ("pack_gqa", None), ("deterministic", False),
+        ("sm_margin", 0), ("return_attn_probs", False)],
+    "flash_attn_qkvpacked_func": [
+        ("qkv", _E), ("softmax_scale", None), ("causal", False), ("q_descale", None), ("k_descale", None),
+        ("v_descale", None), ("window_size", (-1, -1)), ("attention_chunk", 0), ("softcap", 0.0),
+        ("deterministic", False), ("num_heads_q", None), ("sm_margin", 0), ("return_attn_probs", False)],
+    "flash_attn_varlen_func": [
+        ("q", _E), ("k", _E), ("v", _E), ("cu_seqlens_q", _E), ("cu_seqlens_k", _E), ("max_seqlen_q", _E),
+        ("max_seqlen_k", _E), ("seqused_q", None), ("seqused_k", None), ("softmax_scale", None), ("causal", False),
+        ("qv", None), ("q_descale", None), ("k_descale", None), ("v_descale", None), ("window_size", (-1, -1)),
+        ("attention_chunk", 0), ("softcap", 0.0), ("num_splits", 1), ("pack_gqa", None), ("deterministic", False),
+        ("sm_margin", 0), ("return_attn_probs", False)],
+    "flash_attn_combine": [("out_partial", _E), ("lse_partial", _E), ("out", None), ("out_dtype", None)],
+    "flash_attn_with_kvcache": [
+        ("q", _E), ("k_cache", _E), ("v_cache", _E), ("k", None), ("v", None), ("qv", None), ("rotary_cos", None),
+        ("rotary_sin", None), ("cache_seqlens", None), ("cache_batch_idx", None), ("cache_leftpad", None),
+        ("page_table", None), ("cu_seqlens_q", None), ("cu_seqlens_k_new", None), ("max_seqlen_q", None),
+        ("rotary_seqlens", None), ("q_descale", None), ("k_descale", None), ("v_descale", None),
+        ("softmax_scale", None), ("causal", False), ("window_size", (-1, -1)), ("attention_chunk", 0),
+        ("softcap", 0.0), ("rotary_interleaved", True), ("scheduler_metadata", None), ("num_splits", 0),
+        ("pack_gqa", None), ("sm_margin", 0), ("return_softmax_lse", False)],
+    "get_scheduler_metadata": [
+        ("batch_size", _E), ("max_seqlen_q", _E), ("max_seqlen_k", _E), ("num_heads_q", _E), ("num_heads_kv", _E),
+        ("headdim", _E), ("cache_seqlens", _E), ("qkv_dtype", torch.bfloat16), ("headdim_v", None),
+        ("cu_seqlens_q", None), ("cu_seqlens_k_new", None), ("cache_leftpad", None), ("page_size", None),
+        ("max_seqlen_k_new", 0), ("causal", False), ("window_size", (-1, -1)), ("attention_chunk", 0),
+        ("has_softcap", False), ("num_splits", 0), ("pack_gqa", None), ("sm_margin", 0)],
+}
+# flashattn's keyword-only extensions (after FA3's arguments, so no FA3 call can reach them by position)
+EXTRAS = {"flash_attn_func": ["backend", "num_threads"], "flash_attn_qkvpacked_func": ["backend", "num_threads"],
+          "flash_attn_varlen_func": ["page_table", "backend", "num_threads"], "flash_attn_combine": [],
+          "flash_attn_with_kvcache": ["backend", "num_threads", "check_index_values"], "get_scheduler_metadata": []}
+
+
+@pytest.mark.parametrize("name", sorted(FA3_SIGNATURES))
+def test_signature_matches_fa3(name):
+    params = list(inspect.signature(getattr(fa3, name)).parameters.values())
+    positional = [(p.name, p.default) for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
+    assert positional == FA3_SIGNATURES[name]
+    assert [p.name for p in params if p.kind == p.KEYWORD_ONLY] == EXTRAS[name]
+    assert all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params)  # no *args / **kwargs
+    assert name in fa3.__all__
+
+
+# ---- flash_attn_func, flash_attn_qkvpacked_func --------------------------------------------------------------------
+
+DENSE_CASES = [
+    # (batch, s_q, s_k, heads_q, heads_kv, d, d_v, causal, window, softcap, dtype)
+    (2, 5, 9, 4, 2, 16, 16, True, (-1, -1), 0.0, torch.float32),
+    (1, 7, 7, 2, 2, 32, 16, False, (2, 1), 0.0, torch.bfloat16),
+    (2, 6, 3, 4, 1, 8, 8, True, (-1, -1), 4.0, torch.float32),      # s_q > s_k: rows without keys, MQA
+    (1, 4, 11, 3, 3, 16, 16, False, (-1, 0), 0.0, torch.float16),
+]
+
+
+def dense_inputs(b, s_q, s_k, hq, hkv, d, dv, dtype, device="cpu"):
+    g = torch.Generator().manual_seed(7)
+    make = lambda *shape: torch.randn(*shape, generator=g).to(dtype).to(device)  # noqa: E731
+    return make(b, s_q, hq, d), make(b, s_k, hkv, d), make(b, s_k, hkv, dv), make(b, s_q, hq, dv)
+
+
+def run_dense(case, backend, device="cpu"):
+    b, s_q, s_k, hq, hkv, d, dv, causal, window, softcap, dtype = case
+    q, k, v, dout = dense_inputs(b, s_q, s_k, hq, hkv, d, dv, dtype, device)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    res = fa3.flash_attn_func(*leaves, causal=causal, window_size=window, softcap=softcap, return_attn_probs=True,
+                              backend=backend)
+    assert isinstance(res, tuple) and len(res) == 2  # FA3: (out, softmax_lse), no third entry
+    out, lse = res
+    assert out.shape == (b, s_q, hq, dv) and lse.shape == (b, hq, s_q) and lse.dtype == torch.float32
+    out.backward(dout)
+    refs = {}
+    for ref_dtype in (torch.float64, None):
+        rl = [t.cpu().clone().requires_grad_() for t in (q, k, v)]
+        r_out, r_lse = attention_ref(*rl, causal=causal, window=window, softcap=softcap, dtype=ref_dtype)
+        r_out.backward(dout.cpu().to(r_out.dtype))
+        refs[ref_dtype] = (r_out, r_lse) + tuple(t.grad for t in rl)
+    ours = (out, lse) + tuple(t.grad for t in leaves)
+    for name, o, r64, low in zip(("out", "lse", "dq", "dk", "dv"), ours, refs[torch.float64], refs[None]):
+        assert_close(name, o.cpu(), r64, low, dtype)
+    # the same operator as flashattn's flash_attn 2 API: the same bits
+    fa2 = flashattn.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap, backend=backend)
+    assert torch.equal(fa2, out.detach())
+    plain = fa3.flash_attn_func(q, k, v, None, causal, window_size=window, softcap=softcap, backend=backend)
+    assert isinstance(plain, Tensor) and torch.equal(plain, fa2)  # FA3's positional order: softmax_scale, causal
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+@pytest.mark.parametrize("case", DENSE_CASES, ids=lambda c: f"b{c[0]}q{c[1]}k{c[2]}h{c[3]}-{c[4]}")
+def test_flash_attn_func(case, backend):
+    run_dense(case, backend)
+
+
+class OpSpy(TorchDispatchMode):
+    """Records flashattn's operator calls (name, int options of the backward) under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.backward_options: List[List[int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "attention_backward" in str(func):
+            self.backward_options.append(list(args[8]))
+        return func(*args, **(kwargs or {}))
+
+
+def test_hints_do_not_change_results_and_deterministic_reaches_backward():
+    q, k, v, dout = dense_inputs(2, 6, 9, 4, 2, 16, 16, torch.float32)
+    results = []
+    for num_splits, pack_gqa, sm_margin, deterministic in ((1, None, 0, False), (0, True, 8, True),
+                                                           (4, False, 0, False), (-1, None, 132, True)):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        with OpSpy() as spy:
+            out, lse = fa3.flash_attn_func(*leaves, causal=True, num_splits=num_splits, pack_gqa=pack_gqa,
+                                           sm_margin=sm_margin, deterministic=deterministic, return_attn_probs=True)
+            out.backward(dout)
+        (options,) = spy.backward_options
+        assert options[5] == int(deterministic)  # op_options' "deterministic" slot
+        results.append([out, lse] + [t.grad for t in leaves])
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other))
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_qkvpacked(backend):
+    b, s, d = 2, 7, 16
+    qkv = torch.randn(b, s, 3, 4, d, requires_grad=True)
+    out = fa3.flash_attn_qkvpacked_func(qkv, None, True, backend=backend)
+    q, k, v = (t.detach().clone().requires_grad_() for t in qkv.unbind(2))
+    ref = fa3.flash_attn_func(q, k, v, causal=True, backend=backend)
+    assert torch.equal(out, ref)
+    out.sum().backward()
+    ref.sum().backward()
+    assert torch.equal(qkv.grad, torch.stack([q.grad, k.grad, v.grad], 2))
+    # (batch, seqlen, heads_q + 2 * heads_k, d) with num_heads_q: GQA
+    packed = torch.randn(b, s, 6 + 2 * 2, d, requires_grad=True)
+    out, lse = fa3.flash_attn_qkvpacked_func(packed, window_size=(2, 0), num_heads_q=6, return_attn_probs=True,
+                                             backend=backend)
+    q, k, v = (t.detach().clone().requires_grad_() for t in packed.split([6, 2, 2], dim=2))
+    ref, ref_lse = fa3.flash_attn_func(q, k, v, window_size=(2, 0), return_attn_probs=True, backend=backend)
+    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+    out.sum().backward()
+    ref.sum().backward()
+    assert torch.equal(packed.grad, torch.cat([q.grad, k.grad, v.grad], 2))
+
+
+# ---- flash_attn_varlen_func ----------------------------------------------------------------------------------------
+
+
+def cu(lengths: Sequence[int], device="cpu") -> Tensor:
+    return torch.tensor([0] + torch.tensor(list(lengths), dtype=torch.int64).cumsum(0).tolist(), dtype=I32,
+                        device=device)
+
+
+def used_ref(q, k, v, cu_q, cu_k, used_q, used_k, **kw):
+    """out [total_q, h, d_v] and lse [h, total_q] of each sequence's used rows through attention_ref; the other
+    query rows give 0 / -inf (differentiable: built by concatenation)."""
+    outs, lses = [], []
+    for b in range(len(cu_q) - 1):
+        uq, uk = used_q[b], used_k[b]
+        o, l = attention_ref(q[cu_q[b]:cu_q[b] + uq][None], k[cu_k[b]:cu_k[b] + uk][None],
+                             v[cu_k[b]:cu_k[b] + uk][None], **kw)
+        pad = cu_q[b + 1] - cu_q[b] - uq
+        outs += [o[0], o.new_zeros(pad, *o.shape[2:])]
+        lses += [l[0], l.new_full((l.shape[1], pad), NEG_INF)]
+    return torch.cat(outs, 0), torch.cat(lses, 1)
+
+
+VARLEN_CASES = [
+    # (segments q, used q (None: not given), segments k, used k, heads, d, d_v, causal, window, softcap, dtype)
+    ((5, 1, 9), None, (5, 1, 9), None, (2, 2), 16, 16, True, (-1, -1), 0.0, torch.float32),
+    ((3, 8, 0, 4), None, (7, 2, 5, 4), None, (4, 2), 8, 12, True, (-1, -1), 0.0, torch.bfloat16),
+    ((3, 2, 5), None, (10, 4, 7), (6, 0, 7), (4, 1), 16, 16, True, (-1, -1), 0.0, torch.float32),
+    ((4, 6), (2, 6), (5, 8), None, (2, 2), 16, 16, False, (-1, -1), 0.0, torch.float32),
+    ((5, 3, 4), (5, 0, 2), (9, 6, 3), (4, 6, 0), (4, 2), 16, 8, False, (2, 0), 3.0, torch.bfloat16),
+    ((6, 6), (6, 3), (6, 6), (2, 6), (2, 2), 8, 8, True, (-1, -1), 0.0, torch.float16),   # s_q > s_k used
+]
+
+
+def run_varlen(case, backend, device="cpu", max_seqlens_none=False):
+    seg_q, used_q, seg_k, used_k, (hq, hkv), d, dv, causal, window, softcap, dtype = case
+    cu_q, cu_k = cu(seg_q, device), cu(seg_k, device)
+    g = torch.Generator().manual_seed(11)
+    make = lambda *shape: torch.randn(*shape, generator=g).to(dtype)  # noqa: E731
+    q, k, v = make(sum(seg_q), hq, d), make(sum(seg_k), hkv, d), make(sum(seg_k), hkv, dv)
+    dout = make(sum(seg_q), hq, dv)
+    leaves = [t.clone().to(device).requires_grad_() for t in (q, k, v)]
+    lengths = lambda used, seg: list(seg if used is None else used)  # noqa: E731
+    maxes = (None, None) if max_seqlens_none else (max(seg_q), max(seg_k))
+    out, lse = fa3.flash_attn_varlen_func(
+        *leaves, cu_q, cu_k, *maxes, index_tensor(used_q, device), index_tensor(used_k, device), causal=causal,
+        window_size=window, softcap=softcap, return_attn_probs=True, backend=backend)
+    assert out.shape == (sum(seg_q), hq, dv) and lse.shape == (hq, sum(seg_q))
+    out.backward(dout.to(device))
+    refs = {}
+    for ref_dtype in (torch.float64, None):
+        rl = [t.clone().requires_grad_() for t in (q, k, v)]
+        r_out, r_lse = used_ref(*rl, cu_q.tolist(), cu_k.tolist(), lengths(used_q, seg_q), lengths(used_k, seg_k),
+                                causal=causal, window=window, softcap=softcap, dtype=ref_dtype)
+        r_out.backward(dout.to(r_out.dtype))
+        refs[ref_dtype] = (r_out, r_lse) + tuple(t.grad for t in rl)
+    ours = (out, lse) + tuple(t.grad for t in leaves)
+    for name, o, r64, low in zip(("out", "lse", "dq", "dk", "dv"), ours, refs[torch.float64], refs[None]):
+        assert_close(name, o.cpu(), r64, low, dtype)
+    # rows outside seqused: exactly 0 (out, dq, dk, dv) and -inf (lse)
+    for used, seg, tensors in ((used_q, seg_q, (out, leaves[0].grad)), (used_k, seg_k, (leaves[1].grad,
+                                                                                        leaves[2].grad))):
+        starts = [0] + list(torch.tensor(seg).cumsum(0).tolist())
+        for b in range(len(seg)):
+            lo = starts[b] + lengths(used, seg)[b]
+            for t in tensors:
+                assert not t[lo:starts[b + 1]].any()
+    return out, lse
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=lambda c: f"q{c[0]}u{c[1]}_k{c[2]}u{c[3]}")
+def test_varlen(case, backend):
+    run_varlen(case, backend)
+
+
+def test_varlen_matches_flash_attn_2_api():
+    out, lse = run_varlen(VARLEN_CASES[1], "auto", max_seqlens_none=True)
+    seg_q, _, seg_k, _, (hq, hkv), d, dv, causal, *_ = VARLEN_CASES[1]
+    g = torch.Generator().manual_seed(11)
+    make = lambda *shape: torch.randn(*shape, generator=g).to(torch.bfloat16)  # noqa: E731
+    q, k, v = make(sum(seg_q), hq, d), make(sum(seg_k), hkv, d), make(sum(seg_k), hkv, dv)
+    fa2_out, fa2_lse, _ = flashattn.flash_attn_varlen_func(q, k, v, cu(seg_q), cu(seg_k), max(seg_q), max(seg_k),
+                                                           causal=causal, return_attn_probs=True)
+    assert torch.equal(out.detach(), fa2_out) and torch.equal(lse, fa2_lse)
+
+
+# ---- flash_attn_varlen_func(page_table=...): the keyword-only extension --------------------------------------------
+
+PAGED_CASES = [
+    PagedVarlenCase((1, 1, 1), (5, 0, 33), 16, (4, 1), 64, causal=True, dtype=torch.bfloat16),
+    PagedVarlenCase((3, 0, 7), (10, 4, 7), 1, (8, 2), 32, causal=True, dtype=torch.float16),
+    PagedVarlenCase((4, 5), (9, 20), 16, (4, 4), 64, softcap=4.0, window=(3, 1), dtype=torch.float32),
+]
+
+
+def run_paged(case: PagedVarlenCase, backend: str, lengths_from: str, device="cpu", used_q=None):
+    inp = paged_varlen_inputs(case)
+    kc, vc = (t.clone().to(device) for t in inp.caches())
+    cu_q = torch.tensor(inp.cu_q, dtype=I32, device=device)
+    lengths = dict(cu_seqlens_k=None, seqused_k=None)
+    if lengths_from == "seqused_k":
+        lengths["seqused_k"] = index_tensor(case.lengths_k, device)
+    elif lengths_from == "cu_seqlens_k":
+        lengths["cu_seqlens_k"] = cu(case.lengths_k, device)
+    else:  # neither: FA3 uses every row of the table's pages
+        inp = replace(inp, lengths=None)
+    with torch.no_grad():
+        out, lse = fa3.flash_attn_varlen_func(
+            inp.q.to(device), kc, vc, cu_q, lengths["cu_seqlens_k"], max(case.lengths_q), None,
+            seqused_q=index_tensor(used_q, device), seqused_k=lengths["seqused_k"], causal=case.causal,
+            window_size=case.window, softcap=case.softcap, return_attn_probs=True,
+            page_table=inp.block_table.to(device), backend=backend)
+    check_caches(inp, kc, vc, inp.k_log, inp.v_log)  # nothing is written
+    kw = dict(causal=case.causal, window=case.window, softcap=case.softcap, interleaved=True)
+    r64, low = reference(inp, inp.k_log, inp.v_log, **kw), reference(inp, inp.k_log, inp.v_log, dtype=None, **kw)
+    if used_q is not None:  # the reference over the used query rows only, the rest 0 / -inf
+        rows = torch.cat([torch.arange(lo, lo + n) for lo, n in zip(inp.cu_q, used_q)])
+        keep = torch.zeros(inp.q.shape[0], dtype=torch.bool)
+        keep[rows] = True
+        inp_used = replace(inp, q=inp.q[rows], cu_q=cu(used_q).tolist())
+        r64, low = (reference(inp_used, inp.k_log, inp.v_log, dtype=dt, **kw) for dt in (torch.float64, None))
+        r64, low = ((o.new_zeros(len(keep), *o.shape[1:]).index_copy(0, rows, o),
+                     l.new_full((l.shape[0], len(keep)), NEG_INF).index_copy(1, rows, l)) for o, l in (r64, low))
+    check_outputs(out, lse, r64, low, case.dtype)
+    return out, lse
+
+
+@pytest.mark.parametrize("lengths_from", ["seqused_k", "cu_seqlens_k", "capacity"])
+@pytest.mark.parametrize("backend", cpu_backends())
+@pytest.mark.parametrize("case", PAGED_CASES, ids=str)
+def test_varlen_paged(case, backend, lengths_from):
+    run_paged(case, backend, lengths_from)
+
+
+def test_varlen_paged_seqused_q_and_flash_attn_2_api():
+    case = PAGED_CASES[2]
+    run_paged(case, "auto", "seqused_k", used_q=[2, 5])
+    out, lse = run_paged(case, "auto", "seqused_k")
+    inp = paged_varlen_inputs(case)
+    fa2_out, fa2_lse, _ = flashattn.flash_attn_varlen_func(
+        inp.q, inp.k_phys, inp.v_phys, torch.tensor(inp.cu_q, dtype=I32), None, max(case.lengths_q), 0,
+        window_size=case.window, softcap=case.softcap, return_attn_probs=True, block_table=inp.block_table,
+        seqused_k=index_tensor(case.lengths_k, "cpu"))
+    assert torch.equal(out, fa2_out) and torch.equal(lse, fa2_lse)
+
+
+def test_varlen_paged_is_inference_only():
+    inp = paged_varlen_inputs(replace(PAGED_CASES[0], dtype=torch.float32))
+    q = inp.q.clone().requires_grad_()
+    args = (q, inp.k_phys, inp.v_phys, torch.arange(4, dtype=I32), None, 1, 33)
+    kw = dict(seqused_k=torch.tensor([5, 0, 33], dtype=I32), page_table=inp.block_table)
+    with pytest.raises(NotImplementedError, match=r"^page_table: the paged path \(page_table\) is inference-only"):
+        fa3.flash_attn_varlen_func(*args, **kw)
+    with torch.no_grad():
+        fa3.flash_attn_varlen_func(*args, **kw)
+
+
+# ---- flash_attn_with_kvcache ---------------------------------------------------------------------------------------
+
+# A spread of test_kvcache's grid (dense and paged caches, page sizes 1 / 16 / 64, rotary both styles, GQA / MQA,
+# masks, softcap, num_splits, cache_batch_idx, cache_leftpad), and its cases with int or absent cache_seqlens.
+KV_CASES = GRID[::7] + [c for c in SPECIAL if c.int_seqlens or c.lengths is None or c.leftpad is not None]
+
+
+def run_kvcache(case: KVCase, backend: str, device: str = "cpu", num_splits: Optional[int] = None):
+    inp = make_inputs(case)
+    k_arg, v_arg = (t.clone().to(device) for t in inp.caches())
+    cache_seqlens = inp.lengths[0] if case.int_seqlens else index_tensor(inp.lengths, device)
+    # FA3's positional order up to cache_leftpad, page_table; the rest by name
+    res = fa3.flash_attn_with_kvcache(
+        inp.q.to(device), k_arg, v_arg, to_device(inp.k_new, device), to_device(inp.v_new, device), None,
+        to_device(inp.cos, device), to_device(inp.sin, device), cache_seqlens, index_tensor(inp.batch_idx, device),
+        index_tensor(inp.leftpad, device), to_device(inp.block_table, device), causal=case.causal,
+        window_size=case.window, softcap=case.softcap, rotary_interleaved=case.interleaved,
+        num_splits=case.num_splits if num_splits is None else num_splits, return_softmax_lse=True, backend=backend)
+    assert isinstance(res, tuple) and len(res) == 4  # FA3: (out, softmax_lse, out_accum, softmax_lse_accum)
+    out, lse, out_accum, lse_accum = res
+    for t in (out_accum, lse_accum):
+        assert t.shape == (0,) and t.dtype == torch.float32 and t.device == out.device
+    assert out.shape == (case.batch, case.s_q, case.heads[0], case.d_v or case.d) and not out.requires_grad
+    assert lse.shape == (case.batch, case.heads[0], case.s_q)
+    k_exp, v_exp = expected_caches(inp, case.interleaved)
+    check_caches(inp, k_arg, v_arg, k_exp, v_exp)
+    kw = dict(causal=case.causal, window=case.window, softcap=case.softcap, interleaved=case.interleaved)
+    check_outputs(out, lse, reference(inp, k_exp, v_exp, **kw), reference(inp, k_exp, v_exp, dtype=None, **kw),
+                  case.dtype)
+    return inp, out, k_arg, v_arg
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+@pytest.mark.parametrize("case", KV_CASES, ids=str)
+def test_with_kvcache(case, backend):
+    run_kvcache(case, backend)
+
+
+def test_with_kvcache_matches_flash_attn_2_api():
+    case = KVCase(2, 2, 2, (5, 30), page=16, rotary=0.5, interleaved=False, batch_idx=True, leftpad=(1, 0),
+                  heads=(4, 2), causal=True, dtype=torch.float32)
+    inp, out, k_cache, v_cache = run_kvcache(case, "auto")
+    kc, vc = (t.clone() for t in inp.caches())
+    fa2 = flashattn.flash_attn_with_kvcache(
+        inp.q, kc, vc, inp.k_new, inp.v_new, inp.cos, inp.sin, index_tensor(inp.lengths, "cpu"),
+        index_tensor(inp.batch_idx, "cpu"), index_tensor(inp.leftpad, "cpu"), inp.block_table, causal=True,
+        rotary_interleaved=False)
+    assert torch.equal(out, fa2) and torch.equal(kc, k_cache) and torch.equal(vc, v_cache)
+    plain = fa3.flash_attn_with_kvcache(inp.q, *(t.clone() for t in inp.caches()), cache_seqlens=index_tensor(
+        inp.lengths, "cpu"), page_table=inp.block_table, cache_batch_idx=index_tensor(inp.batch_idx, "cpu"))
+    assert isinstance(plain, Tensor)  # without return_softmax_lse: out alone
+
+
+def test_with_kvcache_hints_do_not_change_results():
+    case = KVCase(2, 1, 1, (17, 40), page=16, heads=(8, 2), causal=True, dtype=torch.float32)
+    inp = make_inputs(case)
+    outs = []
+    for num_splits, pack_gqa, sm_margin in ((0, None, 0), (-3, True, 16), (0, False, 0)):
+        kc, vc = (t.clone() for t in inp.caches())
+        outs.append(fa3.flash_attn_with_kvcache(
+            inp.q, kc, vc, inp.k_new, inp.v_new, cache_seqlens=index_tensor(inp.lengths, "cpu"),
+            page_table=inp.block_table, causal=True, num_splits=num_splits, pack_gqa=pack_gqa, sm_margin=sm_margin,
+            return_softmax_lse=True)[:2] + (kc, vc))
+    for other in outs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(outs[0], other))
+
+
+@pytest.mark.parametrize("paged,max_seqlen_q", [(False, None), (True, 7)], ids=["dense", "paged"])
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_with_kvcache_varlen_queries(backend, paged, max_seqlen_q):
+    """Varlen queries (cu_seqlens_q) over a cache, dense or paged; an int cache_seqlens is one length per
+    sequence of cu_seqlens_q."""
+    for case, int_lengths in ((PagedVarlenCase((3, 0, 7), (10, 4, 7), 16, (8, 2), 32, causal=True,
+                                               dtype=torch.float16), False),
+                              (PagedVarlenCase((2, 7), (9, 9), 16, (4, 4), 64, window=(2, 0),
+                                               dtype=torch.float32), True)):
+        inp = paged_varlen_inputs(case)
+        if not paged:
+            inp = replace(inp, block_table=None, page=None)
+        kc, vc = (t.clone() for t in inp.caches())
+        out, lse, *_ = fa3.flash_attn_with_kvcache(
+            inp.q, kc, vc, cache_seqlens=case.lengths_k[0] if int_lengths else index_tensor(case.lengths_k, "cpu"),
+            page_table=inp.block_table, cu_seqlens_q=torch.tensor(inp.cu_q, dtype=I32), max_seqlen_q=max_seqlen_q,
+            causal=case.causal, window_size=case.window, return_softmax_lse=True, backend=backend)
+        assert out.shape == inp.q.shape[:2] + (case.d,) and lse.shape == (case.heads[0], inp.q.shape[0])
+        check_caches(inp, kc, vc, inp.k_log, inp.v_log)
+        kw = dict(causal=case.causal, window=case.window, softcap=0.0, interleaved=True)
+        check_outputs(out, lse, reference(inp, inp.k_log, inp.v_log, **kw),
+                      reference(inp, inp.k_log, inp.v_log, dtype=None, **kw), case.dtype)
+
+
+def test_get_scheduler_metadata_is_none_and_accepted():
+    case = KVCase(2, 1, 1, (17, 40), page=16, heads=(8, 2), causal=True, dtype=torch.float32)
+    inp = make_inputs(case)
+    seqlens = index_tensor(inp.lengths, "cpu")
+    metadata = fa3.get_scheduler_metadata(2, 1, inp.capacity, 8, 2, 64, seqlens, torch.float32, page_size=16,
+                                          max_seqlen_k_new=1, causal=True)
+    assert metadata is None
+    kc, vc = (t.clone() for t in inp.caches())
+    out = fa3.flash_attn_with_kvcache(inp.q, kc, vc, inp.k_new, inp.v_new, cache_seqlens=seqlens,
+                                      page_table=inp.block_table, causal=True, scheduler_metadata=metadata)
+    kc2, vc2 = (t.clone() for t in inp.caches())
+    ref = fa3.flash_attn_with_kvcache(inp.q, kc2, vc2, inp.k_new, inp.v_new, cache_seqlens=seqlens,
+                                      page_table=inp.block_table, causal=True)
+    assert torch.equal(out, ref)
+
+
+# ---- unsupported arguments and errors ------------------------------------------------------------------------------
+
+
+def dense_call(**change):
+    q, k, v, _ = dense_inputs(2, 3, 5, 4, 2, 16, 16, torch.float32)
+    return {**dict(q=q, k=k, v=v, causal=True), **change}
+
+
+def varlen_call(**change):
+    g = torch.Generator().manual_seed(5)
+    kw = dict(q=torch.randn(7, 4, 16, generator=g), k=torch.randn(9, 2, 16, generator=g),
+              v=torch.randn(9, 2, 16, generator=g), cu_seqlens_q=torch.tensor([0, 3, 7], dtype=I32),
+              cu_seqlens_k=torch.tensor([0, 4, 9], dtype=I32), max_seqlen_q=4, max_seqlen_k=5)
+    kw.update(change)
+    return kw
+
+
+def kvcache_call(**change):
+    g = torch.Generator().manual_seed(6)
+    kw = dict(q=torch.randn(2, 1, 4, 16, generator=g), k_cache=torch.randn(5, 16, 2, 16, generator=g),
+              v_cache=torch.randn(5, 16, 2, 16, generator=g), k=torch.randn(2, 1, 2, 16, generator=g),
+              v=torch.randn(2, 1, 2, 16, generator=g), cache_seqlens=torch.tensor([3, 7], dtype=I32),
+              page_table=torch.tensor([[4], [1]], dtype=I32), causal=True)
+    kw.update(change)
+    return kw
+
+
+def scheduler_call(**change):
+    return {**dict(batch_size=2, max_seqlen_q=1, max_seqlen_k=16, num_heads_q=4, num_heads_kv=2, headdim=16,
+                   cache_seqlens=torch.tensor([3, 7], dtype=I32)), **change}
+
+
+def qkvpacked_call(**change):
+    return {"qkv": torch.randn(2, 5, 3, 2, 16), **change}
+
+
+ONE = torch.ones(1)
+CALLS = {"flash_attn_func": dense_call, "flash_attn_varlen_func": varlen_call,
+         "flash_attn_with_kvcache": kvcache_call, "get_scheduler_metadata": scheduler_call,
+         "flash_attn_qkvpacked_func": qkvpacked_call}
+COMMON_UNSUPPORTED = [("qv", dict(qv=ONE)), ("q_descale", dict(q_descale=ONE)), ("k_descale", dict(k_descale=ONE)),
+                      ("v_descale", dict(v_descale=ONE)), ("attention_chunk", dict(attention_chunk=4))]
+UNSUPPORTED = (
+    [("flash_attn_func", n, c) for n, c in COMMON_UNSUPPORTED]
+    + [("flash_attn_qkvpacked_func", n, c) for n, c in COMMON_UNSUPPORTED[1:]]
+    + [("flash_attn_varlen_func", n, c) for n, c in COMMON_UNSUPPORTED]
+    + [("flash_attn_varlen_func", "cu_seqlens_q", dict(cu_seqlens_q=None)),
+       ("flash_attn_varlen_func", "cu_seqlens_k", dict(cu_seqlens_k=None))]
+    + [("flash_attn_with_kvcache", n, c) for n, c in COMMON_UNSUPPORTED]
+    + [("flash_attn_with_kvcache", "cu_seqlens_k_new", dict(cu_seqlens_k_new=torch.tensor([0, 1, 2], dtype=I32))),
+       ("flash_attn_with_kvcache", "rotary_seqlens", dict(rotary_seqlens=torch.tensor([3, 7], dtype=I32))),
+       ("flash_attn_with_kvcache", "scheduler_metadata", dict(scheduler_metadata=torch.zeros(3, dtype=I32))),
+       # appending with varlen queries
+       ("flash_attn_with_kvcache", "k", dict(q=torch.randn(2, 4, 16), cu_seqlens_q=torch.tensor([0, 1, 2], dtype=I32)))]
+    + [("get_scheduler_metadata", "cu_seqlens_k_new", dict(cu_seqlens_k_new=torch.tensor([0, 1, 2], dtype=I32))),
+       ("get_scheduler_metadata", "attention_chunk", dict(attention_chunk=8))]
+)
+
+
+@pytest.mark.parametrize("function,name,change", UNSUPPORTED, ids=[f"{u[0]}-{u[1]}" for u in UNSUPPORTED])
+def test_unsupported_raises_naming_it(function, name, change):
+    kw = CALLS[function](**change)
+    caches = [kw[n].clone() for n in ("k_cache", "v_cache") if n in kw]
+    with pytest.raises(NotImplementedError, match=rf"^{name}\b"):
+        getattr(fa3, function)(**kw)
+    for before, n in zip(caches, ("k_cache", "v_cache")):
+        assert torch.equal(kw[n], before), f"{n} was written by a rejected call"
+
+
+def _bad_cu(values):
+    return torch.tensor(values, dtype=I32)
+
+
+ERRORS = [
+    ("flash_attn_func", dict(pack_gqa="yes"), TypeError, r"^pack_gqa: expected a bool"),
+    ("flash_attn_func", dict(sm_margin=-1), ValueError, r"^sm_margin: must be in \[0"),
+    ("flash_attn_func", dict(num_splits=1.5), TypeError, r"^num_splits: expected an integer"),
+    ("flash_attn_func", dict(attention_chunk=1.5), TypeError, r"^attention_chunk: expected an integer"),
+    ("flash_attn_func", dict(return_attn_probs="no"), TypeError, r"^return_attn_probs: expected a bool"),
+    ("flash_attn_func", dict(deterministic="no"), TypeError, r"^deterministic: expected a bool"),
+    ("flash_attn_func", dict(window_size=(1,)), ValueError, r"^window_size: expected a pair"),
+    ("flash_attn_qkvpacked_func", dict(qkv=torch.randn(2, 5, 8, 16)), ValueError, r"^num_heads_q: required"),
+    ("flash_attn_qkvpacked_func", dict(qkv=torch.randn(2, 5, 8, 16), num_heads_q=3), ValueError,
+     r"^num_heads_q: 3 leaves 5 of qkv's 8 heads"),
+    ("flash_attn_qkvpacked_func", dict(qkv=torch.randn(2, 5, 4, 2, 16)), ValueError, r"^qkv: expected shape"),
+    ("flash_attn_varlen_func", dict(seqused_q=_bad_cu([3, 5])), ValueError,
+     r"^seqused_q\[1\] = 5: outside \[0, 4\], the rows of sequence 1 in cu_seqlens_q"),
+    ("flash_attn_varlen_func", dict(seqused_k=_bad_cu([-1, 5])), ValueError, r"^seqused_k\[0\] = -1: outside"),
+    ("flash_attn_varlen_func", dict(seqused_k=_bad_cu([1, 2, 3])), ValueError, r"^seqused_k: expected shape \[2\]"),
+    ("flash_attn_varlen_func", dict(seqused_k=torch.tensor([1, 2])), TypeError, r"^seqused_k: dtype must be"),
+    ("flash_attn_varlen_func", dict(seqused_q=_bad_cu([1, 1]), cu_seqlens_q=_bad_cu([1, 3, 7])), ValueError,
+     r"^cu_seqlens_q: must start at 0"),
+    ("flash_attn_varlen_func", dict(seqused_q=_bad_cu([1, 1]), cu_seqlens_q=_bad_cu([0, 3, 6])), ValueError,
+     r"^cu_seqlens_q: last entry 6 does not match the packed row count 7"),
+    ("flash_attn_varlen_func", dict(seqused_k=_bad_cu([1, 1]), cu_seqlens_k=_bad_cu([0, 9, 9, 9])), ValueError,
+     r"^seqused_k: expected shape \[3\]"),
+    ("flash_attn_varlen_func", dict(seqused_k=_bad_cu([1, 1]), cu_seqlens_k=_bad_cu([0, 10, 9])), ValueError,
+     r"^cu_seqlens_k: must be non-decreasing"),
+    ("flash_attn_varlen_func", dict(seqused_k=_bad_cu([1, 1]), max_seqlen_q=2), ValueError,
+     r"^max_seqlen_q: 2 is smaller"),
+    ("flash_attn_varlen_func", dict(page_table=torch.tensor([[0], [1]])), TypeError, r"^page_table: dtype must be"),
+    ("flash_attn_varlen_func", dict(page_table=_bad_cu([0, 1])), ValueError, r"^page_table: expected a rank-2"),
+    ("flash_attn_varlen_func", dict(k=torch.randn(2, 8, 2, 16), v=torch.randn(2, 8, 2, 16), cu_seqlens_k=None,
+                                    page_table=_bad_cu([[0], [2]])), ValueError,
+     r"^page_table: row 1, column 0 is page 2, outside \[0, 2\)"),
+    ("flash_attn_varlen_func", dict(return_attn_probs=1.5), TypeError, r"^return_attn_probs: expected a bool"),
+    ("flash_attn_with_kvcache", dict(page_table=_bad_cu([[4]])), ValueError, r"^page_table: 1 rows for a batch of 2"),
+    ("flash_attn_with_kvcache", dict(page_table=torch.tensor([[4], [1]])), TypeError, r"^page_table: dtype must be"),
+    ("flash_attn_with_kvcache", dict(num_splits=300), ValueError, r"^num_splits: must be in \[0, 256\]"),
+    ("flash_attn_with_kvcache", dict(pack_gqa=2), TypeError, r"^pack_gqa: expected a bool"),
+    ("flash_attn_with_kvcache", dict(sm_margin=-4), ValueError, r"^sm_margin: must be in \[0"),
+    ("flash_attn_with_kvcache", dict(v=None), ValueError, r"^v: required when k is given"),
+    ("flash_attn_with_kvcache", dict(return_softmax_lse="no"), TypeError, r"^return_softmax_lse: expected a bool"),
+    ("flash_attn_with_kvcache", dict(q=torch.randn(2, 4, 16), k=None, v=None, cache_seqlens=-1,
+                                     cu_seqlens_q=_bad_cu([0, 1, 2])), ValueError, r"^cache_seqlens: must be in \[0"),
+    ("get_scheduler_metadata", dict(cache_seqlens=[3, 7]), TypeError, r"^cache_seqlens: expected a torch.Tensor"),
+    ("get_scheduler_metadata", dict(batch_size=-1), ValueError, r"^batch_size: must be in \[0"),
+    ("get_scheduler_metadata", dict(qkv_dtype="bf16"), TypeError, r"^qkv_dtype: expected a torch.dtype"),
+]
+
+
+@pytest.mark.parametrize("function,change,exc,pattern", ERRORS,
+                         ids=[f"{e[0]}-{'-'.join(e[1])}-{i}" for i, e in enumerate(ERRORS)])
+def test_errors_name_the_argument(function, change, exc, pattern):
+    kw = CALLS[function](**change)
+    caches = [kw[n].clone() for n in ("k_cache", "v_cache") if n in kw]
+    with pytest.raises(exc, match=pattern):
+        getattr(fa3, function)(**kw)
+    for before, n in zip(caches, ("k_cache", "v_cache")):
+        assert torch.equal(kw[n], before), f"{n} was written by a rejected call"
+
+
+# ---- flash_attn_combine --------------------------------------------------------------------------------------------
+
+
+def combine_ref(out_partial: Tensor, lse_partial: Tensor):
+    """The merge in float64: out (b, s, h, d), lse (b, s, h); rows without any finite lse: 0 and -inf."""
+    o, l = out_partial.double(), lse_partial.double()
+    lse = torch.logsumexp(l, dim=0) if l.shape[0] else l.new_full(l.shape[1:], NEG_INF)
+    finite = torch.isfinite(lse)
+    w = torch.where(finite, torch.exp(l - torch.where(finite, lse, torch.zeros_like(lse))), torch.zeros_like(l))
+    out = torch.where(w[..., None] > 0, w[..., None] * o, torch.zeros_like(o)).sum(0)
+    return out, lse
+
+
+def combine_inputs(num_splits, b, s, h, d, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out_partial = torch.randn(num_splits, b, s, h, d, generator=g)
+    lse_partial = torch.randn(num_splits, b, s, h, generator=g) * 4
+    if num_splits:
+        lse_partial[torch.rand(lse_partial.shape, generator=g) < 0.3] = NEG_INF  # empty splits
+        lse_partial[:, 0, 0] = NEG_INF  # rows where every split is empty
+        lse_partial[:, -1, -1, 0] = NEG_INF
+        lse_partial[0, -1, 0] = 80.0  # far apart: the others underflow to weight 0
+        out_partial[lse_partial == NEG_INF] = float("nan")  # an empty split's partial output is never read
+    return out_partial.to(device), lse_partial.to(device)
+
+
+def check_combine(out, lse, out_partial, lse_partial, out_dtype=torch.float32):
+    r_out, r_lse = combine_ref(out_partial.cpu(), lse_partial.cpu())
+    assert out.dtype == out_dtype and out.shape == r_out.shape
+    assert lse.dtype == torch.float32 and lse.shape == r_lse.shape
+    assert lse.transpose(1, 2).is_contiguous()  # FA3's layout: (b, h, s) in memory
+    out, lse = out.cpu().double(), lse.cpu().double()
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    inf = torch.isinf(r_lse)
+    assert torch.equal(torch.isinf(lse), inf) and (lse[inf] < 0).all()
+    assert not out[inf].any()  # rows without keys: exactly 0
+    eps = torch.finfo(out_dtype).eps
+    torch.testing.assert_close(out, r_out, rtol=0, atol=4 * eps * max(1.0, r_out.abs().max().item()))
+    torch.testing.assert_close(lse[~inf], r_lse[~inf], rtol=4 * torch.finfo(torch.float32).eps, atol=1e-6)
+
+
+@pytest.mark.parametrize("num_splits,shape", [(1, (2, 3, 2, 8)), (3, (2, 5, 3, 16)), (7, (1, 4, 2, 5)),
+                                              (0, (2, 2, 2, 4))])
+def test_combine(num_splits, shape):
+    out_partial, lse_partial = combine_inputs(num_splits, *shape)
+    out, lse = fa3.flash_attn_combine(out_partial, lse_partial)
+    check_combine(out, lse, out_partial, lse_partial)
+    if num_splits == 1:  # one split: its own (finite-lse) rows unchanged
+        keep = torch.isfinite(lse_partial[0])
+        assert torch.equal(out[keep], out_partial[0][keep]) and torch.equal(lse[keep], lse_partial[0][keep])
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_combine_out_and_out_dtype(out_dtype):
+    out_partial, lse_partial = combine_inputs(4, 2, 3, 2, 8, seed=1)
+    out, lse = fa3.flash_attn_combine(out_partial, lse_partial, out_dtype=out_dtype)
+    check_combine(out, lse, out_partial, lse_partial, out_dtype)
+    buffer = torch.full((2, 2, 3, 8), 9.0, dtype=out_dtype).transpose(1, 2)  # any strides
+    got, lse2 = fa3.flash_attn_combine(out_partial, lse_partial, buffer, out_dtype)
+    assert got is buffer and torch.equal(got, out) and torch.equal(lse2, lse)
+
+
+def test_combine_of_key_splits_is_full_attention():
+    """Attention over three key chunks (one of them empty), merged: full attention's out and lse."""
+    q, k, v, _ = dense_inputs(2, 5, 12, 4, 2, 16, 16, torch.float32)
+    parts = [fa3.flash_attn_func(q, k[:, a:b], v[:, a:b], return_attn_probs=True) for a, b in
+             ((0, 5), (5, 5), (5, 12))]
+    out_partial = torch.stack([o for o, _ in parts])
+    lse_partial = torch.stack([lse.transpose(1, 2) for _, lse in parts])
+    out, lse = fa3.flash_attn_combine(out_partial, lse_partial)
+    full, full_lse = fa3.flash_attn_func(q, k, v, return_attn_probs=True)
+    torch.testing.assert_close(out, full, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, full_lse.transpose(1, 2), rtol=1e-5, atol=1e-5)
+
+
+COMBINE_ERRORS = [
+    (dict(out_partial=lambda o, l: o.half()), TypeError, r"^out_partial: dtype must be torch.float32"),
+    (dict(lse_partial=lambda o, l: l.double()), TypeError, r"^lse_partial: dtype must be torch.float32"),
+    (dict(out_partial=lambda o, l: o[0]), ValueError, r"^out_partial: expected a rank-5"),
+    (dict(lse_partial=lambda o, l: l[..., None]), ValueError, r"^lse_partial: expected a rank-4"),
+    (dict(lse_partial=lambda o, l: l[:, :1]), ValueError, r"^lse_partial: expected shape \[2, 2, 3, 2\]"),
+    (dict(out_partial=lambda o, l: o.numpy()), TypeError, r"^out_partial: expected a torch.Tensor"),
+    (dict(out_dtype=torch.float64), TypeError, r"^out_dtype: must be"),
+    (dict(out=lambda o, l: torch.zeros(2, 3, 2, 8, dtype=torch.float16)), TypeError, r"^out: dtype"),
+    (dict(out=lambda o, l: torch.zeros(2, 3, 2, 4)), ValueError, r"^out: expected shape \[2, 3, 2, 8\]"),
+]
+
+
+@pytest.mark.parametrize("change,exc,pattern", COMBINE_ERRORS, ids=[e[2][1:20] for e in COMBINE_ERRORS])
+def test_combine_errors(change, exc, pattern):
+    o, l = combine_inputs(2, 2, 3, 2, 8)
+    kw = dict(out_partial=o, lse_partial=l)
+    kw.update({n: (f(o, l) if callable(f) else f) for n, f in change.items()})
+    with pytest.raises(exc, match=pattern):
+        fa3.flash_attn_combine(**kw)
+
+
+# ---- CUDA ----------------------------------------------------------------------------------------------------------
+
+
+def _bf16(case):
+    return case[:-1] + (torch.bfloat16 if case[-1] == torch.float32 else case[-1],)
+
+
+@pytest.mark.parametrize("case", [_bf16(c) for c in DENSE_CASES], ids=lambda c: f"b{c[0]}q{c[1]}k{c[2]}")
+@pytest.mark.cuda
+@requires_cuda
+def test_flash_attn_func_cuda(case):
+    run_dense(case, "auto", device="cuda")
+
+
+@pytest.mark.parametrize("case", [_bf16(c) for c in VARLEN_CASES], ids=lambda c: f"q{c[0]}u{c[1]}_k{c[2]}u{c[3]}")
+@pytest.mark.cuda
+@requires_cuda
+def test_varlen_cuda(case):
+    run_varlen(case, "auto", device="cuda")
+
+
+@pytest.mark.parametrize("lengths_from", ["seqused_k", "cu_seqlens_k", "capacity"])
+@pytest.mark.parametrize("case", [replace(c, dtype=torch.bfloat16) if c.dtype == torch.float32 else c
+                                  for c in PAGED_CASES], ids=str)
+@pytest.mark.cuda
+@requires_cuda
+def test_varlen_paged_cuda(case, lengths_from):
+    run_paged(case, "auto", lengths_from, device="cuda", used_q=[2, 5] if len(case.lengths_q) == 2 else None)
+
+
+@pytest.mark.parametrize("num_splits", [0, 1, 4])
+@pytest.mark.parametrize("case", [replace(c, dtype=torch.bfloat16) if c.dtype == torch.float32 else c
+                                  for c in KV_CASES if c.dtype != torch.float64], ids=str)
+@pytest.mark.cuda
+@requires_cuda
+def test_with_kvcache_cuda(case, num_splits):
+    run_kvcache(case, "auto", device="cuda", num_splits=num_splits)
+
+
+@pytest.mark.cuda
+@requires_cuda
+def test_combine_cuda():
+    for num_splits, shape in ((3, (2, 5, 3, 16)), (1, (1, 4, 2, 128)), (9, (3, 7, 4, 64))):
+        out_partial, lse_partial = combine_inputs(num_splits, *shape, device="cuda")
+        for out_dtype in (None, torch.bfloat16):
+            out, lse = fa3.flash_attn_combine(out_partial, lse_partial, out_dtype=out_dtype)
+            assert out.device.type == "cuda" and lse.device.type == "cuda"
+            check_combine(out, lse, out_partial, lse_partial, out_dtype or torch.float32)
