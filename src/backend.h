@@ -9,8 +9,10 @@ namespace flashattn::detail {
 Status cpu_reference_forward(const FwdParams& p);
 Status cpu_reference_backward(const BwdParams& p);
 
+// The level's kernels chosen at run time (src/cpu/isa.cpp); cpu_flash_level() names it.
 Status cpu_flash_forward(const FwdParams& p);
 Status cpu_flash_backward(const BwdParams& p);
+const char* cpu_flash_level();
 
 // CUDA backends. In a build without CUDA these report that (src/cuda_unavailable.cpp).
 Status cuda_sm80_supports(const FwdParams& p, bool backward);

@@ -62,7 +62,7 @@ BackendChoice choose(const FwdParams& p, Backend requested, const BwdParams* bwd
   }
   if (on_cpu(p)) {
     c.backend = Backend::cpu_flash;
-    c.reason = "CPU tensors: tiled online-softmax CPU path";
+    c.reason = std::string("CPU tensors: tiled online-softmax CPU path (") + detail::cpu_flash_level() + " kernels)";
     return c;
   }
   // CUDA: fastest first; record why each faster backend was passed over.

@@ -560,6 +560,7 @@ int info_command() {
     std::printf("  cuda:%d  compute capability %d.%d\n", i, cc / 10, cc % 10);
   }
   std::printf("backends: cpu_reference, cpu_flash%s\n", built_with_cuda() ? ", cuda_sm80, cuda_sm90" : "");
+  std::printf("CPU kernels: %s (FLASHATTN_CPU_ISA caps the level)\n", cpu_isa());
   return 0;
 }
 

@@ -132,5 +132,9 @@ bool built_with_cuda();
 int cuda_device_count();            // 0 without CUDA or without a device
 int cuda_compute_capability(int device_index);  // major * 10 + minor, or 0
 const char* version();
+// The instruction-set level the cpu_flash kernels run at in this process: "avx512", "avx2" or "baseline" (chosen
+// once from the CPU, capped by the environment variable FLASHATTN_CPU_ISA), "native" in a FLASHATTN_NATIVE build,
+// "none" when FLASHATTN_CPU_ISA names a level the build lacks (cpu_flash calls then fail saying so).
+const char* cpu_isa();
 
 }  // namespace flashattn

@@ -14,8 +14,9 @@ __version__ = _C.version()
 built_with_cuda = _C.built_with_cuda
 cuda_device_count = _C.cuda_device_count
 release_cached_memory = _C.release_cached_memory
+cpu_isa = _C.cpu_isa
 
-__all__ = ["__version__", "built_with_cuda", "cuda_device_count", "release_cached_memory"]
+__all__ = ["__version__", "built_with_cuda", "cpu_isa", "cuda_device_count", "release_cached_memory"]
 
 try:
     import torch as _torch  # noqa: F401

@@ -399,7 +399,10 @@ Status backward_typed(const BwdParams& p) {
 
 }  // namespace
 
-Status cpu_flash_backward(const BwdParams& p) {
+inline namespace FLASHATTN_CPU_ISA {
+
+// This instruction-set level's backward (src/cpu/isa.cpp chooses the level).
+Status flash_backward_kernels(const BwdParams& p) {
   switch (p.dtype) {
     case DType::f32: return backward_typed<float, float>(p);
     case DType::f64: return backward_typed<double, double>(p);
@@ -409,4 +412,5 @@ Status cpu_flash_backward(const BwdParams& p) {
   }
 }
 
+}  // namespace FLASHATTN_CPU_ISA
 }  // namespace flashattn::detail

@@ -210,7 +210,10 @@ Status forward_typed(const FwdParams& p) {
 
 }  // namespace
 
-Status cpu_flash_forward(const FwdParams& p) {
+inline namespace FLASHATTN_CPU_ISA {
+
+// This instruction-set level's forward (src/cpu/isa.cpp chooses the level).
+Status flash_forward_kernels(const FwdParams& p) {
   if (p.is_paged()) return cpu_forward_dense_cache(p, cpu_flash_forward);
   switch (p.dtype) {
     case DType::f32: return forward_typed<float, float>(p);
@@ -221,4 +224,5 @@ Status cpu_flash_forward(const FwdParams& p) {
   }
 }
 
+}  // namespace FLASHATTN_CPU_ISA
 }  // namespace flashattn::detail

@@ -13,10 +13,14 @@
 
 #include <cstdint>
 
-// These headers are compiled with different instruction sets in different translation units (the kernels with
-// -march=native, the tests without), so every template and inline function in them lives in a namespace named
-// after the instruction set: the linker can never substitute one ISA's instantiation for another's.
-#if defined(__AVX512F__)
+// These headers are compiled with different instruction sets in different translation units (the kernels once
+// per level, src/cpu/isa.cpp; the tests at the baseline), so every template and inline function in them lives in a
+// namespace named after the instruction set: the linker can never substitute one ISA's instantiation for another's.
+// (What else the kernels instantiate, the standard library's templates included, is made private to each level's
+// object when it is linked: CMakeLists.txt.)
+// A build may name it (the -march=native kernels: isa_native).
+#if defined(FLASHATTN_CPU_ISA)
+#elif defined(__AVX512F__)
 #define FLASHATTN_CPU_ISA isa_avx512
 #elif defined(__AVX2__) && defined(__FMA__)
 #define FLASHATTN_CPU_ISA isa_avx2_fma

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -452,3 +453,20 @@ TEST(Validation, RandomMutationsNeverCrashNorWrite) {
 
 }  // namespace
 }  // namespace flashattn::test
+
+// The CPU kernels' instruction-set level: named, and capped by FLASHATTN_CPU_ISA when it names a level the CPU
+// supports (the suite runs once per level with it set: tests/CMakeLists.txt).
+TEST(CpuIsa, LevelIsNamedAndTheCapApplies) {
+  const std::string level = flashattn::cpu_isa();
+  EXPECT_TRUE(level == "baseline" || level == "avx2" || level == "avx512" || level == "native") << level;
+  const char* cap = std::getenv("FLASHATTN_CPU_ISA");
+  if (cap == nullptr || *cap == '\0') return;
+  const std::string want = cap;
+  const bool supported = want == "baseline" || (want == "avx2" && __builtin_cpu_supports("x86-64-v3")) ||
+                         (want == "avx512" && __builtin_cpu_supports("x86-64-v4"));
+  if (supported) {
+    EXPECT_EQ(level, want);
+  } else {
+    EXPECT_NE(level, want);
+  }
+}
