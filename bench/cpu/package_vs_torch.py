@@ -2,7 +2,7 @@
 """The Python package on the CPU as users run it: flashattn.flash_attn_func against PyTorch's CPU
 scaled_dot_product_attention in one process, on the same tensors' shapes, fp32 and bf16, forward (no_grad) and
 backward (autograd), at each thread count given. Reports the CPU kernels' level (flashattn.cpu_isa(), capped by
-FLASHATTN_CPU_ISA) and the machine's fp32 GEMM rate (torch.matmul), and writes JSON + a markdown table.
+FLASHATTN_CPU_ISA) and the machine's fp32 GEMM rate (torch.matmul) at each thread count, and writes JSON + a markdown table.
 
     PYTHONPATH=<build>/python python3 bench/cpu/package_vs_torch.py --out cpu-package.json --md cpu-package.md
 
@@ -81,8 +81,10 @@ def main():
     args = ap.parse_args()
     n = 2048
     a, bm = torch.randn(n, n), torch.randn(n, n)
-    torch.set_num_threads(max(args.threads))
-    gemm = 2.0 * n ** 3 / best_time(lambda: torch.matmul(a, bm), args.min_time)
+    gemm = {}
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        gemm[threads] = 2.0 * n ** 3 / best_time(lambda: torch.matmul(a, bm), args.min_time)
     rows = []
     for threads in args.threads:
         for dtype in args.dtypes:
@@ -92,20 +94,22 @@ def main():
                 r = cell(s, d, causal, getattr(torch, dtype), threads, args)
                 flops = 4.0 * args.batch * args.heads * s * s * d * (0.5 if causal else 1.0)
                 r.update(threads=threads, dtype=dtype, s=s, d=d, causal=causal,
-                         fwd_gemm_fraction=flops / r["ours_fwd"] / gemm if dtype == "float32" else None)
+                         fwd_gemm_fraction=flops / r["ours_fwd"] / gemm[threads] if dtype == "float32" else None)
                 rows.append(r)
                 print(f"{threads} thr {dtype} s {s} d {d}{' causal' if causal else ''}: fwd {r['ours_fwd']*1e3:.0f} "
                       f"vs {r['torch_fwd']*1e3:.0f} ms ({r['torch_fwd']/r['ours_fwd']:.2f}x), bwd "
                       f"{r['ours_bwd']*1e3:.0f} vs {r['torch_bwd']*1e3:.0f} ms ({r['torch_bwd']/r['ours_bwd']:.2f}x)",
                       flush=True)
     meta = {"cpu_isa": flashattn.cpu_isa(), "torch": torch.__version__,
-            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "gemm_fp32_flops": gemm}
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "gemm_fp32_flops_by_threads": gemm}
     with open(args.out, "w") as f:
         json.dump({**meta, "rows": rows}, f, indent=1)
     if args.md:
         with open(args.md, "w") as f:
             f.write(f"flashattn CPU kernels: {meta['cpu_isa']}; torch {meta['torch']} "
-                    f"({meta['torch_cpu_capability']}); fp32 GEMM {gemm / 1e9:.0f} GFLOP/s\n\n")
+                    f"({meta['torch_cpu_capability']}); fp32 GEMM (torch.matmul) GFLOP/s by threads: "
+                    + ", ".join(f"{t}: {g / 1e9:.0f}" for t, g in gemm.items()) + "\n\n")
             f.write("| threads | dtype | s | d | causal | fwd ours / torch ms | speed-up | bwd ours / torch ms | speed-up |\n")
             f.write("|---|---|---|---|---|---|---|---|---|\n")
             for r in rows:
