@@ -38,6 +38,13 @@ fi
 step "C++ tests (CPU suite, CLI, GPU suite: skipped without a GPU)"
 ctest --test-dir build --output-on-failure -j "$jobs"
 
+step "C++ package: install the build, then build and run examples/cpp against the installed package"
+rm -rf build/install build/example
+cmake --install build --prefix build/install >/dev/null
+cmake -S examples/cpp -B build/example -G Ninja -DCMAKE_PREFIX_PATH="$root/build/install" >/dev/null
+cmake --build build/example -j "$jobs"
+build/example/flashattn_example
+
 if [ "${FLASHATTN_SKIP_SANITIZE:-0}" != 1 ]; then
   step "C++ CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer"
   cmake -S . -B build-sanitize -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHATTN_CUDA=OFF \
