@@ -54,6 +54,13 @@ Status supports(Backend b, const FwdParams& p, const BwdParams* bwd) {
 
 BackendChoice choose(const FwdParams& p, Backend requested, const BwdParams* bwd) {
   BackendChoice c;
+  if (bwd != nullptr && p.has_kv_cache()) {
+    c.backend = requested == Backend::automatic ? (on_cpu(p) ? Backend::cpu_flash : Backend::cuda_sm80) : requested;
+    c.status = Status::unsupported("the backward does not take a KV cache (seqused_k, leftpad_k, kv_batch_idx, "
+                                   "block_table): the cache path is inference only");
+    c.reason = c.status.message;
+    return c;
+  }
   if (requested != Backend::automatic) {
     c.backend = requested;
     c.status = supports(requested, p, bwd);

@@ -121,3 +121,21 @@ TEST_F(KVCacheArguments, UncheckedIndexValuesStayInBounds) {
 
 }  // namespace
 }  // namespace flashattn::test
+
+namespace flashattn::test {
+namespace {
+
+// Backward params carrying a KV cache (filled by hand, as an engine may) are refused, not run as something else.
+TEST(KVCacheBackward, IsRefusedWithTheReason) {
+  BwdParams p;
+  int32_t lengths[1] = {4};
+  p.seqused_k = lengths;
+  for (Backend b : {Backend::automatic, Backend::cpu_flash, Backend::cpu_reference}) {
+    const Status st = run_backward(p, b);
+    EXPECT_EQ(st.code, ErrorCode::unsupported) << backend_name(b);
+    EXPECT_NE(st.message.find("inference only"), std::string::npos) << st.message;
+  }
+}
+
+}  // namespace
+}  // namespace flashattn::test
