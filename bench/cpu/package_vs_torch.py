@@ -7,29 +7,17 @@ FLASHATTN_CPU_ISA) and the machine's fp32 GEMM rate (torch.matmul) at each threa
     PYTHONPATH=<build>/python python3 bench/cpu/package_vs_torch.py --out cpu-package.json --md cpu-package.md
 
 Timing: shape by shape the two libraries alternate for --rounds rounds; each number is the fastest call of a round
-(one warm-up, then calls until --min-time has passed), the best round kept. Layouts: PyTorch gets [b, h, s, d],
+(compare_torch.best_time: one warm-up, then calls until --min-time has passed), the best round kept. Layouts: PyTorch gets [b, h, s, d],
 flashattn [b, s, h, d] (flash_attn's layout), each its native one.
 """
 import argparse
 import json
-import time
 
 import torch
 import torch.nn.functional as F
 
 import flashattn
-
-
-def best_time(fn, min_time):
-    fn()
-    best, start, calls = float("inf"), time.perf_counter(), 0
-    while True:
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-        calls += 1
-        if time.perf_counter() - start >= min_time or calls >= 50:
-            return best
+from compare_torch import best_time  # the CPU benchmarks' one timing rule (this script's folder is on sys.path)
 
 
 def cell(s, d, causal, dtype, threads, args):
