@@ -94,6 +94,16 @@ def test_fma32_is_a_correctly_rounded_fma():
 # ---- inputs --------------------------------------------------------------------------------------------------------
 
 
+def _mask_name_parts(causal, window, softcap):
+    """The mask's part of a case's name: causal, window edges, softcap."""
+    parts = ["causal"] if causal else []
+    if window != (-1, -1):
+        parts.append(f"win{window[0]}_{window[1]}")
+    if softcap:
+        parts.append(f"cap{softcap}")
+    return parts
+
+
 @dataclass(frozen=True)
 class KVCase:
     batch: int
@@ -128,12 +138,7 @@ class KVCase:
             parts.append("idx")
         if self.leftpad is not None:
             parts.append("lp" + "-".join(map(str, self.leftpad)))
-        if self.causal:
-            parts.append("causal")
-        if self.window != (-1, -1):
-            parts.append(f"win{self.window[0]}_{self.window[1]}")
-        if self.softcap:
-            parts.append(f"cap{self.softcap}")
+        parts += _mask_name_parts(self.causal, self.window, self.softcap)
         if self.int_seqlens:
             parts.append("int")
         return ",".join(parts)
@@ -643,12 +648,7 @@ class PagedVarlenCase:
         parts = [f"q{'-'.join(map(str, self.lengths_q))}", f"k{'-'.join(map(str, self.lengths_k))}",
                  f"page{self.page}", f"h{self.heads[0]}-{self.heads[1]}", f"d{self.d}",
                  str(self.dtype).replace("torch.", "")]
-        if self.causal:
-            parts.append("causal")
-        if self.window != (-1, -1):
-            parts.append(f"win{self.window[0]}_{self.window[1]}")
-        if self.softcap:
-            parts.append(f"cap{self.softcap}")
+        parts += _mask_name_parts(self.causal, self.window, self.softcap)
         return ",".join(parts)
 
 
