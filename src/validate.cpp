@@ -165,6 +165,39 @@ Status set_lse(const TensorView& lse, FwdParams* p) {
   return Status::success();
 }
 
+// The optional ALiBi slopes: fp32 [h_q] or [batch, h_q] on the call's device, last dim contiguous; on the CPU
+// every slope finite (CUDA slopes stay unread: reading them would synchronise every call).
+Status set_alibi(const TensorView& slopes, FwdParams* p) {
+  if (!slopes.defined()) return Status::success();
+  const int64_t per_head[1] = {p->heads_q}, per_batch[2] = {p->batch, p->heads_q};
+  const bool shape_ok = (slopes.rank == 1 && slopes.shape[0] == p->heads_q) ||
+                        (slopes.rank == 2 && slopes.shape[0] == p->batch && slopes.shape[1] == p->heads_q);
+  if (!shape_ok) {
+    return Status::invalid("alibi_slopes: expected shape [" + std::to_string(p->heads_q) + "] or [" +
+                           std::to_string(p->batch) + ", " + std::to_string(p->heads_q) +
+                           "] (heads, or batch x heads), got " + shape_str(slopes));
+  }
+  const bool batched = slopes.rank == 2;
+  Status st = check_tensor("alibi_slopes", slopes, slopes.rank, batched ? per_batch : per_head, DType::f32, p->device,
+                           true);
+  if (!st.ok()) return st;
+  if (p->device.type == DeviceType::cpu) {
+    const float* v = static_cast<const float*>(slopes.data);
+    for (int64_t b = 0; b < (batched ? p->batch : 1); ++b)
+      for (int64_t h = 0; h < p->heads_q; ++h) {
+        const float x = v[(batched ? b * slopes.stride[0] : 0) + h];
+        if (!std::isfinite(x)) {
+          return Status::invalid("alibi_slopes: must be finite, got " + std::to_string(x) + " at " +
+                                 (batched ? "[" + std::to_string(b) + ", " : std::string("[")) + std::to_string(h) +
+                                 "]");
+        }
+      }
+  }
+  p->alibi_slopes = static_cast<const float*>(slopes.data);
+  p->alibi_slopes_batch_stride = batched ? slopes.stride[0] : 0;
+  return Status::success();
+}
+
 // The options every forward takes as they are (check_options has accepted them).
 void set_options(const AttentionOptions& o, FwdParams* p) {
   p->softmax_scale = o.softmax_scale > 0 ? float(o.softmax_scale) : float(1.0 / std::sqrt(double(p->head_dim)));
@@ -284,6 +317,7 @@ Status make_forward_params(const ForwardArgs& a, const AttentionOptions& o, FwdP
   }
 
   if (!((st = set_lse(a.lse, &p)).ok())) return st;
+  if (!((st = set_alibi(a.alibi_slopes, &p)).ok())) return st;
 
   p.q = a.q.data;
   p.k = a.k.data;
@@ -542,6 +576,7 @@ Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCa
   if (!a.out.defined()) return Status::invalid("out: required");
   if (!((st = check_tensor("out", a.out, qrank, o_shape, p.dtype, dev, true)).ok())) return st;
   if (!((st = set_lse(a.lse, &p)).ok())) return st;
+  if (!((st = set_alibi(a.alibi_slopes, &p)).ok())) return st;
 
   // New rows to append, and the rotary embedding.
   if (a.k_new.defined() != a.v_new.defined()) {

@@ -53,10 +53,15 @@ struct AttentionOptions {
 // Varlen: q [total_q, h_q, d], k [total_k, h_kv, d], v [total_k, h_kv, d_v], out [total_q, h_q, d_v],
 // lse [h_q, total_q]; cu_seqlens_q / cu_seqlens_k int32 [b + 1], non-decreasing from 0 to the totals;
 // max_seqlen_q / max_seqlen_k bound every sequence's length.
+// alibi_slopes (optional): fp32 [h_q] or [b, h_q] on q's device, last dim contiguous; query head h of sequence b
+// adds -slope · |i + s_k - s_q - j| to its score for key j, after scale and softcap, with or without a mask
+// (flash_attn 2's ALiBi; the LSE is that of the biased scores). CPU slopes are checked to be finite; CUDA slopes
+// are not read on the host (a non-finite slope makes the rows of its head NaN).
 struct ForwardArgs {
   TensorView q, k, v, out, lse;
   TensorView cu_seqlens_q, cu_seqlens_k;
   int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+  TensorView alibi_slopes;
 };
 
 // The forward's inputs plus dout (like out) and the gradients dq, dk, dv (like q, k, v). lse is required.
@@ -76,6 +81,8 @@ struct BackwardArgs : ForwardArgs {
 //   cache_leftpad   int32 [b]: first used cache row of sequence b
 //   block_table     int32 [entries, max_pages], last dim contiguous: the pages of each entry (any page size)
 //   out [like q with d_v], lse [b, h_q, s_q] (varlen: [h_q, total_q]) fp32, optional
+//   alibi_slopes    fp32 [h_q] or [b, h_q], as for ForwardArgs; distances count from each sequence's diagonal
+//                   over its used keys (cache_seqlens + new rows - cache_leftpad)
 // The index tensors may live on the device (no host round trip is needed to run). With check_index_values (the
 // default) cache_seqlens, cache_leftpad and cache_batch_idx are read on the host first (a synchronising copy each
 // on CUDA) and every value is checked (lengths within the capacity, entries in range), naming the argument; the
@@ -86,6 +93,7 @@ struct KVCacheArgs {
   TensorView q, k_cache, v_cache, out, lse;
   TensorView cache_seqlens, k_new, v_new, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table;
   TensorView cu_seqlens_q;
+  TensorView alibi_slopes;
   int64_t max_seqlen_q = 0;
   bool rotary_interleaved = true;
   int num_splits = 0;  // CUDA: key splits per sequence (1 = none); 0 = chosen from the shape

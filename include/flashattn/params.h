@@ -61,6 +61,11 @@ struct FwdParams {
   float softcap = 0.f;        // 0 = off; else scores become softcap * tanh(scores / softcap)
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
+  // ALiBi (common/alibi.h): fp32 slopes on the tensors' device, [heads_q] (batch stride 0) or [batch, heads_q];
+  // query head h of sequence b adds -alibi_slopes[b * alibi_slopes_batch_stride + h] · |i + s_k - s_q - j| to its
+  // score for key j. Null: no bias.
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_slopes_batch_stride = 0;
 
   // KV cache (see above); all int32 on the tensors' device, each optional.
   const int32_t* seqused_k = nullptr;     // [batch]: end of sequence b's used key rows, before appended_k

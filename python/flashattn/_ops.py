@@ -14,7 +14,8 @@ require grad; called directly with inputs that require grad, a backward reaching
 
 CUDA: the kernels run on torch's current stream of the inputs' device, passed to the native module as an
 integer. Tensors are exported with ``to_dlpack`` (no cross-stream synchronisation) and the padded path performs
-no host synchronisation, so CUDA graph capture works. The varlen path validates cu_seqlens on the
+no host synchronisation, so CUDA graph capture works (ALiBi slopes on CUDA are checked to be finite with one
+synchronising reduction per call, skipped under capture). The varlen path validates cu_seqlens on the
 host, which copies them from the device (not capturable). The KV-cache operator copies its index tensors
 (cache_seqlens, cache_batch_idx, cache_leftpad, block_table) to the host to check their values, except while the
 current stream is being captured into a CUDA graph: then nothing is copied and the kernels clamp out-of-range
@@ -131,24 +132,26 @@ def attention_forward(
     v: Tensor,
     cu_seqlens_q: Optional[Tensor],
     cu_seqlens_k: Optional[Tensor],
+    alibi_slopes: Optional[Tensor],
     int_options: List[int],
     float_options: List[float],
     backend: str,
 ) -> Tuple[Tensor, Tensor]:
-    """out [.., heads_q, d_v] and lse (fp32) of softmax(q kᵀ · scale) v; options as op_options() builds them.
-    `deterministic` only travels to the backward (the forward is always deterministic)."""
+    """out [.., heads_q, d_v] and lse (fp32) of softmax(q kᵀ · scale + ALiBi bias) v; options as op_options()
+    builds them. `deterministic` only travels to the backward (the forward is always deterministic)."""
     o = _native_options(int_options, float_options)
     del o["deterministic"]
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    alibi_slopes = _checked_slopes(alibi_slopes, q)
     out, lse = _forward_outputs(q, v, cu_seqlens_q is not None)
     # The native module makes q's device current for the launch itself.
     _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(cu_seqlens_q), _dl(cu_seqlens_k), o.pop("max_seqlen_q"),
-               o.pop("max_seqlen_k"), backend=backend, stream=_stream(q), **o)
+               o.pop("max_seqlen_k"), alibi_slopes=_dl(alibi_slopes), backend=backend, stream=_stream(q), **o)
     return out, lse
 
 
 @attention_forward.register_fake
-def _attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, int_options, float_options, backend):
+def _attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_options, float_options, backend):
     return _forward_outputs(q, v, cu_seqlens_q is not None)
 
 
@@ -162,40 +165,43 @@ def attention_backward(
     lse: Tensor,
     cu_seqlens_q: Optional[Tensor],
     cu_seqlens_k: Optional[Tensor],
+    alibi_slopes: Optional[Tensor],
     int_options: List[int],
     float_options: List[float],
     backend: str,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv of attention_forward given dout and the forward's out and lse; the forward's options."""
+    """dq, dk, dv of attention_forward given dout and the forward's out and lse; the forward's options and slopes
+    (the slopes get no gradient: they are constants, as in flash_attn)."""
     o = _native_options(int_options, float_options)
     dout, q, k, v, out = (_last_dim_contiguous(t) for t in (dout, q, k, v, out))
+    alibi_slopes = None if alibi_slopes is None else _last_dim_contiguous(alibi_slopes)
     dq, dk, dv = _backward_outputs(q, k, v)
     _C.backward(_dl(dout), _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(dq), _dl(dk), _dl(dv),
-                _dl(cu_seqlens_q), _dl(cu_seqlens_k), o.pop("max_seqlen_q"), o.pop("max_seqlen_k"), backend=backend,
-                stream=_stream(q), **o)
+                _dl(cu_seqlens_q), _dl(cu_seqlens_k), o.pop("max_seqlen_q"), o.pop("max_seqlen_k"),
+                alibi_slopes=_dl(alibi_slopes), backend=backend, stream=_stream(q), **o)
     return dq, dk, dv
 
 
 @attention_backward.register_fake
-def _attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, int_options, float_options,
-                             backend):
+def _attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_options,
+                             float_options, backend):
     return _backward_outputs(q, k, v)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens_q, cu_seqlens_k = inputs[:5]
+    q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes = inputs[:6]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-    ctx.options = inputs[5:]  # int_options, float_options, backend: the backward op takes them as they are
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    ctx.options = inputs[6:]  # int_options, float_options, backend: the backward op takes them as they are
     # The log-sum-exp is an auxiliary output (as in flash_attn): no gradient flows through it.
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dout, _dlse):
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
     dq, dk, dv = torch.ops.flashattn.attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                                        *ctx.options)
-    return (dq, dk, dv) + (None,) * 5
+                                                        alibi_slopes, *ctx.options)
+    return (dq, dk, dv) + (None,) * 6
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -238,6 +244,19 @@ def _kvcache_outputs(q: Tensor, v_cache: Tensor, varlen: bool) -> Tuple[Tensor, 
     return _outputs_like(q, v_cache.shape[-1], varlen)
 
 
+def _checked_slopes(alibi_slopes: Optional[Tensor], q: Tensor) -> Optional[Tensor]:
+    """The ALiBi slopes with a contiguous last dim; CUDA slopes checked to be finite here (the library reads CPU
+    slopes itself), which synchronises once per call, except under CUDA-graph capture, where it cannot."""
+    if alibi_slopes is None:
+        return None
+    alibi_slopes = _last_dim_contiguous(alibi_slopes)
+    if (alibi_slopes.is_cuda and alibi_slopes.dtype == torch.float32 and not _capturing(alibi_slopes)
+            and not bool(torch.isfinite(alibi_slopes).all())):
+        bad = alibi_slopes[~torch.isfinite(alibi_slopes)][0].item()
+        raise ValueError(f"alibi_slopes: must be finite, got {bad}")
+    return alibi_slopes
+
+
 def _capturing(t: Tensor) -> bool:
     """Whether torch's current stream of t's device is being captured into a CUDA graph."""
     if t.device.type != "cuda":
@@ -266,6 +285,7 @@ def attention_with_kvcache(
     cache_leftpad: Optional[Tensor],
     block_table: Optional[Tensor],
     cu_seqlens_q: Optional[Tensor],
+    alibi_slopes: Optional[Tensor],
     int_options: List[int],
     float_options: List[float],
     backend: str,
@@ -284,19 +304,20 @@ def attention_with_kvcache(
     rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, cu_seqlens_q = (
         _contiguous(t) for t in (rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                  cu_seqlens_q))
+    alibi_slopes = _checked_slopes(alibi_slopes, q)
     out, lse = _kvcache_outputs(q, v_cache, cu_seqlens_q is not None)
     # The native module makes q's device current for the launch itself.
     _C.attention_with_kvcache(_dl(q), _dl(k_cache), _dl(v_cache), _dl(out), _dl(lse), _dl(k_new), _dl(v_new),
                               _dl(rotary_cos), _dl(rotary_sin), _dl(cache_seqlens), _dl(cache_batch_idx),
                               _dl(cache_leftpad), _dl(block_table), _dl(cu_seqlens_q), o.pop("max_seqlen_q"),
-                              backend=backend, stream=_stream(q), **o)
+                              alibi_slopes=_dl(alibi_slopes), backend=backend, stream=_stream(q), **o)
     return out, lse
 
 
 @attention_with_kvcache.register_fake
 def _attention_with_kvcache_fake(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
-                                 cache_batch_idx, cache_leftpad, block_table, cu_seqlens_q, int_options, float_options,
-                                 backend):
+                                 cache_batch_idx, cache_leftpad, block_table, cu_seqlens_q, alibi_slopes, int_options,
+                                 float_options, backend):
     return _kvcache_outputs(q, v_cache, cu_seqlens_q is not None)
 
 
@@ -436,6 +457,7 @@ def attention(
     window_left: int = -1,
     window_right: int = -1,
     softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
     deterministic: bool = False,
     backend: str = "auto",
     num_threads: int = 0,
@@ -445,7 +467,8 @@ def attention(
     Padded: q [b, s_q, h_q, d], k [b, s_k, h_kv, d], v [b, s_k, h_kv, d_v] -> out [b, s_q, h_q, d_v],
     lse [b, h_q, s_q]. Varlen (cu_seqlens_q/k int32 [b + 1]): [total, h, d] -> out [total_q, h_q, d_v],
     lse [h_q, total_q]. Causal and the window are aligned bottom-right (flash_attn >= 2.1); -1 = unbounded.
-    `backend` forces one backend by name ("auto" dispatches); num_threads bounds the CPU backends (0 = all).
+    alibi_slopes: fp32 [h_q] or [b, h_q] on q's device: query i's score for key j gains
+    -slope · |i + s_k - s_q - j| (flash_attn's ALiBi; the slopes get no gradient). `backend` forces one backend by name ("auto" dispatches); num_threads bounds the CPU backends (0 = all).
     """
     _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
@@ -458,7 +481,21 @@ def attention(
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     ints, floats = op_options(max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap,
                               deterministic, num_threads)
-    return torch.ops.flashattn.attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, ints, floats, str(backend))
+    _check_slopes_type(alibi_slopes)
+    return torch.ops.flashattn.attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, ints, floats,
+                                                 str(backend))
+
+
+def _check_slopes_type(alibi_slopes) -> None:
+    if alibi_slopes is None:
+        return
+    if not isinstance(alibi_slopes, Tensor):
+        raise TypeError(f"alibi_slopes: expected a torch.Tensor (float32, (nheads,) or (batch, nheads)) or None, "
+                        f"got {type(alibi_slopes).__name__}")
+    if alibi_slopes.requires_grad and torch.is_grad_enabled():
+        raise NotImplementedError("alibi_slopes: gradients with respect to the slopes are not supported (they are "
+                                  "constants, as in flash_attn); pass a tensor that does not require grad "
+                                  "(alibi_slopes.detach())")
 
 
 def _check_index(name: str, t) -> None:
@@ -516,6 +553,7 @@ def kvcache_attention(
     softcap: float = 0.0,
     rotary_interleaved: bool = True,
     num_splits: int = 0,
+    alibi_slopes: Optional[Tensor] = None,
     backend: str = "auto",
     num_threads: int = 0,
     check_index_values: bool = True,
@@ -575,8 +613,9 @@ def kvcache_attention(
     q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin = (
         t.detach() if t is not None and t.requires_grad else t
         for t in (q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin))
+    _check_slopes_type(alibi_slopes)
     args = (q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-            block_table, cu_seqlens_q, ints, floats, str(backend))
+            block_table, cu_seqlens_q, alibi_slopes, ints, floats, str(backend))
     if not names or torch.compiler.is_compiling():
         return torch.ops.flashattn.attention_with_kvcache(*args)
     try:
@@ -605,6 +644,7 @@ def choose_backend(
     window_left: int = -1,
     window_right: int = -1,
     softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
     backward: bool = False,
     deterministic: bool = False,
     backend: str = "auto",
@@ -616,9 +656,12 @@ def choose_backend(
     max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, deterministic = _check_options(
         q, k, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, deterministic)
     backward = check_flag("backward", backward)
+    _check_slopes_type(alibi_slopes)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    alibi_slopes = None if alibi_slopes is None else _last_dim_contiguous(alibi_slopes)
     name, ok, reason = _C.choose_backend(
         _dl(q), _dl(k), _dl(v), None, _dl(cu_seqlens_q), _dl(cu_seqlens_k), max_seqlen_q, max_seqlen_k,
         softmax_scale=scale, causal=causal, window_left=window_left, window_right=window_right, softcap=softcap,
-        backward=backward, deterministic=deterministic, backend=str(backend), stream=_stream(q))
+        backward=backward, deterministic=deterministic, alibi_slopes=_dl(alibi_slopes), backend=str(backend),
+        stream=_stream(q))
     return BackendChoice(name, ok, reason)

@@ -16,7 +16,13 @@ from the keyword `seqused_k`, vLLM's, when cu_seqlens_k is None). Both are infer
 paged varlen call raises NotImplementedError when an input requires grad (with grad mode on) instead of returning
 an output without gradients; flash_attn_with_kvcache returns outputs that do not require grad, like flash_attn's.
 
-Differences, all explicit: dropout_p > 0 and alibi_slopes raise NotImplementedError; return_attn_probs=True returns
+ALiBi: alibi_slopes (float32, (nheads,) or (batch, nheads)) adds -slope * |i + s_k - s_q - j| to query i's score for
+key j, with or without causal / window / softcap, varlen and KV caches, forward and backward (no gradient for the
+slopes). Under causal, flash_attn's kernels add slope * j instead, the same softmax (a per-row constant), so outputs
+and gradients agree, but their softmax_lse is shifted by that constant; ours is the log-sum-exp of the scores as
+defined here.
+
+Differences, all explicit: dropout_p > 0 raises NotImplementedError; return_attn_probs=True returns
 (out, softmax_lse, None) since the probabilities are never materialised; float32 and float64 inputs work too (not
 only float16 / bfloat16); the paged block size may be anything (flash_attn needs a multiple of 256 with
 flash_attn_with_kvcache); rotary_dim needs to be even only (flash_attn: a multiple of 16); an int cache_seqlens
@@ -58,16 +64,6 @@ def check_dropout(dropout_p) -> None:
             f"dropout_p={dropout_p}: attention dropout is not supported by flashattn yet; pass dropout_p=0.0")
 
 
-def _reject_alibi(alibi_slopes) -> None:
-    if alibi_slopes is not None:
-        raise NotImplementedError("alibi_slopes: ALiBi biases are not supported by flashattn yet; pass None")
-
-
-def _reject_unsupported(dropout_p, alibi_slopes) -> None:
-    check_dropout(dropout_p)
-    _reject_alibi(alibi_slopes)
-
-
 def _window(window_size: Sequence[int]) -> Tuple[int, int]:
     try:
         left, right = window_size
@@ -104,12 +100,12 @@ def _split(name: str, packed: Tensor, dim: int, count: int, layout: str):
 
 def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
          window_size, softcap, alibi_slopes, deterministic, return_attn_probs, backend, num_threads):
-    _reject_unsupported(dropout_p, alibi_slopes)
+    check_dropout(dropout_p)
     left, right = _window(window_size)
     out, lse = attention(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                          max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal, window_left=left,
-                         window_right=right, softcap=_softcap(softcap), deterministic=deterministic,
-                         backend=backend, num_threads=num_threads)
+                         window_right=right, softcap=_softcap(softcap), alibi_slopes=alibi_slopes,
+                         deterministic=deterministic, backend=backend, num_threads=num_threads)
     return _result(out, lse, return_attn_probs)
 
 
@@ -133,7 +129,8 @@ def flash_attn_func(
 
     Returns out (batch, seqlen_q, nheads, headdim_v); with return_attn_probs=True, (out, softmax_lse, None) where
     softmax_lse (batch, nheads, seqlen_q) is the fp32 natural-log log-sum-exp of each row of scaled scores.
-    softmax_scale defaults to 1 / sqrt(headdim); softcap > 0 applies softcap * tanh(scores / softcap).
+    softmax_scale defaults to 1 / sqrt(headdim); softcap > 0 applies softcap * tanh(scores / softcap);
+    alibi_slopes (float32 (nheads,) or (batch, nheads)) adds -slope * |i + seqlen_k - seqlen_q - j|.
     """
     return _run(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                 deterministic, return_attn_probs, backend, num_threads)
@@ -238,7 +235,7 @@ def _run_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
                window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table, seqused_k, backend,
                num_threads):
     """flash_attn_varlen_func over a paged cache: the KV-cache operator with varlen queries."""
-    _reject_unsupported(dropout_p, alibi_slopes)
+    check_dropout(dropout_p)
     if block_table is None:
         raise NotImplementedError("seqused_k: supported with a paged cache (block_table) only; without block_table "
                                   "pass the used keys' lengths in cu_seqlens_k")
@@ -276,7 +273,7 @@ def _run_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
     out, lse = kvcache_attention(
         q, k, v, cache_seqlens=lengths, block_table=block_table, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
         softmax_scale=softmax_scale, causal=causal, window_left=left, window_right=right, softcap=_softcap(softcap),
-        backend=backend, num_threads=num_threads,
+        alibi_slopes=alibi_slopes, backend=backend, num_threads=num_threads,
         names=_paged_names(lengths_name))
     return _result(out, lse, return_attn_probs)
 
@@ -376,13 +373,13 @@ def flash_attn_with_kvcache(
     such values instead: nothing outside the tensors is read or written. Page indices out of range in block_table
     are checked on the host for CPU tensors; on CUDA their rows read as zeros and are never written.
     """
-    _reject_alibi(alibi_slopes)
     return_softmax_lse = check_flag("return_softmax_lse", return_softmax_lse)  # before the caches are written
     left, right = _window(window_size)
     out, lse = kvcache_attention(
         q, k_cache, v_cache, k_new=k, v_new=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
         cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
         block_table=block_table, softmax_scale=softmax_scale, causal=causal, window_left=left, window_right=right,
-        softcap=_softcap(softcap), rotary_interleaved=rotary_interleaved, num_splits=num_splits, backend=backend,
-        num_threads=num_threads, check_index_values=check_index_values, names={"k_new": "k", "v_new": "v"})
+        softcap=_softcap(softcap), rotary_interleaved=rotary_interleaved, num_splits=num_splits,
+        alibi_slopes=alibi_slopes, backend=backend, num_threads=num_threads, check_index_values=check_index_values,
+        names={"k_new": "k", "v_new": "v"})
     return (out, lse) if return_softmax_lse else out

@@ -143,7 +143,7 @@ AttentionOptions make_options(double softmax_scale, bool causal, int64_t window_
 
 flashattn::ForwardArgs forward_args(const In& q, const In& k, const In& v, const TensorView& out, const TensorView& lse,
                                     const OptIn& cu_seqlens_q, const OptIn& cu_seqlens_k, int64_t max_seqlen_q,
-                                    int64_t max_seqlen_k) {
+                                    int64_t max_seqlen_k, const OptIn& alibi_slopes) {
   flashattn::ForwardArgs a;
   a.q = to_view("q", q);
   a.k = to_view("k", k);
@@ -154,6 +154,7 @@ flashattn::ForwardArgs forward_args(const In& q, const In& k, const In& v, const
   a.cu_seqlens_k = to_view("cu_seqlens_k", cu_seqlens_k);
   a.max_seqlen_q = max_seqlen_q;
   a.max_seqlen_k = max_seqlen_k;
+  a.alibi_slopes = to_view("alibi_slopes", alibi_slopes);
   return a;
 }
 
@@ -181,9 +182,9 @@ std::string validate_and_run(const Args& a, const AttentionOptions& o, Make make
 std::string forward(const In& q, const In& k, const In& v, const Out& out, const OptOut& lse,
                     const OptIn& cu_seqlens_q, const OptIn& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                     double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
-                    const std::string& backend, int num_threads, uintptr_t stream) {
+                    const OptIn& alibi_slopes, const std::string& backend, int num_threads, uintptr_t stream) {
   const flashattn::ForwardArgs a = forward_args(q, k, v, to_view("out", out), to_view("lse", lse), cu_seqlens_q,
-                                                cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+                                                cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes);
   const AttentionOptions o =
       make_options(softmax_scale, causal, window_left, window_right, softcap, false, backend, num_threads, stream);
   return validate_and_run<flashattn::FwdParams>(
@@ -196,10 +197,11 @@ std::string backward(const In& dout, const In& q, const In& k, const In& v, cons
                      const Out& dq, const Out& dk, const Out& dv, const OptIn& cu_seqlens_q,
                      const OptIn& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
                      bool causal, int64_t window_left, int64_t window_right, double softcap, bool deterministic,
-                     const std::string& backend, int num_threads, uintptr_t stream) {
+                     const OptIn& alibi_slopes, const std::string& backend, int num_threads, uintptr_t stream) {
   flashattn::BackwardArgs a;
   static_cast<flashattn::ForwardArgs&>(a) = forward_args(q, k, v, to_view("out", out), to_view("lse", lse),
-                                                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+                                                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                         alibi_slopes);
   a.dout = to_view("dout", dout);
   a.dq = to_view("dq", dq);
   a.dk = to_view("dk", dk);
@@ -220,8 +222,8 @@ std::string attention_with_kvcache(const In& q, const Out& k_cache, const Out& v
                                    const OptIn& cache_leftpad, const OptIn& block_table, const OptIn& cu_seqlens_q,
                                    int64_t max_seqlen_q, double softmax_scale, bool causal, int64_t window_left,
                                    int64_t window_right, double softcap, bool rotary_interleaved, int num_splits,
-                                   bool check_index_values, const std::string& backend, int num_threads,
-                                   uintptr_t stream) {
+                                   bool check_index_values, const OptIn& alibi_slopes, const std::string& backend,
+                                   int num_threads, uintptr_t stream) {
   flashattn::KVCacheArgs a;
   a.q = to_view("q", q);
   a.k_cache = to_view("k_cache", k_cache);
@@ -237,6 +239,7 @@ std::string attention_with_kvcache(const In& q, const Out& k_cache, const Out& v
   a.cache_leftpad = to_view("cache_leftpad", cache_leftpad);
   a.block_table = to_view("block_table", block_table);
   a.cu_seqlens_q = to_view("cu_seqlens_q", cu_seqlens_q);
+  a.alibi_slopes = to_view("alibi_slopes", alibi_slopes);
   a.max_seqlen_q = max_seqlen_q;
   a.rotary_interleaved = rotary_interleaved;
   a.num_splits = num_splits;
@@ -257,8 +260,8 @@ std::tuple<std::string, bool, std::string> choose_backend(const In& q, const In&
                                                           int64_t max_seqlen_q, int64_t max_seqlen_k,
                                                           double softmax_scale, bool causal, int64_t window_left,
                                                           int64_t window_right, double softcap, bool backward,
-                                                          bool deterministic, const std::string& backend,
-                                                          uintptr_t stream) {
+                                                          bool deterministic, const OptIn& alibi_slopes,
+                                                          const std::string& backend, uintptr_t stream) {
   TensorView out_view;
   if (out) {
     out_view = to_view("out", *out);
@@ -272,7 +275,8 @@ std::tuple<std::string, bool, std::string> choose_backend(const In& q, const In&
     }
   }
   const flashattn::ForwardArgs a =
-      forward_args(q, k, v, out_view, TensorView{}, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+      forward_args(q, k, v, out_view, TensorView{}, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                   alibi_slopes);
   const AttentionOptions o =
       make_options(softmax_scale, causal, window_left, window_right, softcap, deterministic, backend, 0, stream);
   flashattn::BackendChoice c;
@@ -295,16 +299,18 @@ NB_MODULE(_C, m) {
   m.def("forward", &forward, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none() = nb::none(),
         "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
         "max_seqlen_k"_a = 0, nb::kw_only(), "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1,
-        "window_right"_a = -1, "softcap"_a = 0.0, "backend"_a = "auto", "num_threads"_a = 0, "stream"_a = 0,
+        "window_right"_a = -1, "softcap"_a = 0.0, "alibi_slopes"_a.none() = nb::none(), "backend"_a = "auto",
+        "num_threads"_a = 0, "stream"_a = 0,
         "Attention forward into caller-allocated out [b, s_q, h_q, d_v] and optional lse [b, h_q, s_q] (fp32);\n"
         "varlen: [total, h, d] tensors with int32 cu_seqlens_q/k. softmax_scale <= 0 means 1/sqrt(d). stream is a\n"
-        "cudaStream_t as an integer (CUDA tensors). Returns the name of the backend that ran.");
+        "cudaStream_t as an integer (CUDA tensors). alibi_slopes: fp32 [h_q] or [b, h_q] (ALiBi). Returns the name\n"
+        "of the backend that ran.");
 
   m.def("backward", &backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "dq"_a, "dk"_a, "dv"_a,
         "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
         "max_seqlen_k"_a = 0, nb::kw_only(), "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1,
-        "window_right"_a = -1, "softcap"_a = 0.0, "deterministic"_a = false, "backend"_a = "auto",
-        "num_threads"_a = 0, "stream"_a = 0,
+        "window_right"_a = -1, "softcap"_a = 0.0, "deterministic"_a = false, "alibi_slopes"_a.none() = nb::none(),
+        "backend"_a = "auto", "num_threads"_a = 0, "stream"_a = 0,
         "Attention backward: fills caller-allocated dq, dk, dv from dout and the forward's out and lse.\n"
         "Returns the name of the backend that ran.");
 
@@ -315,7 +321,7 @@ NB_MODULE(_C, m) {
         "block_table"_a.none() = nb::none(), "cu_seqlens_q"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
         nb::kw_only(), "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1, "window_right"_a = -1,
         "softcap"_a = 0.0, "rotary_interleaved"_a = true, "num_splits"_a = 0, "check_index_values"_a = true,
-        "backend"_a = "auto", "num_threads"_a = 0, "stream"_a = 0,
+        "alibi_slopes"_a.none() = nb::none(), "backend"_a = "auto", "num_threads"_a = 0, "stream"_a = 0,
         "Attention over a key/value cache (flash_attn_with_kvcache), forward only. k_cache / v_cache: dense\n"
         "[b_cache, s_cache, h_kv, d] or, with block_table (int32 [entries, max_pages]), paged [num_pages, page_size,\n"
         "h_kv, d]; written in place when k_new / v_new [b, s_new, h_kv, d] are given (appended at cache_seqlens,\n"
@@ -328,7 +334,7 @@ NB_MODULE(_C, m) {
         "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
         "max_seqlen_k"_a = 0, nb::kw_only(), "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1,
         "window_right"_a = -1, "softcap"_a = 0.0, "backward"_a = false, "deterministic"_a = false,
-        "backend"_a = "auto", "stream"_a = 0,
+        "alibi_slopes"_a.none() = nb::none(), "backend"_a = "auto", "stream"_a = 0,
         "The backend the dispatcher would run for this call: (name, supported, reason). Runs nothing.");
 
   m.def("built_with_cuda", &flashattn::built_with_cuda, "Whether this build contains the CUDA kernels.");

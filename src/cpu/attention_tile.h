@@ -1,5 +1,5 @@
 // Score-tile steps shared by the CPU flash forward and backward: the scale / softcap transform of raw Q·K
-// products, per-element masking of partially visible tiles, and K / V tiles as fp32 / fp64 rows.
+// products, the ALiBi bias, per-element masking of partially visible tiles, and K / V tiles as fp32 / fp64 rows.
 //
 // Scores are kept in log2 units (multiplied by log2 e) so that every exponential is a single exp2:
 //   no softcap: S2 = (Q · scale · log2e) · K            (the scale is folded into whichever operand is cheaper)
@@ -7,10 +7,12 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
 
+#include "common/alibi.h"
 #include "common/mask.h"
 #include "cpu/tile_io.h"
 #include "cpu/vec_math.h"
@@ -50,6 +52,40 @@ struct ScoreTransform {
     Acc t = s2 * inv_cap_log2;
     t = t < Acc(-1) ? Acc(-1) : (t > Acc(1) ? Acc(1) : t);
     return Acc(1) - t * t;
+  }
+};
+
+// The ALiBi bias (common/alibi.h) of one (sequence, head) in log2 units, added to score tiles. Distances are
+// formed in Acc from the tile's first one plus the column offset, so the inner loops vectorise; they are exact
+// below 2^24 keys in fp32.
+template <typename Acc>
+struct AlibiTile {
+  Acc slope2;     // slope · log2e per key of distance
+  int64_t shift;  // s_k - s_q
+
+  explicit AlibiTile(const Alibi& a) : slope2(Acc(double(a.slope) * kLog2e)), shift(a.shift) {}
+  bool active() const { return slope2 != Acc(0); }
+
+  // out[j] = bias of query i for keys j0 + j, j < n.
+  void row(Acc* out, int64_t i, int64_t j0, int64_t n) const {
+    const Acc base = Acc(i + shift - j0);
+    for (int j = 0; j < int(n); ++j) out[j] = -slope2 * std::fabs(base - Acc(j));
+  }
+  // Key-major tile Sᵀ[j][i] (keys j0.., queries i0..): adds the bias in place.
+  void add_key_major(Acc* s, int64_t ld, int64_t j0, int64_t nk, int64_t i0, int64_t ncols) const {
+    for (int64_t j = 0; j < nk; ++j) {
+      const Acc base = Acc(i0 + shift - (j0 + j));
+      Acc* sj = s + j * ld;
+      for (int i = 0; i < int(ncols); ++i) sj[i] -= slope2 * std::fabs(base + Acc(i));
+    }
+  }
+  // Query-major tile S[i][j] (queries i0.., keys j0..): adds the bias in place.
+  void add_query_major(Acc* s, int64_t ld, int64_t i0, int64_t nq, int64_t j0, int64_t ncols) const {
+    for (int64_t i = 0; i < nq; ++i) {
+      const Acc base = Acc(i0 + i + shift - j0);
+      Acc* si = s + i * ld;
+      for (int j = 0; j < int(ncols); ++j) si[j] -= slope2 * std::fabs(base - Acc(j));
+    }
   }
 };
 

@@ -1,6 +1,7 @@
 // CPU flash backward: dQ, dK, dV by recomputation. For each (query block, key block) tile of a head:
 //   S = Q · (Kᵀ · scale · log2e)         (softcap: c·log2e·tanh(Q · Kᵀ · scale / c)); mask on partial tiles
-//   P = exp2(S - LSE · log2e)             (never stored beyond the tile)
+//   P = exp2(S + B - LSE · log2e)         (B: the ALiBi bias, kept apart from S for softcap's derivative; P is
+//                                          never stored beyond the tile)
 //   dP = dO · Vᵀ,   dS = P ∘ (dP - D) · scale  (∘ (1 - tanh²) with softcap),   D = rowsum(dO ∘ O)
 //   dV += Pᵀ dO,    dK += dSᵀ Q,    dQ += dS K
 // five register-blocked products per tile (micro_gemm.h), the transposed uses of P and dS read through strides.
@@ -178,7 +179,8 @@ void score_tile(const ScoreTransform<Acc>& score, const MaskSpec& mask, const Ac
 // fp64 only: each row's LSE (log2 units) recomputed in fp64 by a forward-style sweep without the P·V product.
 template <typename T, typename Acc>
 void recompute_lse2(const BwdParams& p, const MaskSpec& mask, const ScoreTransform<Acc>& score,
-                    const SequenceView<const T>& k, int64_t qlo, int64_t qhi, BackwardScratch<Acc>& w) {
+                    const AlibiTile<Acc>& alibi, const SequenceView<const T>& k, int64_t qlo, int64_t qhi,
+                    BackwardScratch<Acc>& w) {
   using C = CpuTiles<Acc>;
   constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
   const int64_t d = p.head_dim;
@@ -192,6 +194,7 @@ void recompute_lse2(const BwdParams& p, const MaskSpec& mask, const ScoreTransfo
       const int64_t nk = std::min<int64_t>(C::kBlockK, hi - j0);
       load_transposed(k.row(j0), k.row_stride, nk, d, w.kt.data(), C::kBlockK, round_up(nk, C::kVec), score.qk_scale);
       score_tile(score, mask, w.q.data() + (i0 - qlo) * w.ldq, w.ldq, d, w.kt.data(), i0, nq, j0, nk, s);
+      if (alibi.active()) alibi.add_query_major(s, C::kBlockK, i0, nq, j0, nk);
       for (int64_t r = 0; r < nq; ++r) {
         const Acc* sr = s + r * C::kBlockK;
         Acc mx = m[r];
@@ -238,6 +241,7 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
 
   for (int64_t g = t.head_begin; g < t.head_end; ++g) {
     const int64_t h = t.kv_head * plan.group + g;
+    const AlibiTile<Acc> alibi(Alibi::make(p.alibi_slopes, p.alibi_slopes_batch_stride, t.batch, h, ext.len_q, ext.len_k));
     const auto qv = query_view<const T>(p, p.q, ext, t.batch, h);
     const auto ov = output_view<const T>(p, p.o, ext, t.batch, h);
     const auto dov = grad_out_view<const T>(p, ext, t.batch, h);
@@ -251,7 +255,7 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
       dsum[i] = acc;
     }
     if constexpr (std::is_same_v<Acc, double>) {
-      recompute_lse2(p, mask, score, k, qlo, qhi, w);
+      recompute_lse2(p, mask, score, alibi, k, qlo, qhi, w);
     } else {
       // P = exp2(S - LSE·log2e); a row that saw no key has LSE = -inf, and +inf here makes its P exactly 0.
       for (int64_t i = 0; i < rows; ++i) {
@@ -277,7 +281,12 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
           const Acc* sr = s + r * kBk;
           Acc* pr = prob + r * kBk;
           const Acc lse_r = lse2[r0 + r];
-          for (int64_t j = 0; j < nkp; ++j) pr[j] = exp2_approx(sr[j] - lse_r);
+          if (alibi.active()) {
+            alibi.row(pr, i0 + r, j0, nkp);
+            for (int64_t j = 0; j < nkp; ++j) pr[j] = exp2_approx(sr[j] + pr[j] - lse_r);
+          } else {
+            for (int64_t j = 0; j < nkp; ++j) pr[j] = exp2_approx(sr[j] - lse_r);
+          }
         }
         gemm<Acc>(nq, nkp, dv, dout + r0 * lddo, lddo, 1, w.vt.data(), kBk, ds, kBk, GemmMode::overwrite);  // dP
         for (int64_t r = 0; r < nq; ++r) {

@@ -10,7 +10,8 @@
 // Per key block, in the task's fp32 (fp64 for fp64 inputs) buffers:
 //   Sᵀ = K · Qᵀ                     (micro_gemm: K broadcast, Qᵀ rows as vectors; Qᵀ transposed once per task
 //                                    and pre-multiplied by scale·log2(e), so that exp is one exp2)
-//   softcap, then mask              (per element only on tiles MaskSpec::tile_fully_visible says are partial)
+//   softcap, ALiBi, then mask       (the mask per element only on tiles MaskSpec::tile_fully_visible says are
+//                                    partial)
 //   m' = max(m, column max of Sᵀ),  P = exp2(Sᵀ - m'),  l = l·exp2(m - m') + column sums of P
 //   O = diag(exp2(m - m')) O + Pᵀᵀ V  (micro_gemm reading P transposed through its strides)
 // The score tile is kept key-major (Sᵀ) so that the per-query-row max / sum run down columns as plain vector
@@ -91,6 +92,7 @@ void forward_task(const FwdParams& p, int64_t block_q, const QueryBlockTask& t, 
   const auto o = output_view<T>(p, p.o, ext, t.batch, t.head);
   const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right);
   const ScoreTransform<Acc> score(p);
+  const AlibiTile<Acc> alibi(Alibi::make(p.alibi_slopes, p.alibi_slopes_batch_stride, t.batch, t.head, ext.len_q, ext.len_k));
 
   const int64_t i0 = t.row0, nq = std::min(block_q, ext.len_q - i0), nqp = round_up(nq, C::kVec);
   const int64_t ldq = w.ldq, lds = w.lds;
@@ -120,6 +122,7 @@ void forward_task(const FwdParams& p, int64_t block_q, const QueryBlockTask& t, 
     // Sᵀ (nk x [c0, c1), key-major) in log2 units.
     gemm<Acc>(nk, c1 - c0, d, kt.data, kt.ld, 1, w.qt.data() + c0, ldq, sc, lds, GemmMode::overwrite);
     score.apply_softcap(sc, lds, nk, c1 - c0);
+    if (alibi.active()) alibi.add_key_major(sc, lds, j0, nk, i0 + c0, c1 - c0);
     if (!mask.tile_fully_visible(i0 + c0, i0 + c0 + rows, j0, j0 + nk)) mask_key_major(mask, sc, lds, j0, nk, i0 + c0, c1 - c0);
 
     // Online softmax, one query row per column.

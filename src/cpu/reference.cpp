@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "common/alibi.h"
 #include "common/half.h"
 #include "common/mask.h"
 #include "cpu/dtype_dispatch.h"
@@ -27,6 +28,7 @@ void row_typed(const BwdParams& p, int64_t b, int64_t h, int64_t i, bool with_gr
   const auto k = key_view<const T>(p, p.k, ext, h / group, false);
   const auto v = key_view<const T>(p, p.v, ext, h / group, true);
   const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right);
+  const Alibi alibi = Alibi::make(p.alibi_slopes, p.alibi_slopes_batch_stride, b, h, ext.len_q, ext.len_k);
   const int64_t sk = ext.len_k;
 
   std::vector<double> s(size_t(sk), kNegInf), th(size_t(sk), 0.0);
@@ -40,6 +42,7 @@ void row_typed(const BwdParams& p, int64_t b, int64_t h, int64_t i, bool with_gr
       th[size_t(j)] = std::tanh(u / double(p.softcap));
       u = double(p.softcap) * th[size_t(j)];
     }
+    u += alibi.bias(i, j);
     s[size_t(j)] = u;
     m = std::max(m, u);
   }

@@ -10,7 +10,8 @@
 //   query i sits on key diagonal t = i + s_k - s_q (bottom-right alignment, as flash-attn >= 2.1);
 //   key j is visible iff 0 <= j < s_k, j <= t under causal, j >= t - window_left when window_left >= 0 and
 //   j <= t + window_right when window_right >= 0;
-//   score = scale · q·k (scale = softmax_scale, 1/√d when 0), then softcap · tanh(score / softcap) when softcap > 0;
+//   score = scale · q·k (scale = softmax_scale, 1/√d when 0), then softcap · tanh(score / softcap) when softcap > 0,
+//   then minus slope · |i + s_k - s_q - j| with ALiBi (slope of query head h, and of sequence b when per batch);
 //   query head h reads KV head h / (h_q / h_kv);
 //   P = softmax of the visible scores, O = P V, LSE = log Σ exp(score); a row with no visible key has O = 0,
 //   LSE = −inf and zero gradients.
@@ -46,7 +47,15 @@ struct AttnSpec {
   double softcap = 0;                           // 0: off
   double softmax_scale = 0;                     // 0: 1/√d
   std::vector<int64_t> lens_q, lens_k;          // varlen when non-empty: per-sequence lengths, rows packed
+  std::vector<float> alibi_slopes;              // ALiBi: [h_q], or [batch][h_q] when alibi_per_batch; empty: none
+  bool alibi_per_batch = false;
 
+  // ALiBi's bias for query i and key j of sequence b, query head h (h_q heads).
+  double alibi_bias(int64_t b, int64_t h, int64_t h_q, int64_t i, int64_t j, int64_t sq, int64_t sk) const {
+    if (alibi_slopes.empty()) return 0;
+    const double slope = alibi_slopes[size_t(alibi_per_batch ? b * h_q + h : h)];
+    return -slope * std::fabs(double(i + sk - sq - j));
+  }
   // The library takes the scale in fp32 (documented in flashattn.h, AttentionOptions::softmax_scale).
   double scale(int64_t head_dim) const {
     return double(float(softmax_scale > 0 ? softmax_scale : 1.0 / std::sqrt(double(head_dim))));
@@ -158,9 +167,11 @@ AttnResult textbook_attention(const AttnShape& shape, const std::vector<double>&
               th[size_t(j)] = std::tanh(x / cap);
               x = cap * th[size_t(j)];
             }
+            const double bias = spec.alibi_bias(b, h, hq, i, j, sq, sk);
+            x += Acc(bias);
             s[size_t(j)] = x;
             seen[size_t(j)] = 1;
-            weight[size_t(j)] = 1 + scale_d * dot_abs;
+            weight[size_t(j)] = 1 + scale_d * dot_abs + std::fabs(bias);
             weight_max = std::max(weight_max, weight[size_t(j)]);
             m = std::max(m, x);
           }

@@ -48,8 +48,23 @@ struct AttnCase {
   int64_t pad = 0;                        // extra elements at the end of every row of every tensor
   std::vector<int32_t> lens_q, lens_k;    // varlen when non-empty (batch = lens_q.size())
   double input_scale = 1;                 // standard deviation of Q and K (large: saturated softmax)
+  enum class Alibi { none, per_head, per_batch } alibi = Alibi::none;  // ALiBi slopes [h_q] or [batch, h_q]
 
   bool varlen() const { return !lens_q.empty(); }
+
+  // The case's ALiBi slopes, in the order of the slopes tensor: spread over [0.02, 0.6] and one of them 0 (a head
+  // without bias next to biased ones), different per sequence when per batch.
+  std::vector<float> alibi_slopes() const {
+    std::vector<float> s;
+    if (alibi == Alibi::none) return s;
+    const int64_t rows = alibi == Alibi::per_batch ? (varlen() ? int64_t(lens_q.size()) : batch) : 1;
+    for (int64_t b = 0; b < rows; ++b)
+      for (int64_t h = 0; h < h_q; ++h) {
+        const double golden = double(b * 7 + h * 3 + 1) * 0.6180339887;
+        s.push_back(h == 1 && b == 0 ? 0.f : float(0.02 + 0.58 * (golden - std::floor(golden))));
+      }
+    return s;
+  }
 
   std::string name() const {
     std::ostringstream os;
@@ -71,6 +86,7 @@ struct AttnCase {
     if (layout == Layout::bhsd) os << "_bhsd";
     if (pad) os << "_pad" << pad;
     if (input_scale != 1) os << "_scale" << int(input_scale);
+    if (alibi != Alibi::none) os << (alibi == Alibi::per_batch ? "_alibib" : "_alibi");
     return os.str();
   }
 
@@ -94,6 +110,8 @@ struct AttnCase {
     s.softmax_scale = softmax_scale;
     s.lens_q.assign(lens_q.begin(), lens_q.end());
     s.lens_k.assign(lens_k.begin(), lens_k.end());
+    s.alibi_slopes = alibi_slopes();
+    s.alibi_per_batch = alibi == Alibi::per_batch;
     return s;
   }
 };
@@ -126,6 +144,12 @@ class AttnProblem {
       t->poison();  // padding stays NaN: a kernel that reads it poisons its output
       t->fill_normal(rng, t == &q_ || t == &k_ ? c.input_scale : 1.0);
     }
+    if (c.alibi != AttnCase::Alibi::none) {
+      const std::vector<float> slopes = c_.alibi_slopes();
+      alibi_ = c.alibi == AttnCase::Alibi::per_batch ? HostTensor(DType::f32, {c_.batch, c_.h_q})
+                                                     : HostTensor(DType::f32, {c_.h_q});
+      for (size_t i = 0; i < slopes.size(); ++i) alibi_.set(int64_t(i), slopes[i]);
+    }
   }
 
   const AttnCase& c() const { return c_; }
@@ -133,6 +157,7 @@ class AttnProblem {
   const HostTensor& k() const { return k_; }
   const HostTensor& v() const { return v_; }
   const HostTensor& dout() const { return dout_; }
+  const HostTensor& alibi() const { return alibi_; }
 
   // A tensor shaped like Q (query side) or K (key side) with `heads` x `dim`, in the case's layout and padding.
   HostTensor alloc(DType dt, bool query_side, int64_t heads, int64_t dim) const {
@@ -158,6 +183,7 @@ class AttnProblem {
     a.v = v.view();
     a.out = out.view();
     if (lse) a.lse = lse->view();
+    if (c_.alibi != AttnCase::Alibi::none) a.alibi_slopes = alibi_.view();
     if (c_.varlen()) {
       a.cu_seqlens_q = cu_q_.view();
       a.cu_seqlens_k = cu_k_.view();
@@ -186,7 +212,7 @@ class AttnProblem {
  private:
   AttnCase c_;
   int64_t total_q_ = 0, total_k_ = 0;
-  HostTensor q_, k_, v_, dout_, cu_q_, cu_k_;
+  HostTensor q_, k_, v_, dout_, cu_q_, cu_k_, alibi_;
 };
 
 // fp64 copy of a tensor's logical values (contiguous).

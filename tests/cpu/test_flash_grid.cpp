@@ -1,7 +1,8 @@
 // The CPU flash path against the fp64 reference, forward and backward, over a grid shaped like real use and its
 // edges: lengths 1, 2, 17, 127 (and a few at 1000), s_q > s_k and s_q < s_k with causal, GQA ratios 1, 2, 8,
 // head dims 8..256 with d_v != d, both layouts and padded rows, windows with and without causal, softcap,
-// varlen with empty sequences, fully masked rows, softmax scales other than 1/√d, all four dtypes.
+// varlen with empty sequences, fully masked rows, softmax scales other than 1/√d, ALiBi (both slope shapes, with
+// every mask, softcap, GQA and varlen), all four dtypes.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -95,6 +96,35 @@ std::vector<AttnCase> grid_cases() {
     cases.push_back(c);
     c.lens_q = {5, 0, 40}, c.lens_k = {9, 3, 33};
     c.window_left = 7;
+    cases.push_back(c);
+  }
+  // ALiBi: both slope shapes, without and with causal, s_q < s_k, s_q > s_k, GQA, windows, softcap, varlen.
+  {
+    using A = AttnCase::Alibi;
+    const int64_t alens[][2] = {{33, 70}, {70, 33}, {64, 64}, {1, 90}};
+    for (DType dt : kDtypes)
+      for (const auto& l : alens)
+        for (bool causal : {false, true}) {
+          AttnCase c = base(dt, l[0], l[1], 4, 2, 32, 24);
+          c.batch = 2;
+          c.causal = causal;
+          c.alibi = causal ? A::per_batch : A::per_head;
+          cases.push_back(c);
+        }
+    AttnCase c = base(DType::f32, 80, 100, 4, 1, 64, 64);
+    c.window_left = 20, c.window_right = 5, c.alibi = A::per_head;
+    cases.push_back(c);
+    c.causal = true, c.window_right = -1, c.softcap = 8, c.alibi = A::per_batch;
+    cases.push_back(c);
+    c = base(DType::bf16, 0, 0, 4, 2, 48, 48);
+    c.lens_q = {5, 0, 70, 1}, c.lens_k = {9, 3, 60, 40};
+    for (bool causal : {false, true}) {
+      c.causal = causal;
+      c.alibi = causal ? A::per_batch : A::per_head;
+      cases.push_back(c);
+    }
+    c = base(DType::f32, 600, 900, 8, 8, 32, 32);  // 512-row query blocks
+    c.alibi = A::per_head;
     cases.push_back(c);
   }
   // Random combinations of every axis (kept small: this grid also runs under the sanitizers).

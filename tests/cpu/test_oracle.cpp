@@ -43,6 +43,7 @@ std::vector<AttnCase> reference_cases() {
       c.softmax_scale = n % 3 == 0 ? 0 : n % 3 == 1 ? 0.31 : 1.7;
       c.softcap = n % 4 == 3 ? 2.5 : 0;
       c.h_q = n % 2 ? 4 : 3, c.h_kv = n % 2 ? 2 : 1;
+      c.alibi = n % 5 == 1 ? AttnCase::Alibi::per_head : n % 5 == 3 ? AttnCase::Alibi::per_batch : AttnCase::Alibi::none;
       cases.push_back(c);
       ++n;
     }
@@ -54,6 +55,7 @@ std::vector<AttnCase> reference_cases() {
     c.causal = m.causal, c.window_left = m.left, c.window_right = m.right;
     c.softmax_scale = m.causal ? 0.6 : 0;
     c.layout = m.left == 2 ? Layout::bhsd : Layout::bshd;
+    c.alibi = m.right == 1 || m.right == 2 ? AttnCase::Alibi::per_batch : AttnCase::Alibi::none;
     cases.push_back(c);
   }
   return cases;

@@ -102,6 +102,14 @@ TEST(OracleGradcheck, GroupedQueryHeads) {
   check_gradients(c);
 }
 
+TEST(OracleGradcheck, Alibi) {
+  AttnCase c = small(5, 7, 2, 1);
+  c.alibi = AttnCase::Alibi::per_batch;
+  check_gradients(c);
+  c.causal = true, c.softcap = 1.5, c.alibi = AttnCase::Alibi::per_head;
+  check_gradients(c);
+}
+
 TEST(OracleGradcheck, Varlen) {
   AttnCase c = small(0, 0, 2, 1);
   c.lens_q = {3, 0, 4};

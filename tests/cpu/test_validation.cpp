@@ -103,6 +103,40 @@ TEST(Validation, ValidCallsRun) {
   }
 }
 
+TEST(Validation, AlibiSlopes) {
+  for (bool varlen : {false, true}) {
+    Call c(varlen);
+    const int64_t b = 2, hq = 4;
+    HostTensor per_head(DType::f32, {hq}), per_batch(DType::f32, {b, hq});
+    for (int64_t i = 0; i < hq; ++i) per_head.set(i, 0.25 * double(i));
+    for (int64_t i = 0; i < b * hq; ++i) per_batch.set(i, 0.1 * double(i));
+    for (HostTensor* ok : {&per_head, &per_batch}) {
+      c.a.alibi_slopes = ok->view();
+      EXPECT_TRUE(attention_backward(c.a, c.opt).ok());
+    }
+    struct Bad {
+      std::vector<int64_t> shape;
+      DType dtype;
+      double value;
+    };
+    const Bad bad[] = {{{hq + 1}, DType::f32, 0.5}, {{b + 1, hq}, DType::f32, 0.5}, {{b, hq, 1}, DType::f32, 0.5},
+                       {{hq}, DType::f64, 0.5},     {{hq}, DType::f32, NAN},        {{b, hq}, DType::f32, INFINITY},
+                       {{hq}, DType::f32, -INFINITY}};
+    for (const Bad& x : bad) {
+      HostTensor t(x.dtype, x.shape);
+      for (int64_t i = 0; i < t.numel(); ++i) t.set(i, i == 1 ? x.value : 0.5);
+      c.a.alibi_slopes = t.view();
+      expect_rejected(c, "alibi_slopes");
+    }
+    HostTensor strided(DType::f32, {hq}, {}, 0);
+    TensorView view = strided.view();
+    view.stride[0] = 2, view.shape[0] = 2;  // a view of every other slope: 2 slopes for 4 heads, strided
+    c.a.alibi_slopes = view;
+    expect_rejected(c, "alibi_slopes");
+    c.a.alibi_slopes = TensorView();
+  }
+}
+
 TEST(Validation, MismatchedShapes) {
   struct M {
     const char* arg;

@@ -35,9 +35,10 @@ def visible(seq_q: int, seq_k: int, causal: bool, window: Sequence[int], device=
 
 
 def attention_ref(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, window: Sequence[int] = (-1, -1),
-                  softcap: float = 0.0, scale: Optional[float] = None,
+                  softcap: float = 0.0, scale: Optional[float] = None, alibi: Optional[Tensor] = None,
                   dtype: Optional[torch.dtype] = torch.float64) -> Tuple[Tensor, Tensor]:
-    """out [b, s_q, h_q, d_v] and lse [b, h_q, s_q] computed in `dtype` (None: the inputs' dtype). Differentiable."""
+    """out [b, s_q, h_q, d_v] and lse [b, h_q, s_q] computed in `dtype` (None: the inputs' dtype). Differentiable.
+    alibi: slopes [h_q] or [b, h_q]; score (i, j) gains -slope * |i + s_k - s_q - j| after the softcap."""
     dtype = dtype or q.dtype
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     seq_q, seq_k, heads_q, heads_kv = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
@@ -49,6 +50,11 @@ def attention_ref(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, wind
     if softcap > 0:
         cap = f32(softcap)
         s = cap * torch.tanh(s / cap)
+    if alibi is not None:
+        slopes = alibi.to(dtype).reshape(-1 if alibi.dim() == 2 else 1, heads_q).to(q.device)
+        i = torch.arange(seq_q, device=q.device)[:, None]
+        j = torch.arange(seq_k, device=q.device)[None, :]
+        s = s - slopes[:, :, None, None] * (i + seq_k - seq_q - j).abs().to(dtype)
     vis = visible(seq_q, seq_k, causal, window, q.device)
     s = s.masked_fill(~vis, float("-inf"))
     lse = torch.logsumexp(s.detach(), dim=-1) if s.shape[-1] else torch.full(s.shape[:-1], float("-inf"), dtype=dtype, device=q.device)
@@ -72,7 +78,9 @@ def varlen_ref(q: Tensor, k: Tensor, v: Tensor, cu_q: Sequence[int], cu_k: Seque
     for b in range(len(cu_q) - 1):
         qs, ks, vs = (t[lo:hi].unsqueeze(0) for t, lo, hi in
                       ((q, cu_q[b], cu_q[b + 1]), (k, cu_k[b], cu_k[b + 1]), (v, cu_k[b], cu_k[b + 1])))
-        o, l = attention_ref(qs, ks, vs, **kwargs)
+        alibi = kwargs.get("alibi")
+        per_seq = dict(kwargs, alibi=alibi[b:b + 1] if alibi is not None and alibi.dim() == 2 else alibi)
+        o, l = attention_ref(qs, ks, vs, **per_seq)
         outs.append(o[0])
         lses.append(l[0])
     return torch.cat(outs, 0), torch.cat(lses, 1)

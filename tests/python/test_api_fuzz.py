@@ -404,7 +404,8 @@ class Gen:
             out.append(set_("window_size", v, {"window_size"}))
         for v in (0.1, 1.0, -0.1, None, float("nan"), "0", [0.0]):
             out.append(set_("dropout_p", v, {"dropout_p"}))
-        out.append(set_("alibi_slopes", lambda: torch.ones(4), {"alibi_slopes"}, "a tensor"))
+        out.append(set_("alibi_slopes", lambda: torch.ones(3, 5, 7), {"alibi_slopes"}, "a rank-3 tensor"))
+        out.append(set_("alibi_slopes", [0.5], {"alibi_slopes"}, "a list"))
         # (with a block table, k and v must be paged caches [num_pages, page_size, heads, dim]: these are not)
         out.append(set_("block_table", lambda: torch.zeros(1, 1, dtype=torch.int32), {"block_table", "k", "v"},
                         "a tensor"))

@@ -40,7 +40,7 @@ def test_not_a_tensor():
 @pytest.mark.parametrize("kwargs,exc,pattern", [
     ({"dropout_p": 0.1}, NotImplementedError, "dropout_p"),
     ({"dropout_p": 1.5}, ValueError, "dropout_p"),
-    ({"alibi_slopes": torch.ones(2)}, NotImplementedError, "alibi_slopes"),
+    ({"alibi_slopes": torch.ones(3)}, ValueError, "^alibi_slopes: expected shape"),
     ({"window_size": 3}, ValueError, "window_size"),
     ({"softmax_scale": float("nan")}, ValueError, "softmax_scale"),
     ({"softmax_scale": -1.0}, NotImplementedError, "softmax_scale"),

@@ -501,7 +501,7 @@ def op_args(inp: KVInputs, case: KVCase, *, check_index_values=True, backend="cp
             to_device(inp.cos, device), to_device(inp.sin, device),
             index_tensor(inp.lengths if lengths is None else lengths, device),
             index_tensor(inp.batch_idx if batch_idx is None else batch_idx, device),
-            index_tensor(inp.leftpad, device), to_device(inp.block_table, device), None, ints, floats, backend)
+            index_tensor(inp.leftpad, device), to_device(inp.block_table, device), None, None, ints, floats, backend)
 
 
 OPCHECK_CASES = [
@@ -807,7 +807,7 @@ KV_ERRORS = [
     ("leftpad_past_end", dict(cache_leftpad=torch.tensor([0, 9], dtype=I32)), ValueError,
      r"^cache_leftpad: entry 1 is 9, outside \[0, 8\]"),
     ("leftpad_negative", dict(cache_leftpad=torch.tensor([-2, 0], dtype=I32)), ValueError, r"^cache_leftpad: entry 0"),
-    ("alibi", dict(alibi_slopes=torch.ones(4)), NotImplementedError, r"^alibi_slopes"),
+    ("alibi", dict(alibi_slopes=torch.ones(3, 5, 7)), ValueError, r"^alibi_slopes: expected shape"),
     ("num_splits", dict(num_splits=-1), ValueError, r"^num_splits: must be in \[0, 256\]"),
     ("num_splits_type", dict(num_splits=1.5), TypeError, r"^num_splits: expected an integer"),
     ("window", dict(window_size=(-2, 0)), None, None),  # flash_attn: any negative edge is unbounded (valid)
@@ -873,7 +873,7 @@ VARLEN_ERRORS = [
     ("heads", dict(q=lambda kw: torch.randn(5, 3, 16)), ValueError, r"^k: query heads \(3\) must be a multiple"),
     ("k_dtype", dict(k=lambda kw: kw["k"].half()), TypeError, r"^k: dtype"),
     ("dropout", dict(dropout_p=0.1), NotImplementedError, r"^dropout_p"),
-    ("alibi", dict(alibi_slopes=torch.ones(4)), NotImplementedError, r"^alibi_slopes"),
+    ("alibi", dict(alibi_slopes=torch.ones(3, 5, 7)), ValueError, r"^alibi_slopes: expected shape"),
     ("seqused_without_paging", dict(block_table=None, seqused_k=torch.tensor([9, 3], dtype=I32)),
      NotImplementedError, r"^seqused_k: supported with a paged cache \(block_table\) only"),
 ]

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/alibi.h"
 #include "common/hd.h"
 #include "common/mask.h"
 
@@ -43,6 +44,8 @@ struct BwdKernelArgs {
   float softcap_log2;  // softcap * log2(e)
   bool causal;
   int64_t window_left, window_right;
+  const float* alibi_slopes;  // null: no ALiBi (common/alibi.h)
+  int64_t alibi_batch_stride;
 
   // Workspace: D = rowsum(dO o O) and lse_log2, [heads_q][ws_head_stride] each, and the fp32 dQ accumulator
   // [heads_q][ws_head_stride][dq_accum_ld] (rows_q of each head's ws_head_stride rows are used).
@@ -100,6 +103,16 @@ __device__ __forceinline__ SeqExtent seq_extent(const BwdKernelArgs& a, int b) {
 
 __device__ __forceinline__ MaskSpec seq_mask(const BwdKernelArgs& a, const SeqExtent& e) {
   return MaskSpec::make(e.len_q, e.len_k, a.causal, a.window_left, a.window_right);
+}
+
+// ALiBi of one (sequence, query head) as the kernels apply it: the slope in log2 units (0: none) and s_k - s_q.
+struct BwdAlibi {
+  float slope2;
+  int64_t shift;
+};
+__device__ __forceinline__ BwdAlibi seq_alibi(const BwdKernelArgs& a, const SeqExtent& e, int b, int h) {
+  const Alibi bias = Alibi::make(a.alibi_slopes, a.alibi_batch_stride, b, h, e.len_q, e.len_k);
+  return {bias.slope_log2(), bias.shift};
 }
 
 }  // namespace flashattn::cuda::sm80

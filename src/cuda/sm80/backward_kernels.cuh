@@ -76,8 +76,9 @@ template <typename C, typename T, bool kStoreP, bool kSoftcap, bool kMask>
 __device__ __forceinline__ void scores_to_grads_impl(const T* sq, const T* sdo, const T* sk, const T* sv,
                                                      const float (&lse_l2)[C::kSdPWarpM / 16][2],
                                                      const float (&dsum)[C::kSdPWarpM / 16][2],
-                                                     const BwdKernelArgs& a, const MaskSpec& mask, int m0, int n0,
-                                                     int row0, int col0, T* sP, T* sdS, int lane) {
+                                                     const BwdKernelArgs& a, const MaskSpec& mask,
+                                                     const BwdAlibi& alibi, int m0, int n0, int row0, int col0, T* sP,
+                                                     T* sdS, int lane) {
   constexpr int MI = C::kSdPWarpM / 16, NI = C::kSdPWarpN / 8;
   constexpr int kLdD = C::kLdD, kLdN = C::kLdN;
   float acc_s[MI][NI][4];
@@ -89,12 +90,14 @@ __device__ __forceinline__ void scores_to_grads_impl(const T* sq, const T* sdo, 
     for (int half = 0; half < 2; ++half) {
       const int row = row0 + acc_row(mi, half, lane);
       int key_lo = 0, key_hi = 0;  // visible keys of the row, relative to n0
+      float alibi_base = 0.f;      // the row's diagonal minus the key of its column ni = 0, e = 0
       if constexpr (kMask) {
         int64_t lo, hi;
         mask.key_range(m0 + row, &lo, &hi);
         lo -= n0, hi -= n0;
         key_lo = int(lo < 0 ? 0 : (lo > 1 << 30 ? 1 << 30 : lo));
         key_hi = int(hi < 0 ? 0 : (hi > 1 << 30 ? 1 << 30 : hi));
+        alibi_base = float(int64_t(m0 + row) + alibi.shift - n0 - (col0 + acc_col(0, lane)));
       }
 #pragma unroll
       for (int ni = 0; ni < NI; ++ni) {
@@ -104,12 +107,15 @@ __device__ __forceinline__ void scores_to_grads_impl(const T* sq, const T* sdo, 
         for (int e = 0; e < 2; ++e) {
           float& x = acc_s[mi][ni][half * 2 + e];
           float dscale = 1.f;
+          // ALiBi's bias folded into the subtracted LSE (0 without ALiBi): exp2(s + b - lse) with b < 0.
+          float lse = lse_l2[mi][half];
+          if constexpr (kMask) lse = fmaf(alibi.slope2, fabsf(alibi_base - float(ni * 8 + e)), lse);
           if constexpr (kSoftcap) {
             const float t = tanhf(x * a.tanh_scale);
-            p[e] = fast_exp2(t * a.softcap_log2 - lse_l2[mi][half]);
+            p[e] = fast_exp2(t * a.softcap_log2 - lse);
             dscale = 1.f - t * t;
           } else {
-            p[e] = fast_exp2(x * a.scale_log2 - lse_l2[mi][half]);
+            p[e] = fast_exp2(x * a.scale_log2 - lse);
           }
           if constexpr (kMask) {
             if (col + e < key_lo || col + e >= key_hi) p[e] = 0.f;
@@ -145,22 +151,23 @@ template <typename C, typename T, bool kStoreP>
 __device__ __forceinline__ void scores_to_grads(const T* sq, const T* sdo, const T* sk, const T* sv,
                                                 const float (&lse_l2)[C::kSdPWarpM / 16][2],
                                                 const float (&dsum)[C::kSdPWarpM / 16][2], const BwdKernelArgs& a,
-                                                const MaskSpec& mask, bool need_mask, int m0, int n0, int row0,
-                                                int col0, T* sP, T* sdS, int lane) {
+                                                const MaskSpec& mask, const BwdAlibi& alibi, bool need_mask, int m0,
+                                                int n0, int row0, int col0, T* sP, T* sdS, int lane) {
+  need_mask = need_mask || alibi.slope2 != 0.f;  // the masked variant also adds ALiBi's bias
   if (a.softcap > 0.f) {
     if (need_mask) {
-      scores_to_grads_impl<C, T, kStoreP, true, true>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, m0, n0, row0, col0, sP,
+      scores_to_grads_impl<C, T, kStoreP, true, true>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, alibi, m0, n0, row0, col0, sP,
                                                       sdS, lane);
     } else {
-      scores_to_grads_impl<C, T, kStoreP, true, false>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, m0, n0, row0, col0,
+      scores_to_grads_impl<C, T, kStoreP, true, false>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, alibi, m0, n0, row0, col0,
                                                        sP, sdS, lane);
     }
   } else {
     if (need_mask) {
-      scores_to_grads_impl<C, T, kStoreP, false, true>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, m0, n0, row0, col0,
+      scores_to_grads_impl<C, T, kStoreP, false, true>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, alibi, m0, n0, row0, col0,
                                                        sP, sdS, lane);
     } else {
-      scores_to_grads_impl<C, T, kStoreP, false, false>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, m0, n0, row0, col0,
+      scores_to_grads_impl<C, T, kStoreP, false, false>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, alibi, m0, n0, row0, col0,
                                                         sP, sdS, lane);
     }
   }
@@ -406,7 +413,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKerne
     const bool need_mask =
         n0 + kN > seq.len_k || !mask.tile_fully_visible(m0, min(m0 + kM, seq.len_q), n0, n0 + kN);
     scores_to_grads<C, T, true>(sQs + s_row0 * kLdD, sdOs + s_row0 * kLdD, sK + s_col0 * kLdD, sV + s_col0 * kLdD,
-                                lse_l2, dsum, a, mask, need_mask, m0, n0, s_row0, s_col0, sP, sdS, lane);
+                                lse_l2, dsum, a, mask, seq_alibi(a, seq, b, h), need_mask, m0, n0, s_row0, s_col0, sP,
+                                sdS, lane);
     __syncthreads();
 
     // dQ += dS K (fp32 reductions into the workspace), dV += Pᵀ dO, dK += dSᵀ Q; the transposes come from
@@ -493,6 +501,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dq_kernel(const BwdKernelA
   if (m0 >= seq.len_q) return;
   const int m_valid = min(kM, seq.len_q - m0);
   const MaskSpec mask = seq_mask(a, seq);
+  const BwdAlibi alibi = seq_alibi(a, seq, b, h);
   int64_t k_lo, k_hi;
   mask.key_range_for_rows(m0, m0 + m_valid, &k_lo, &k_hi);
   const int n_first = int(k_lo / kN);
@@ -573,7 +582,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dq_kernel(const BwdKernelA
     const bool need_mask =
         n0 + kN > seq.len_k || !mask.tile_fully_visible(m0, m0 + m_valid, n0, n0 + kN);
     scores_to_grads<C, T, false>(sQ + s_row0 * kLdD, sdO + s_row0 * kLdD, sKs + s_col0 * kLdD, sVs + s_col0 * kLdD,
-                                 lse_l2, dsum, a, mask, need_mask, m0, n0, s_row0, s_col0, nullptr, sdS, lane);
+                                 lse_l2, dsum, a, mask, alibi, need_mask, m0, n0, s_row0, s_col0, nullptr, sdS, lane);
     __syncthreads();
     warp_mma<T, kMiQ, kNiQ, kN / 16, false, true>(acc_dq, sdS + q_row0 * kLdN, kLdN, sKs + q_col0, kLdD, lane);
   }

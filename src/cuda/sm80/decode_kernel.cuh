@@ -22,6 +22,7 @@
 
 #include <cstdint>
 
+#include "common/alibi.h"
 #include "common/kv_cache.h"
 #include "common/mask.h"
 #include "cuda/primitives.cuh"
@@ -56,6 +57,8 @@ struct DecodeKernelArgs {
   bool causal;
   int64_t window_left, window_right;
   float scale_log2, unit_scale, softcap_pre;  // as in ForwardKernelArgs
+  const float* alibi_slopes;
+  int64_t alibi_batch_stride;
   bool q_vec, k_vec, v_vec, o_vec;
 };
 
@@ -274,6 +277,20 @@ struct DecodeKernel {
     OnlineSoftmax<1> softmax;
     softmax.init();
     const int g = lane >> 2, q = lane & 3;
+    // ALiBi: the thread's two packed rows have their own query rows and heads, so their own slopes and diagonals
+    // (distances count over the sequence's used keys).
+    const bool alibi = a.alibi_slopes != nullptr;
+    float alibi_slope_u[1][2] = {{0.f, 0.f}};
+    int alibi_diag[2] = {0, 0};
+    if (alibi) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int pr = min(r0 + g + 8 * half, packed_rows - 1), h = hk * a.head_group + pr % a.head_group;
+        const Alibi32 bias = Alibi32::make(a.alibi_slopes, a.alibi_batch_stride, b, h, len_q, len_k);
+        alibi_slope_u[0][half] = bias.slope_in(a.unit_scale);
+        alibi_diag[half] = pr / a.head_group + bias.shift - 2 * q;
+      }
+    }
 
     gather_tile<kBlockM, kD, kThreads>(sQ, q_row, static_cast<const T*>(a.q), a.head_dim, a.q_vec);
     for (int s = 0; s < kStages - 1; ++s) load_kv(s);  // the first group also carries Q
@@ -291,6 +308,10 @@ struct DecodeKernel {
         for (int e = 0; e < 4; ++e) s[0][nt][e] = 0.f;
       warp_gemm_qk<T, kD, 1, kNTiles>(s, sQ, sK + stage * kBlockN * kD + warp * kWarpKeys * kD, lane);
       if (a.softcap_pre != 0.f) apply_softcap(s, a.softcap_pre);
+      if (alibi) {
+        const float base[1][2] = {{float(alibi_diag[0] - key0), float(alibi_diag[1] - key0)}};
+        apply_alibi_rows(s, alibi_slope_u, base);
+      }
       // Per-element masking only where the tile crosses a mask edge or the last key.
       if (key0 + kWarpKeys > len_k || !mask.tile_fully_visible(i_first, i_last + 1, key0, key0 + kWarpKeys)) {
 #pragma unroll

@@ -1,7 +1,8 @@
 // sm80 fused attention forward: O = softmax(Q Kᵀ · scale) V and LSE, FlashAttention-2 style, on mma.sync.
 //
 // What it computes: for one (query-row block, query head, batch entry) per thread block, the exact attention
-// output of block_m query rows over every key they can see, with an online softmax, and the natural-log LSE.
+// output of block_m query rows over every key they can see, with an online softmax, and the natural-log LSE;
+// softcap and the ALiBi bias are applied to the scores where the mask is.
 // Masked-out key tiles (above the causal diagonal, outside the window) are never loaded; only tiles crossing a
 // mask edge or the last key are masked per element.
 //
@@ -26,6 +27,7 @@
 
 #include <cstdint>
 
+#include "common/alibi.h"
 #include "common/mask.h"
 #include "cuda/primitives.cuh"
 #include "cuda/sm80/forward_config.h"
@@ -59,6 +61,8 @@ struct ForwardKernelArgs {
   float scale_log2;    // unit_scale · log2(e)
   float unit_scale;    // natural score per score unit: softmax_scale, or softcap
   float softcap_pre;   // softmax_scale / softcap; 0 = no softcap
+  const float* alibi_slopes;  // null: no ALiBi; else slope of (b, h) at b * alibi_batch_stride + h
+  int64_t alibi_batch_stride;
   bool q_vec, k_vec, v_vec, o_vec;  // 16-byte cp.async / stores allowed (tile_io.cuh)
 };
 
@@ -100,6 +104,8 @@ struct ForwardKernel {
     const int rows = min(kBlockM, len_q - m0);
 
     const MaskSpec mask = MaskSpec::make(len_q, len_k, a.causal, a.window_left, a.window_right);
+    const Alibi32 alibi = Alibi32::make(a.alibi_slopes, a.alibi_batch_stride, b, h, len_q, len_k);
+    const float alibi_slope_u = alibi.slope_in(a.unit_scale);
     int64_t key_lo, key_hi;
     mask.key_range_for_rows(m0, m0 + rows, &key_lo, &key_hi);
     const int n_block_min = int(key_lo / kBlockN);
@@ -175,6 +181,7 @@ struct ForwardKernel {
         warp_gemm_qk<T, kD, kMTiles, kNTiles>(s, sQw, sK + stage * kBlockN * kD, lane);
 
         if (a.softcap_pre != 0.f) apply_softcap(s, a.softcap_pre);
+        if (alibi_slope_u != 0.f) apply_alibi(s, alibi_slope_u, int64_t(m0 + warp_row0) + alibi.shift - n0, lane);
         if (tile_needs_mask(mask, m0, m0 + rows, n0, kBlockN)) apply_mask(s, mask, m0 + warp_row0, n0, lane);
 
         cp_async_wait<kInFlight>();

@@ -47,7 +47,7 @@ Status launch_forward_tile(const FwdParams& p, ForwardKernelArgs a) {
 }
 
 // The kernel arguments the forward and the decode kernel (decode_launch.cuh) share, under the same names: the
-// tensors and their strides, head dims, the mask, the score scales and the 16-byte access flags.
+// tensors and their strides, head dims, the mask, the score scales, the ALiBi slopes and the 16-byte access flags.
 template <typename Args>
 void fill_attention_args(const FwdParams& p, Args* a) {
   a->q = p.q;
@@ -72,6 +72,8 @@ void fill_attention_args(const FwdParams& p, Args* a) {
   a->unit_scale = float(unit);
   a->scale_log2 = float(unit * 1.4426950408889634);  // log2(e)
   a->softcap_pre = p.softcap > 0 ? float(double(p.softmax_scale) / double(p.softcap)) : 0.f;
+  a->alibi_slopes = p.alibi_slopes;
+  a->alibi_batch_stride = p.alibi_slopes_batch_stride;
   a->q_vec = vector_ok(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.head_dim);
   a->k_vec = vector_ok(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, p.head_dim);
   a->v_vec = vector_ok(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, p.head_dim_v);

@@ -46,6 +46,39 @@ __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], cons
   }
 }
 
+// ALiBi (common/alibi.h): s -= slope_u · |row + s_k - s_q - key| on every element, slope_u being the slope in
+// score units. Row (mt, r) of the thread (fragment layout as apply_mask) passes its slope and `base`, its diagonal
+// (row + s_k - s_q) minus the key of its first column (tile's first key + 2 q). Two instructions per score: the
+// distance's add and an FFMA with an absolute-value operand.
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void apply_alibi_rows(float (&s)[kMTiles][kNTiles][4], const float (&slope_u)[kMTiles][2],
+                                                 const float (&base)[kMTiles][2]) {
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          s[mt][nt][2 * r + e] = fmaf(-slope_u[mt][r], fabsf(base[mt][r] - float(nt * 8 + e)), s[mt][nt][2 * r + e]);
+      }
+    }
+  }
+}
+
+// The same with one slope for every row: `diag0` = the warp's first row + s_k - s_q - the tile's first key.
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void apply_alibi(float (&s)[kMTiles][kNTiles][4], float slope_u, int64_t diag0, int lane) {
+  const int g = lane >> 2, q = lane & 3;
+  float slopes[kMTiles][2], base[kMTiles][2];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) slopes[mt][r] = slope_u, base[mt][r] = float(diag0 + mt * 16 + g + 8 * r - 2 * q);
+  apply_alibi_rows(s, slopes, base);
+}
+
 // Softcap: x = tanh(q·k · pre) with pre = softmax_scale / softcap; the natural score is softcap · x, which the
 // softmax folds into its unit scale.
 template <int kMTiles, int kNTiles>

@@ -1,6 +1,6 @@
 // Hopper backward: dQ, dK, dV of O = softmax(Q Kᵀ · scale) V from the forward's LSE, fp16/bf16 in, fp32
-// accumulation, for head dims 64, 128 and 256 (d_v == d), with causal / sliding-window masks, softcap, GQA, varlen and
-// arbitrary tails. P is recomputed from the LSE tile by tile and never reaches global memory.
+// accumulation, for head dims 64, 128 and 256 (d_v == d), with causal / sliding-window masks, softcap, ALiBi, GQA,
+// varlen and arbitrary tails. P is recomputed from the LSE tile by tile and never reaches global memory.
 //
 // Launch sequence on the call's stream (the row-wise preprocess is the sm80 backward's, backward_rows.cu):
 //   memset of the workspace; bwd_preprocess_kernel (D = rowsum(dO∘O), LSE·log2e); backward_kernel (below);
@@ -25,7 +25,8 @@
 //                each: backward_config.h, kColumnSplit). Per query block, in the transposed orientation so
 //                that the 64 keys are the wgmma's M and P, dS land in the A-operand register layout:
 //                  Sᵀ = K Qᵀ, dPᵀ = V dOᵀ          (wgmma SS, both issued before either is waited for)
-//                  Pᵀ = exp2(Sᵀ·scale·log2e − LSE·log2e), 0 where masked     (under dPᵀ's wgmma)
+//                  Pᵀ = exp2(Sᵀ·scale·log2e + B − LSE·log2e), 0 where masked (under dPᵀ's wgmma; B:
+//                                                    ALiBi's bias in log2 units, softcap and ALiBi template flags)
 //                  dV += Pᵀ dO                      (wgmma RS: Pᵀ from registers, dO N-major from the ring)
 //                  dSᵀ = Pᵀ∘(dPᵀ − D) [∘(1 − tanh²) with softcap] -> registers and shared memory (swizzled)
 //                  dK += dSᵀ Q                      (wgmma RS)
@@ -50,6 +51,7 @@
 #include <string>
 
 #include "backend.h"
+#include "common/alibi.h"
 #include "common/mask.h"
 #include "cuda/check.h"
 #include "cuda/primitives.cuh"
@@ -101,6 +103,8 @@ struct BackwardKernelArgs {
   float softcap_log2;      // softcap · log2(e)
   bool causal;
   int window_left, window_right;
+  const float* alibi_slopes;  // null: no ALiBi (common/alibi.h)
+  int64_t alibi_batch_stride;
 };
 
 // One base pointer; every region a constant offset from it (backward_config.h has the sizes).
@@ -392,8 +396,17 @@ struct BackwardConsumer {
   __device__ static uint32_t& slot(Fragments& f, int j, int r) { return f[j / 2][(j % 2) * 2 + r]; }
 
   // Pᵀ from Sᵀ in place (p, or p·(1 − tanh²) under softcap: the factor dS needs), and its 16-bit fragments.
-  template <bool kSoftcap>
-  __device__ void probabilities(Scores& s, Fragments& pf, const float* lse_log2, int m, bool masked) const {
+  // ALiBi's bias (slope2 in log2 units per key of distance) is folded into the LSE it subtracts.
+  template <bool kSoftcap, bool kAlibi>
+  __device__ void probabilities(Scores& s, Fragments& pf, const float* lse_log2, int m, bool masked,
+                                float alibi_slope2) const {
+    // Row r's distance from query 8j + 2·quad + e of the block is alibi_base[r] + 8j + e (common/alibi.h).
+    float alibi_base[2] = {0.f, 0.f};
+    if constexpr (kAlibi) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        alibi_base[r] = float(m * kM + 2 * quad + (w.seqlen_k - w.seqlen_q) - (w.key0 + key_local[r]));
+    }
 #pragma unroll
     for (int j = 0; j < kM / 8; ++j) {
       const int col = 8 * j + 2 * quad;
@@ -404,7 +417,8 @@ struct BackwardConsumer {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = s[4 * j + 2 * r + e];
-          const float lse_e = e == 0 ? lse.x : lse.y;
+          float lse_e = e == 0 ? lse.x : lse.y;
+          if constexpr (kAlibi) lse_e = fmaf(alibi_slope2, fabsf(alibi_base[r] + float(8 * j + e)), lse_e);
           float dscale = 1.f;
           if constexpr (kSoftcap) {
             const float t = tanhf(x * a.tanh_scale);  // as the forward computes it
@@ -499,15 +513,15 @@ struct BackwardConsumer {
 
   // The rest of one query block once its Sᵀ and dPᵀ are issued: P, dV, dS, dK, then dQ issued (not waited for).
   // On return the wgmma groups in flight are dV, dK and dQ, in that order.
-  template <bool kSoftcap>
+  template <bool kSoftcap, bool kAlibi>
   __device__ void gradients(Scores& s, Scores& dp, float (&dq)[Cfg::kDqTileCols / 2], int m, int stage,
-                            int ds_buffer) {
+                            int ds_buffer, float alibi_slope2) {
     const uint8_t* q_tile = sm.q(stage);
     const uint8_t* do_tile = sm.dout(stage);
     wgmma_wait<1>();  // Sᵀ has landed; dPᵀ may still run
     fence_registers(s);
     Fragments pf;
-    probabilities<kSoftcap>(s, pf, sm.lse_log2(stage), m, needs_mask(m));
+    probabilities<kSoftcap, kAlibi>(s, pf, sm.lse_log2(stage), m, needs_mask(m), alibi_slope2);
     wgmma_fence();
     issue_accumulate(dv, pf, do_tile);
     wgmma_wait<1>();  // dPᵀ has landed; dV may still run
@@ -557,7 +571,7 @@ struct BackwardConsumer {
 // landed (dQ reads only dSᵀ and K), before dQ is waited for: +6-10% at hd 128 over releasing after dQ
 // (bench/results/hopper-backward.md, 53a4bb5). Issuing the next block's Sᵀ and dPᵀ behind dQ instead of waiting
 // was slower at hd 64 (324 -> 262 TFLOP/s at 16k) and spilled at hd 128 (the same entry).
-template <typename T, typename Cfg, bool kSoftcap>
+template <typename T, typename Cfg, bool kSoftcap, bool kAlibi>
 __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int heads_per_kv) {
   mbarrier_wait(c.sm.kv_full(), 0);
   const QueryBlockOrder order(w, heads_per_kv);
@@ -568,7 +582,11 @@ __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int 
     mbarrier_wait(&c.sm.full()[pos.index], pos.phase);
     c.issue_scores(s, dp, pos.index);
     float dq[Cfg::kDqTileCols / 2];
-    c.template gradients<kSoftcap>(s, dp, dq, m, pos.index, i % 2);
+    const float alibi_slope2 =
+        kAlibi ? Alibi32::make(c.a.alibi_slopes, c.a.alibi_batch_stride, w.batch, head, w.seqlen_q, w.seqlen_k)
+                     .slope_log2()
+               : 0.f;
+    c.template gradients<kSoftcap, kAlibi>(s, dp, dq, m, pos.index, i % 2, alibi_slope2);
     wgmma_wait<1>();  // dV and dK have landed: this stage's Q and dO are no longer read
     fence_registers(c.dk);
     fence_registers(c.dv);
@@ -593,7 +611,8 @@ __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int 
   }
 }
 
-template <typename T, typename Cfg>
+// kAlibi: a kernel of its own, so that the plain kernel's register allocation stays what it was without ALiBi.
+template <typename T, typename Cfg, bool kAlibi>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     backward_kernel(const __grid_constant__ BackwardKernelArgs args, const __grid_constant__ CUtensorMap tm_q,
                     const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
@@ -630,9 +649,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     BackwardConsumer<T, Cfg> c(sm, w, args, wg - 1);
     if (has_work) {
       if (args.softcap > 0.f)
-        consume<T, Cfg, true>(c, w, args.heads_per_kv);
+        consume<T, Cfg, true, kAlibi>(c, w, args.heads_per_kv);
       else
-        consume<T, Cfg, false>(c, w, args.heads_per_kv);
+        consume<T, Cfg, false, kAlibi>(c, w, args.heads_per_kv);
     }
     c.epilogue();
   }
@@ -811,8 +830,10 @@ Status launch(const BwdParams& p) {
       // 32-bit window arguments: the narrowest edges that mean the same (a window past 2^31 would truncate).
       a.window_left = int(MaskSpec::narrowest_left(rows.window_left, p.seqlen_k));
       a.window_right = int(MaskSpec::narrowest_right(rows.window_right, p.seqlen_q));
+      a.alibi_slopes = rows.alibi_slopes, a.alibi_batch_stride = rows.alibi_batch_stride;
 
-      auto kernel = cuda::sm90::backward_kernel<T, Cfg>;
+      auto kernel = p.alibi_slopes != nullptr ? cuda::sm90::backward_kernel<T, Cfg, true>
+                                              : cuda::sm90::backward_kernel<T, Cfg, false>;
       FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
       const dim3 grid(unsigned(key_blocks), unsigned(p.heads_kv), unsigned(p.batch));
       kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a, tm_q, tm_k, tm_v, tm_do, tm_lse, tm_dsum);

@@ -1,5 +1,5 @@
 // Hopper forward main loop: the producer (TMA into the K/V ring) and the consumer warpgroups' steps
-// (S = Q Kᵀ, mask and softcap, online softmax, O += P V, epilogue) and their order (S_n issued with
+// (S = Q Kᵀ, softcap, ALiBi and mask, online softmax, O += P V, epilogue) and their order (S_n issued with
 // P_{n+1} V_{n+1}, the softmax under P V, the consumer warpgroups taking turns or issuing freely). Warp roles
 // and budgets: forward_sm90.cu's header and forward_config.h.
 // Included by forward_sm90.cu only.
@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/alibi.h"
 #include "cuda/sm90/forward_config.h"
 #include "cuda/sm90/forward_tiles.cuh"
 #include "cuda/sm90/primitives_sm90.cuh"
@@ -84,7 +85,8 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
 
 // ---- consumer: one warpgroup, 64 query rows ----
 // The per-warpgroup state and the steps of one key tile; consume() below puts them in order.
-template <typename T, typename Cfg_>
+// kAlibi: ALiBi's bias on every tile (a kernel of its own, so that the plain kernel's code stays as it was).
+template <typename T, typename Cfg_, bool kAlibi = false>
 struct Consumer {
   using Cfg = Cfg_;
   static constexpr int kHeadDim = Cfg::kHeadDim;
@@ -105,6 +107,8 @@ struct Consumer {
   float o[kHeadDim / 2];
   float row_max[2] = {-INFINITY, -INFINITY};  // in score units (after softcap), not yet scaled to log2
   float row_sum[2] = {0.f, 0.f};              // this thread's part; the quad's four parts add up at the end
+  float alibi_slope_u = 0.f;  // kAlibi: the slope in score units (S's, before the scale)
+  int alibi_diag[2] = {0, 0}; // kAlibi: the rows' diagonals, row + s_k - s_q
 
   __device__ Consumer(const SharedStorage<Cfg>& sm_, const BlockWork& w_, const ForwardKernelArgs& a_, int wg)
       : sm(sm_), w(w_), a(a_) {
@@ -116,6 +120,12 @@ struct Consumer {
     row[1] = row[0] + 8;
     for (int r = 0; r < 2; ++r) {
       w.mask.key_range(row[r], &key_lo[r], &key_hi[r]);
+    }
+    if constexpr (kAlibi) {
+      const Alibi32 bias = Alibi32::make(a.alibi_slopes, a.alibi_batch_stride, w.batch, w.head, w.seqlen_q, w.seqlen_k);
+      // S's unit is worth scale_log2 / log2e natural-log units (softmax_scale, or 1 under softcap).
+      alibi_slope_u = bias.slope_log2() / a.scale_log2;
+      for (int r = 0; r < 2; ++r) alibi_diag[r] = row[r] + bias.shift;
     }
     // Both edges of the visible band move right with the row, so the keys every row of the tile sees are
     // [first key of the last row, end of the first row's keys); a key tile inside that needs no mask. The
@@ -160,11 +170,22 @@ struct Consumer {
     wgmma_commit();
   }
 
-  // Softcap, then the mask (only on tiles that cross a mask edge or the end of the keys).
+  // Softcap, ALiBi's bias (kAlibi), then the mask (only on tiles that cross a mask edge or the end of the keys).
   __device__ void transform_scores(Scores& s, int n) {
     if (a.softcap > 0.f) {
 #pragma unroll
       for (int i = 0; i < kN / 2; ++i) s[i] = a.softcap * tanhf(s[i] * a.softcap_in_scale);
+    }
+    if constexpr (kAlibi) {
+      // Score (j, e) sits at row e / 2, key n·kN + 2·quad + 8j + e % 2: its distance is base[row] - 8j - e % 2.
+      float base[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) base[r] = float(alibi_diag[r] - (n * kN + 2 * quad));
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          s[4 * j + e] = fmaf(-alibi_slope_u, fabsf(base[e >> 1] - float(8 * j + (e & 1))), s[4 * j + e]);
     }
     if (n >= full_lo && n < full_hi) return;
     // The bounds are taken relative to this lane's first key in the tile, so that each score compares them with

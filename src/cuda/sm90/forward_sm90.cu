@@ -1,5 +1,5 @@
 // Hopper forward: O = softmax(Q Kᵀ · scale) V and LSE, fp16/bf16 in, fp32 accumulation, for head dims 64, 128,
-// 256 (d_v == d), with causal / sliding-window masks, softcap, GQA, varlen and arbitrary tails.
+// 256 (d_v == d), with causal / sliding-window masks, softcap, ALiBi, GQA, varlen and arbitrary tails.
 //
 // Work: tiles of kBlockM = 64 · (consumer warpgroups) query rows of one (batch, head), numbered head-major
 // (forward_tiles.cuh). A CTA runs kPipelines independent pipelines (forward_config.h; one, or three at hd 64 on
@@ -57,7 +57,7 @@
 namespace flashattn::cuda::sm90 {
 namespace {
 
-template <typename T, typename Cfg>
+template <typename T, typename Cfg, bool kAlibi>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     forward_kernel(const __grid_constant__ ForwardKernelArgs args, const __grid_constant__ CUtensorMap tm_q,
                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       // for the descriptors; TileSequence does the same for the tile number).
       w.n_begin = __shfl_sync(0xffffffffu, w.n_begin, 0);
       w.n_end = __shfl_sync(0xffffffffu, w.n_end, 0);
-      Consumer<T, Cfg> c(sm, w, args, consumer);
+      Consumer<T, Cfg, kAlibi> c(sm, w, args, consumer);
       consume(c, consumer, st);
       c.epilogue();
     }
@@ -151,7 +151,7 @@ int device_attribute(cudaDeviceAttr attr, int fallback) {
   return value;
 }
 
-template <typename T, typename Plan>
+template <typename T, typename Plan, bool kAlibi>
 Status launch(const FwdParams& p, Sm90Grid grid) {
   using Cfg = typename Plan::Config;
   constexpr int kHeadDim = Cfg::kHeadDim;
@@ -208,11 +208,13 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   // 32-bit window arguments: the narrowest edges that mean the same (a window past 2^31 would truncate).
   a.window_left = int(MaskSpec::narrowest_left(p.window_left, p.seqlen_k));
   a.window_right = int(MaskSpec::narrowest_right(p.window_right, p.seqlen_q));
+  a.alibi_slopes = p.alibi_slopes;
+  a.alibi_batch_stride = p.alibi_slopes_batch_stride;
   a.num_m_tiles = int(m_tiles);
   a.num_heads = int(p.heads_q);
   a.num_tiles = int(num_tiles);
 
-  auto kernel = cuda::sm90::forward_kernel<T, Cfg>;
+  auto kernel = cuda::sm90::forward_kernel<T, Cfg, kAlibi>;
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   // All of L1 as shared memory, so that kCtasPerSm CTAs fit on an SM.
   FA_CUDA_TRY(
@@ -272,19 +274,25 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   return st;
 }
 
-template <typename T, typename Plan>
+template <typename T, typename Plan, bool kAlibi>
 Status launch_plan_for_keys(const FwdParams& p, Sm90Grid grid) {
   if constexpr (!std::is_void_v<typename Plan::ShortKeysPlan>) {
-    if (p.seqlen_k <= Plan::kShortKeys) return launch<T, typename Plan::ShortKeysPlan>(p, grid);
+    if (p.seqlen_k <= Plan::kShortKeys) return launch<T, typename Plan::ShortKeysPlan, kAlibi>(p, grid);
   }
-  return launch<T, Plan>(p, grid);
+  return launch<T, Plan, kAlibi>(p, grid);
+}
+
+template <typename T, typename Plan>
+Status launch_plan_for_bias(const FwdParams& p, Sm90Grid grid) {
+  return p.alibi_slopes != nullptr ? launch_plan_for_keys<T, Plan, true>(p, grid)
+                                   : launch_plan_for_keys<T, Plan, false>(p, grid);
 }
 
 template <typename T, int kHeadDim>
 Status launch_planned(const FwdParams& p, Sm90Grid grid) {
   const bool masked = p.causal || p.window_left >= 0 || p.window_right >= 0;
-  return masked ? launch_plan_for_keys<T, cuda::sm90::KernelPlan<kHeadDim, true>>(p, grid)
-                : launch_plan_for_keys<T, cuda::sm90::KernelPlan<kHeadDim, false>>(p, grid);
+  return masked ? launch_plan_for_bias<T, cuda::sm90::KernelPlan<kHeadDim, true>>(p, grid)
+                : launch_plan_for_bias<T, cuda::sm90::KernelPlan<kHeadDim, false>>(p, grid);
 }
 
 template <typename T>

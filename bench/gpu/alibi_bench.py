@@ -1,0 +1,97 @@
+"""What ALiBi costs: flashattn's forward and backward with alibi_slopes against the same calls without, in
+alternating bursts in one process (recheck_cell.py's burst timing), and PyTorch SDPA with the equivalent additive
+bias (attn_mask, a materialised [1, h, s, s] bias: the efficient backend) for reference. bf16, B·S = 16k tokens,
+H·D = 2048, slopes 2^(-8 (h + 1) / H) (the ALiBi paper's).
+
+    PYTHONPATH=<build>/python python3 bench/gpu/alibi_bench.py [--hd 64 128 256] [--seqlens 2048 8192]
+        [--causal 0 1] [--repeats 3] [--seconds 0.3] [--sdpa-max 4096]
+
+Prints one markdown row per cell: TFLOP/s of each (forward, backward), and the ranges over the repeats of the
+time with ALiBi over the time without (forward, backward).
+"""
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import flashattn
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from bench_vs_torch import flops  # noqa: E402
+from recheck_cell import burst  # noqa: E402
+
+
+def alibi_slopes(heads):
+    return torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], device="cuda")
+
+
+def sdpa_bias(slopes, s, causal):
+    i = torch.arange(s, device="cuda")[:, None]
+    j = torch.arange(s, device="cuda")[None, :]
+    bias = -slopes[:, None, None] * (i - j).abs()[None].float()
+    if causal:
+        bias = bias.masked_fill(j > i, float("-inf"))
+    return bias[None].to(torch.bfloat16)
+
+
+def cell(d, s, causal, repeats, seconds, sdpa_max):
+    b, h = 16384 // s, 2048 // d
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dout = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+    slopes = alibi_slopes(h)
+
+    def timed(alibi):
+        kw = dict(causal=causal, alibi_slopes=slopes if alibi else None)
+        out = flashattn.flash_attn_func(q, k, v, **kw)
+        fwd = burst(lambda: flashattn.flash_attn_func(q, k, v, **kw), seconds)
+        bwd = burst(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), seconds)
+        return fwd, bwd
+
+    readings = []
+    for i in range(repeats):
+        plain, biased = (timed(False), timed(True)) if i % 2 == 0 else tuple(reversed((timed(True), timed(False))))
+        readings.append((plain, biased))
+    sdpa = None
+    if s <= sdpa_max:
+        qt, kt, vt = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
+        bias = sdpa_bias(slopes, s, causal)
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=bias)
+        dt = dout.transpose(1, 2).contiguous()
+        sdpa = (burst(lambda: F.scaled_dot_product_attention(qt, kt, vt, attn_mask=bias), seconds),
+                burst(lambda: torch.autograd.grad(out, (qt, kt, vt), dt, retain_graph=True), seconds))
+    return b, h, readings, sdpa
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hd", type=int, nargs="+", default=[64, 128, 256])
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[2048, 8192])
+    ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=0.3)
+    ap.add_argument("--sdpa-max", type=int, default=4096)
+    a = ap.parse_args()
+    print(f"ALiBi cost, bf16, bursts of ~{a.seconds:g} s, {a.repeats} alternating repeats ({torch.cuda.get_device_name()})")
+    print("| hd | S | causal | fwd TFLOP/s plain / ALiBi | bwd TFLOP/s plain / ALiBi | fwd time ALiBi/plain | "
+          "bwd time ALiBi/plain | SDPA + bias fwd / bwd TFLOP/s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for d in a.hd:
+        for causal in a.causal:
+            for s in a.seqlens:
+                b, h, r, sdpa = cell(d, s, bool(causal), a.repeats, a.seconds, a.sdpa_max)
+                ff = flops(b, h, s, d, bool(causal), backward=False) * 1e-12
+                fb = flops(b, h, s, d, bool(causal), backward=True) * 1e-12
+                best = lambda xs: min(xs)  # noqa: E731
+                fwd_plain, fwd_alibi = best([x[0][0] for x in r]), best([x[1][0] for x in r])
+                bwd_plain, bwd_alibi = best([x[0][1] for x in r]), best([x[1][1] for x in r])
+                rf = [x[1][0] / x[0][0] for x in r]
+                rb = [x[1][1] / x[0][1] for x in r]
+                sd = f"{ff / sdpa[0]:.0f} / {fb / sdpa[1]:.0f}" if sdpa else "-"
+                print(f"| {d} | {s} | {'yes' if causal else 'no'} | {ff / fwd_plain:.0f} / {ff / fwd_alibi:.0f} | "
+                      f"{fb / bwd_plain:.0f} / {fb / bwd_alibi:.0f} | {min(rf):.3f}-{max(rf):.3f} | "
+                      f"{min(rb):.3f}-{max(rb):.3f} | {sd} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One GPU run for ALiBi (src/common/alibi.h in every CUDA kernel): build with the Python module (all cores), the
+# ALiBi GPU tests, compute-sanitizer memcheck on small ALiBi cases of both backends, the whole GPU suite, the CUDA
+# pytest cases, and the cost benchmark (bench/gpu/alibi_bench.py). Logs go to $OUT; a summary is printed last.
+#   ALIBI_BENCH="<alibi_bench.py args>" (empty string: no benchmark); ALIBI_FULL=0 skips the whole suites.
+set -uo pipefail
+OUT=${OUT:-/tmp/alibi-out}
+mkdir -p "$OUT"
+log=$OUT/build.log
+R=$(pwd)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$log" 2>&1
+source bench/gpu/device_common.sh
+prefix=$(gtest_prefix_flag)
+t0=$(date +%s)
+build_tree . /tmp/build-alibi -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_PYTHON=ON -DFLASHATTN_BUILD_BENCH=OFF \
+  $prefix >> "$log" 2>&1
+echo "build rc=$? in $(( $(date +%s) - t0 )) s" >> "$log"
+t=/tmp/build-alibi/tests/flashattn_gpu_tests
+timeout 240 $t --gtest_filter='*GpuAlibi*' > "$OUT/tests.log" 2>&1
+echo "tests rc=$?" >> "$OUT/tests.log"
+san=$OUT/sanitizer.log
+: > "$san"
+small='*GpuAlibi*/0_*:*GpuAlibi*/1_*:*GpuAlibi*/16_*:*GpuAlibi*/17_*'
+timeout 200 compute-sanitizer --tool memcheck $t --gtest_filter="$small" >> "$san" 2>&1
+export PYTHONPATH=/tmp/build-alibi/python
+(cd /tmp && timeout 120 python3 -m pytest -q -p no:cacheprovider "$R/tests/python/test_alibi.py" > "$OUT/pytest.log" 2>&1;
+ echo "pytest rc=$?" >> "$OUT/pytest.log")
+if [ "${ALIBI_FULL:-1}" = 1 ]; then
+  timeout 300 $t --gtest_filter='-*GpuAlibi*' > "$OUT/full.log" 2>&1; echo "full rc=$?" >> "$OUT/full.log"
+  (cd /tmp && timeout 150 python3 -m pytest -q -p no:cacheprovider "$R/tests/python" -m cuda > "$OUT/pytest-cuda.log" 2>&1;
+   echo "pytest-cuda rc=$?" >> "$OUT/pytest-cuda.log")
+fi
+bench_args=${ALIBI_BENCH-"--repeats 3 --seconds 0.3"}
+if [ -n "$bench_args" ]; then
+  timeout 300 python3 bench/gpu/alibi_bench.py $bench_args > "$OUT/bench.md" 2> "$OUT/bench.err"
+  echo "bench rc=$?" >> "$OUT/bench.err"
+fi
+echo "==== summary"; head -2 "$log"; grep "build rc" "$log"; grep -E "error" "$log" | head -10
+grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|tests rc|^\[==========\]" "$OUT/tests.log" | head -40
+grep -E "Failure|Expected|Which is|error \(|Actual" "$OUT/tests.log" | head -20
+grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$san"
+tail -3 "$OUT/pytest.log"; grep -E "^FAILED|Error" "$OUT/pytest.log" | head -10
+[ -f "$OUT/full.log" ] && grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|full rc" "$OUT/full.log" | head -20
+[ -f "$OUT/pytest-cuda.log" ] && { tail -2 "$OUT/pytest-cuda.log"; grep -E "^FAILED" "$OUT/pytest-cuda.log" | head; }
+[ -f "$OUT/bench.md" ] && { cat "$OUT/bench.md"; tail -3 "$OUT/bench.err"; }
+(cd "$OUT" && tar czf logs.tgz --remove-files ./*.log 2>/dev/null)
