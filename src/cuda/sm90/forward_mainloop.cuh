@@ -109,6 +109,7 @@ struct Consumer {
   float row_sum[2] = {0.f, 0.f};              // this thread's part; the quad's four parts add up at the end
   float alibi_slope_u = 0.f;  // kAlibi: the slope in score units (S's, before the scale)
   int alibi_diag[2] = {0, 0}; // kAlibi: the rows' diagonals, row + s_k - s_q
+  int alibi_warp_diag0 = 0;   // kAlibi: the diagonal of the warp's first row
 
   __device__ Consumer(const SharedStorage<Cfg>& sm_, const BlockWork& w_, const ForwardKernelArgs& a_, int wg)
       : sm(sm_), w(w_), a(a_) {
@@ -126,6 +127,7 @@ struct Consumer {
       // S's unit is worth scale_log2 / log2e natural-log units (softmax_scale, or 1 under softcap).
       alibi_slope_u = bias.slope_log2() / a.scale_log2;
       for (int r = 0; r < 2; ++r) alibi_diag[r] = row[r] + bias.shift;
+      alibi_warp_diag0 = row[0] - lane / 4 + bias.shift;
     }
     // Both edges of the visible band move right with the row, so the keys every row of the tile sees are
     // [first key of the last row, end of the first row's keys); a key tile inside that needs no mask. The
@@ -171,21 +173,39 @@ struct Consumer {
   }
 
   // Softcap, ALiBi's bias (kAlibi), then the mask (only on tiles that cross a mask edge or the end of the keys).
-  __device__ void transform_scores(Scores& s, int n) {
+  // kAlibi: score (j, e) sits at row e / 2, key n·kN + 2·quad + 8j + e % 2, at distance base[row] - c from the
+  // row's diagonal (c = 8j + e % 2). On a tile whose keys all lie on one side of every diagonal of the warp's rows
+  // (most tiles: all of them under a causal mask) the bias -slope·|base - c| is linear in c: s gets slope·c (one
+  // FFMA with an immediate per score, sign by side) and `shift` the row's rest, -(±slope)·base, which the softmax
+  // adds per row. Tiles that cross a diagonal take |·| per score (two instructions) and a zero shift.
+  __device__ void transform_scores(Scores& s, int n, float (&shift)[2]) {
     if (a.softcap > 0.f) {
 #pragma unroll
       for (int i = 0; i < kN / 2; ++i) s[i] = a.softcap * tanhf(s[i] * a.softcap_in_scale);
     }
     if constexpr (kAlibi) {
-      // Score (j, e) sits at row e / 2, key n·kN + 2·quad + 8j + e % 2: its distance is base[row] - 8j - e % 2.
       float base[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) base[r] = float(alibi_diag[r] - (n * kN + 2 * quad));
+      // Warp-uniform: the warp's 16 rows have diagonals [warp_diag0, warp_diag0 + 15].
+      const int first_key = n * kN, last_key = n * kN + kN - 1;
+      const bool keys_left = last_key <= alibi_warp_diag0, keys_right = first_key >= alibi_warp_diag0 + 15;
+      if (keys_left || keys_right) {
+        const float slope = keys_left ? alibi_slope_u : -alibi_slope_u;
 #pragma unroll
-      for (int j = 0; j < kN / 8; ++j)
+        for (int r = 0; r < 2; ++r) shift[r] = -slope * base[r];
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          s[4 * j + e] = fmaf(-alibi_slope_u, fabsf(base[e >> 1] - float(8 * j + (e & 1))), s[4 * j + e]);
+        for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[4 * j + e] = fmaf(slope, float(8 * j + (e & 1)), s[4 * j + e]);
+      } else {
+        shift[0] = shift[1] = 0.f;
+#pragma unroll
+        for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            s[4 * j + e] = fmaf(-alibi_slope_u, fabsf(base[e >> 1] - float(8 * j + (e & 1))), s[4 * j + e]);
+      }
     }
     if (n >= full_lo && n < full_hi) return;
     // The bounds are taken relative to this lane's first key in the tile, so that each score compares them with
@@ -219,14 +239,18 @@ struct Consumer {
   // 16-bit P holds at full relative precision) and the factor is 1. O and the row sum share that maximum, so
   // the result is the same softmax; the epilogue's LSE uses it too. Past the first tiles the maxima rarely move
   // that far, so rescale_o can skip its multiplies.
-  __device__ void softmax(Scores& s, float (&rescale)[2]) {
+  // kAlibi: the true scores of row r are s + shift[r] (transform_scores).
+  __device__ void softmax(Scores& s, float (&rescale)[2], const float (&shift)[2]) {
     // The two rows' chains run side by side (r innermost), each split four ways, and the quad shuffles of both
     // rows are in flight together: with two consumer warps per scheduler, the softmax's own independent work
     // is what hides ALU and shuffle latency (ncu: "wait" was the largest stall, bench/results/hopper-forward.md,
     // bea5ed7, e4177d3).
     float mx4[2][4];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) mx4[r][0] = row_max[r], mx4[r][1] = mx4[r][2] = mx4[r][3] = -INFINITY;
+    for (int r = 0; r < 2; ++r) {
+      mx4[r][0] = kAlibi ? row_max[r] - shift[r] : row_max[r];
+      mx4[r][1] = mx4[r][2] = mx4[r][3] = -INFINITY;
+    }
 #pragma unroll
     for (int j = 0; j < kN / 8; ++j)
 #pragma unroll
@@ -234,7 +258,10 @@ struct Consumer {
         mx4[r][j % 4] = fmaxf(mx4[r][j % 4], fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
     float mx[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) mx[r] = fmaxf(fmaxf(mx4[r][0], mx4[r][1]), fmaxf(mx4[r][2], mx4[r][3]));
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(fmaxf(mx4[r][0], mx4[r][1]), fmaxf(mx4[r][2], mx4[r][3]));
+      if constexpr (kAlibi) mx[r] = fmaxf(mx[r] + shift[r], row_max[r]);  // the shift differs across the quad
+    }
 #pragma unroll
     for (int lane_mask = 1; lane_mask < 4; lane_mask *= 2)
 #pragma unroll
@@ -248,6 +275,7 @@ struct Consumer {
       neg_base[r] = m == -INFINITY ? 0.f : -m * a.scale_log2;
       rescale[r] = raise ? exp2_approx(fmaf(row_max[r], a.scale_log2, neg_base[r])) : 1.f;
       row_max[r] = m;
+      if constexpr (kAlibi) neg_base[r] = m == -INFINITY ? 0.f : (shift[r] - m) * a.scale_log2;
     }
     float sum4[2][4] = {};
 #pragma unroll
@@ -314,8 +342,9 @@ struct Consumer {
     fence_registers(s);
     release_k(stage);
     if (last_s) release_q();
-    transform_scores(s, n);
-    softmax(s, rescale);
+    float shift[2] = {0.f, 0.f};
+    transform_scores(s, n, shift);
+    softmax(s, rescale, shift);
   }
 
   // Normalise, write O and the LSE of the rows inside the sequence. O leaves in 16-byte runs: the quad's four
