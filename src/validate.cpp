@@ -68,6 +68,8 @@ Status check_options(const AttentionOptions& o) {
     return Status::invalid("softmax_scale: must be finite in float32 (|softmax_scale| <= 3.4e38)");
   if (!std::isfinite(o.softcap) || o.softcap < 0 || o.softcap > double(FLT_MAX))
     return Status::invalid("softcap: must be finite in float32 and >= 0");
+  if (!(o.dropout_p >= 0.0 && o.dropout_p < 1.0))  // NaN fails this too
+    return Status::invalid("dropout_p: must be in [0, 1), got " + std::to_string(o.dropout_p));
   if (o.window_left < -1) return Status::invalid("window_left: must be >= -1 (-1 = unbounded)");
   if (o.window_right < -1) return Status::invalid("window_right: must be >= -1 (-1 = unbounded)");
   if (o.num_threads < 0) return Status::invalid("num_threads: must be >= 0 (0 = all hardware threads)");
@@ -202,6 +204,11 @@ Status set_alibi(const TensorView& slopes, FwdParams* p) {
 void set_options(const AttentionOptions& o, FwdParams* p) {
   p->softmax_scale = o.softmax_scale > 0 ? float(o.softmax_scale) : float(1.0 / std::sqrt(double(p->head_dim)));
   p->softcap = float(o.softcap);
+  p->dropout_p = float(o.dropout_p);
+  // A probability just below 1 must stay below 1 in float (the kept ones are scaled by 1 / (1 - p)).
+  if (p->dropout_p >= 1.f) p->dropout_p = std::nextafter(1.f, 0.f);
+  p->dropout_seed = o.dropout_seed;
+  p->dropout_offset = o.dropout_offset;
   p->causal = o.causal;
   // A window edge of 2^62 keys already reaches every key of any sequence (lengths are below 2^62); wider ones are
   // the same window, and narrowing them keeps every backend's mask arithmetic (diagonal ± edge) inside int64.
@@ -471,6 +478,7 @@ Status check_index_values(const KVCacheParams& kp, const TensorView& block_table
 Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCacheParams* out) {
   Status st = check_options(o);
   if (!st.ok()) return st;
+  if (o.dropout_p > 0) return Status::invalid("dropout_p: the KV-cache path is inference-only: it takes no dropout");
   if (out == nullptr) return Status::invalid("params: null output pointer");
   const bool varlen = a.cu_seqlens_q.defined();
   const int qrank = varlen ? 3 : 4;

@@ -41,6 +41,14 @@ struct AttentionOptions {
   int64_t window_right = -1;
   // Scores become softcap * tanh(scores / softcap); 0 = off.
   double softcap = 0.0;
+  // Attention dropout: probabilities dropped with probability dropout_p in [0, 1), kept ones scaled by
+  // 1 / (1 - dropout_p), as flash_attn 2. The mask is a function of (dropout_seed, dropout_offset) and of each
+  // element's (sequence, query head, query row, key) alone (not of the batch size or head count): the backward of
+  // a forward must get the same seed and offset; a call with another offset (or seed) draws a fresh mask.
+  // Forward and backward; CPU backends only for now (the CUDA backends report it unsupported).
+  double dropout_p = 0.0;
+  uint64_t dropout_seed = 0;
+  uint64_t dropout_offset = 0;
   // Backward only: gradients bitwise identical from run to run.
   bool deterministic = false;
   Backend backend = Backend::automatic;

@@ -66,6 +66,11 @@ struct FwdParams {
   // score for key j. Null: no bias.
   const float* alibi_slopes = nullptr;
   int64_t alibi_slopes_batch_stride = 0;
+  // Attention dropout (common/dropout.h): probabilities dropped with probability dropout_p in [0, 1) (0: off), the
+  // kept ones scaled by 1 / (1 - dropout_p); the mask is a function of (seed, offset, b, h, i, j) alone, so the
+  // backward given the same seed and offset applies the forward's.
+  float dropout_p = 0.f;
+  uint64_t dropout_seed = 0, dropout_offset = 0;
 
   // KV cache (see above); all int32 on the tensors' device, each optional.
   const int32_t* seqused_k = nullptr;     // [batch]: end of sequence b's used key rows, before appended_k

@@ -102,16 +102,20 @@ def _backward_outputs(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, 
 # grows with the square of the argument count. With the fifteen arguments of one each it was 70 of a 167 µs
 # forward call on the host, which at short sequences is more than the kernel
 # (bench/results/host-overhead.md).
-INT_OPTIONS = ("max_seqlen_q", "max_seqlen_k", "causal", "window_left", "window_right", "deterministic", "num_threads")
-FLOAT_OPTIONS = ("softmax_scale", "softcap")
+INT_OPTIONS = ("max_seqlen_q", "max_seqlen_k", "causal", "window_left", "window_right", "deterministic", "num_threads",
+               "dropout_seed", "dropout_offset")
+FLOAT_OPTIONS = ("softmax_scale", "softcap", "dropout_p")
 
 
 def op_options(max_seqlen_q: int = 0, max_seqlen_k: int = 0, softmax_scale: float = 1.0, causal: bool = False,
                window_left: int = -1, window_right: int = -1, softcap: float = 0.0, deterministic: bool = False,
-               num_threads: int = 0) -> Tuple[List[int], List[float]]:
-    """The operators' (int_options, float_options), in the orders INT_OPTIONS and FLOAT_OPTIONS name."""
+               num_threads: int = 0, dropout_p: float = 0.0, dropout_seed: int = 0,
+               dropout_offset: int = 0) -> Tuple[List[int], List[float]]:
+    """The operators' (int_options, float_options), in the orders INT_OPTIONS and FLOAT_OPTIONS name. The dropout
+    seed and offset travel with the forward's options to its backward, which so regenerates the same mask."""
     return ([int(max_seqlen_q), int(max_seqlen_k), int(bool(causal)), int(window_left), int(window_right),
-             int(bool(deterministic)), int(num_threads)], [float(softmax_scale), float(softcap)])
+             int(bool(deterministic)), int(num_threads), int(dropout_seed), int(dropout_offset)],
+            [float(softmax_scale), float(softcap), float(dropout_p)])
 
 
 def _native_options(int_options: List[int], float_options: List[float]) -> dict:
@@ -141,6 +145,8 @@ def attention_forward(
     builds them. `deterministic` only travels to the backward (the forward is always deterministic)."""
     o = _native_options(int_options, float_options)
     del o["deterministic"]
+    if o["dropout_seed"] < 0 or o["dropout_offset"] < 0:
+        raise ValueError("int_options: the dropout seed and offset must be >= 0")
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     alibi_slopes = _checked_slopes(alibi_slopes, q)
     out, lse = _forward_outputs(q, v, cu_seqlens_q is not None)
@@ -458,6 +464,8 @@ def attention(
     window_right: int = -1,
     softcap: float = 0.0,
     alibi_slopes: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    generator: Optional[torch.Generator] = None,
     deterministic: bool = False,
     backend: str = "auto",
     num_threads: int = 0,
@@ -468,7 +476,8 @@ def attention(
     lse [b, h_q, s_q]. Varlen (cu_seqlens_q/k int32 [b + 1]): [total, h, d] -> out [total_q, h_q, d_v],
     lse [h_q, total_q]. Causal and the window are aligned bottom-right (flash_attn >= 2.1); -1 = unbounded.
     alibi_slopes: fp32 [h_q] or [b, h_q] on q's device: query i's score for key j gains
-    -slope · |i + s_k - s_q - j| (flash_attn's ALiBi; the slopes get no gradient). `backend` forces one backend by name ("auto" dispatches); num_threads bounds the CPU backends (0 = all).
+    -slope · |i + s_k - s_q - j| (flash_attn's ALiBi; the slopes get no gradient). dropout_p in [0, 1): attention
+    dropout with a seed drawn from `generator` (default: torch's default generator of q's device). `backend` forces one backend by name ("auto" dispatches); num_threads bounds the CPU backends (0 = all).
     """
     _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
@@ -479,11 +488,33 @@ def attention(
         q, k, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, deterministic)
     num_threads = check_integer("num_threads", num_threads, 0, INT32_MAX)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    dropout_p = _check_dropout_p(dropout_p)
+    seed = _dropout_seed(q, generator) if dropout_p > 0 else 0
     ints, floats = op_options(max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap,
-                              deterministic, num_threads)
+                              deterministic, num_threads, dropout_p, seed, 0)
     _check_slopes_type(alibi_slopes)
     return torch.ops.flashattn.attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, ints, floats,
                                                  str(backend))
+
+
+def _check_dropout_p(dropout_p) -> float:
+    p = check_real("dropout_p", dropout_p)
+    if not 0.0 <= p < 1.0:  # NaN fails this too
+        raise ValueError(f"dropout_p: must be in [0, 1), got {dropout_p}")
+    return p
+
+
+def _dropout_seed(q: Tensor, generator: Optional[torch.Generator]) -> int:
+    """A 63-bit seed for one call's dropout mask, drawn from `generator` (or torch's default generator of q's
+    device), which it advances: torch.manual_seed makes calls reproducible, and each call draws a fresh mask."""
+    if q.device.type != "cpu":
+        raise NotImplementedError("dropout_p: attention dropout on CUDA tensors is not supported by flashattn yet "
+                                  "(CPU tensors run it); pass dropout_p=0.0")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
+    if generator is not None and generator.device.type != "cpu":
+        raise ValueError(f"generator: on {generator.device}, but q is on the CPU")
+    return int(torch.randint(0, 2**63 - 1, (1,), generator=generator, dtype=torch.int64).item())
 
 
 def _check_slopes_type(alibi_slopes) -> None:

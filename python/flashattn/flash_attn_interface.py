@@ -22,7 +22,14 @@ slopes). Under causal, flash_attn's kernels add slope * j instead, the same soft
 and gradients agree, but their softmax_lse is shifted by that constant; ours is the log-sum-exp of the scores as
 defined here.
 
-Differences, all explicit: dropout_p > 0 raises NotImplementedError; return_attn_probs=True returns
+Dropout: dropout_p in [0, 1) drops probabilities before P V and scales the kept ones by 1 / (1 - dropout_p), as
+flash_attn; the backward regenerates the forward's mask (never stored) from a counter-based generator (Philox
+4x32-10) keyed by a seed drawn from torch's default generator of the inputs' device, or from the keyword-only
+`generator`, so torch.manual_seed(s) makes a call reproducible and every call draws a fresh mask. CPU tensors only
+for now (CUDA tensors with dropout_p > 0 raise NotImplementedError), and not inside torch.compile (the seed is read
+on the host). The mask is flashattn's own (not flash_attn's bit pattern); return_attn_probs gives no S_dmask.
+
+Differences, all explicit: return_attn_probs=True returns
 (out, softmax_lse, None) since the probabilities are never materialised; float32 and float64 inputs work too (not
 only float16 / bfloat16); the paged block size may be anything (flash_attn needs a multiple of 256 with
 flash_attn_with_kvcache); rotary_dim needs to be even only (flash_attn: a multiple of 16); an int cache_seqlens
@@ -53,15 +60,13 @@ __all__ = [
 ]
 
 
-def check_dropout(dropout_p) -> None:
+def check_dropout(dropout_p) -> float:
     if dropout_p is None:
         raise ValueError("dropout_p: must be in [0, 1), got None")
     p = check_real("dropout_p", dropout_p)
     if not 0.0 <= p < 1.0:  # NaN fails this too
         raise ValueError(f"dropout_p: must be in [0, 1), got {dropout_p}")
-    if p > 0:
-        raise NotImplementedError(
-            f"dropout_p={dropout_p}: attention dropout is not supported by flashattn yet; pass dropout_p=0.0")
+    return p
 
 
 def _window(window_size: Sequence[int]) -> Tuple[int, int]:
@@ -99,13 +104,14 @@ def _split(name: str, packed: Tensor, dim: int, count: int, layout: str):
 
 
 def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-         window_size, softcap, alibi_slopes, deterministic, return_attn_probs, backend, num_threads):
-    check_dropout(dropout_p)
+         window_size, softcap, alibi_slopes, deterministic, return_attn_probs, backend, num_threads, generator=None):
+    dropout_p = check_dropout(dropout_p)
     left, right = _window(window_size)
     out, lse = attention(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                          max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal, window_left=left,
                          window_right=right, softcap=_softcap(softcap), alibi_slopes=alibi_slopes,
-                         deterministic=deterministic, backend=backend, num_threads=num_threads)
+                         dropout_p=dropout_p, generator=generator, deterministic=deterministic, backend=backend,
+                         num_threads=num_threads)
     return _result(out, lse, return_attn_probs)
 
 
@@ -124,6 +130,7 @@ def flash_attn_func(
     *,
     backend: str = "auto",
     num_threads: int = 0,
+    generator: Optional[torch.Generator] = None,
 ):
     """Attention over q (batch, seqlen_q, nheads, headdim), k and v (batch, seqlen_k, nheads_k, headdim[_v]).
 
@@ -133,7 +140,7 @@ def flash_attn_func(
     alibi_slopes (float32 (nheads,) or (batch, nheads)) adds -slope * |i + seqlen_k - seqlen_q - j|.
     """
     return _run(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                deterministic, return_attn_probs, backend, num_threads)
+                deterministic, return_attn_probs, backend, num_threads, generator)
 
 
 def flash_attn_qkvpacked_func(
@@ -149,11 +156,12 @@ def flash_attn_qkvpacked_func(
     *,
     backend: str = "auto",
     num_threads: int = 0,
+    generator: Optional[torch.Generator] = None,
 ):
     """flash_attn_func with qkv packed as (batch, seqlen, 3, nheads, headdim)."""
     q, k, v = _split("qkv", qkv, 2, 3, "batch, seqlen, 3, nheads, headdim")
     return _run(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                deterministic, return_attn_probs, backend, num_threads)
+                deterministic, return_attn_probs, backend, num_threads, generator)
 
 
 def flash_attn_kvpacked_func(
@@ -170,12 +178,13 @@ def flash_attn_kvpacked_func(
     *,
     backend: str = "auto",
     num_threads: int = 0,
+    generator: Optional[torch.Generator] = None,
 ):
     """flash_attn_func with q (batch, seqlen_q, nheads, headdim) and kv packed as (batch, seqlen_k, 2, nheads_k,
     headdim)."""
     k, v = _split("kv", kv, 2, 2, "batch, seqlen, 2, nheads_k, headdim")
     return _run(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                deterministic, return_attn_probs, backend, num_threads)
+                deterministic, return_attn_probs, backend, num_threads, generator)
 
 
 def flash_attn_varlen_func(
@@ -199,6 +208,7 @@ def flash_attn_varlen_func(
     seqused_k=None,
     backend: str = "auto",
     num_threads: int = 0,
+    generator: Optional[torch.Generator] = None,
 ):
     """Attention over packed sequences: q (total_q, nheads, headdim), k and v (total_k, nheads_k, headdim[_v]),
     cu_seqlens_q / cu_seqlens_k int32 (batch + 1,) cumulative lengths, max_seqlen_q / max_seqlen_k bounds.
@@ -214,7 +224,7 @@ def flash_attn_varlen_func(
     if block_table is None and seqused_k is None:
         return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                     causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, backend,
-                    num_threads)
+                    num_threads, generator)
     return _run_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                       causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table,
                       seqused_k, backend, num_threads)
@@ -235,7 +245,8 @@ def _run_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
                window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table, seqused_k, backend,
                num_threads):
     """flash_attn_varlen_func over a paged cache: the KV-cache operator with varlen queries."""
-    check_dropout(dropout_p)
+    if check_dropout(dropout_p) > 0:
+        raise NotImplementedError("dropout_p: the paged path (block_table) is inference-only: it takes no dropout")
     if block_table is None:
         raise NotImplementedError("seqused_k: supported with a paged cache (block_table) only; without block_table "
                                   "pass the used keys' lengths in cu_seqlens_k")
@@ -293,11 +304,12 @@ def flash_attn_varlen_qkvpacked_func(
     *,
     backend: str = "auto",
     num_threads: int = 0,
+    generator: Optional[torch.Generator] = None,
 ):
     """flash_attn_varlen_func with qkv packed as (total, 3, nheads, headdim); one cu_seqlens and max_seqlen."""
     q, k, v = _split("qkv", qkv, 1, 3, "total, 3, nheads, headdim")
     return _run(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
-                window_size, softcap, alibi_slopes, deterministic, return_attn_probs, backend, num_threads)
+                window_size, softcap, alibi_slopes, deterministic, return_attn_probs, backend, num_threads, generator)
 
 
 def flash_attn_varlen_kvpacked_func(
@@ -318,11 +330,12 @@ def flash_attn_varlen_kvpacked_func(
     *,
     backend: str = "auto",
     num_threads: int = 0,
+    generator: Optional[torch.Generator] = None,
 ):
     """flash_attn_varlen_func with kv packed as (total_k, 2, nheads_k, headdim)."""
     k, v = _split("kv", kv, 1, 2, "total_k, 2, nheads_k, headdim")
     return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-                window_size, softcap, alibi_slopes, deterministic, return_attn_probs, backend, num_threads)
+                window_size, softcap, alibi_slopes, deterministic, return_attn_probs, backend, num_threads, generator)
 
 
 def flash_attn_with_kvcache(

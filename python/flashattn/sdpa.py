@@ -47,7 +47,10 @@ def scaled_dot_product_attention(
         raise NotImplementedError(
             "attn_mask: arbitrary attention masks are not supported by flashattn; use is_causal, or the window "
             "and varlen arguments of flashattn.flash_attn_func / flash_attn_varlen_func")
-    check_dropout(dropout_p)
+    if check_dropout(dropout_p) > 0:
+        raise NotImplementedError(
+            "dropout_p: dropout through scaled_dot_product_attention is not supported yet; use "
+            "flashattn.flash_attn_func(..., dropout_p=...) (CPU tensors)")
     is_causal = check_flag("is_causal", is_causal)
     enable_gqa = check_flag("enable_gqa", enable_gqa)
     for name, t in (("query", query), ("key", key), ("value", value)):

@@ -182,11 +182,13 @@ std::string validate_and_run(const Args& a, const AttentionOptions& o, Make make
 std::string forward(const In& q, const In& k, const In& v, const Out& out, const OptOut& lse,
                     const OptIn& cu_seqlens_q, const OptIn& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                     double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
-                    const OptIn& alibi_slopes, const std::string& backend, int num_threads, uintptr_t stream) {
+                    const OptIn& alibi_slopes, double dropout_p, uint64_t dropout_seed, uint64_t dropout_offset,
+                    const std::string& backend, int num_threads, uintptr_t stream) {
   const flashattn::ForwardArgs a = forward_args(q, k, v, to_view("out", out), to_view("lse", lse), cu_seqlens_q,
                                                 cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes);
-  const AttentionOptions o =
+  AttentionOptions o =
       make_options(softmax_scale, causal, window_left, window_right, softcap, false, backend, num_threads, stream);
+  o.dropout_p = dropout_p, o.dropout_seed = dropout_seed, o.dropout_offset = dropout_offset;
   return validate_and_run<flashattn::FwdParams>(
       a, o, flashattn::make_forward_params,
       [&](const flashattn::FwdParams& p) { return flashattn::choose_backend(p, o.backend, false); },
@@ -197,7 +199,8 @@ std::string backward(const In& dout, const In& q, const In& k, const In& v, cons
                      const Out& dq, const Out& dk, const Out& dv, const OptIn& cu_seqlens_q,
                      const OptIn& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
                      bool causal, int64_t window_left, int64_t window_right, double softcap, bool deterministic,
-                     const OptIn& alibi_slopes, const std::string& backend, int num_threads, uintptr_t stream) {
+                     const OptIn& alibi_slopes, double dropout_p, uint64_t dropout_seed, uint64_t dropout_offset,
+                     const std::string& backend, int num_threads, uintptr_t stream) {
   flashattn::BackwardArgs a;
   static_cast<flashattn::ForwardArgs&>(a) = forward_args(q, k, v, to_view("out", out), to_view("lse", lse),
                                                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -206,8 +209,9 @@ std::string backward(const In& dout, const In& q, const In& k, const In& v, cons
   a.dq = to_view("dq", dq);
   a.dk = to_view("dk", dk);
   a.dv = to_view("dv", dv);
-  const AttentionOptions o = make_options(softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                                          backend, num_threads, stream);
+  AttentionOptions o = make_options(softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                                    backend, num_threads, stream);
+  o.dropout_p = dropout_p, o.dropout_seed = dropout_seed, o.dropout_offset = dropout_offset;
   return validate_and_run<flashattn::BwdParams>(
       a, o, flashattn::make_backward_params,
       [&](const flashattn::BwdParams& p) { return flashattn::choose_backend(p, o.backend); }, flashattn::run_backward);
@@ -261,7 +265,8 @@ std::tuple<std::string, bool, std::string> choose_backend(const In& q, const In&
                                                           double softmax_scale, bool causal, int64_t window_left,
                                                           int64_t window_right, double softcap, bool backward,
                                                           bool deterministic, const OptIn& alibi_slopes,
-                                                          const std::string& backend, uintptr_t stream) {
+                                                          double dropout_p, const std::string& backend,
+                                                          uintptr_t stream) {
   TensorView out_view;
   if (out) {
     out_view = to_view("out", *out);
@@ -277,8 +282,9 @@ std::tuple<std::string, bool, std::string> choose_backend(const In& q, const In&
   const flashattn::ForwardArgs a =
       forward_args(q, k, v, out_view, TensorView{}, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                    alibi_slopes);
-  const AttentionOptions o =
+  AttentionOptions o =
       make_options(softmax_scale, causal, window_left, window_right, softcap, deterministic, backend, 0, stream);
+  o.dropout_p = dropout_p;
   flashattn::BackendChoice c;
   Status st;
   {
@@ -299,18 +305,19 @@ NB_MODULE(_C, m) {
   m.def("forward", &forward, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none() = nb::none(),
         "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
         "max_seqlen_k"_a = 0, nb::kw_only(), "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1,
-        "window_right"_a = -1, "softcap"_a = 0.0, "alibi_slopes"_a.none() = nb::none(), "backend"_a = "auto",
-        "num_threads"_a = 0, "stream"_a = 0,
+        "window_right"_a = -1, "softcap"_a = 0.0, "alibi_slopes"_a.none() = nb::none(), "dropout_p"_a = 0.0,
+        "dropout_seed"_a = 0, "dropout_offset"_a = 0, "backend"_a = "auto", "num_threads"_a = 0, "stream"_a = 0,
         "Attention forward into caller-allocated out [b, s_q, h_q, d_v] and optional lse [b, h_q, s_q] (fp32);\n"
         "varlen: [total, h, d] tensors with int32 cu_seqlens_q/k. softmax_scale <= 0 means 1/sqrt(d). stream is a\n"
-        "cudaStream_t as an integer (CUDA tensors). alibi_slopes: fp32 [h_q] or [b, h_q] (ALiBi). Returns the name\n"
-        "of the backend that ran.");
+        "cudaStream_t as an integer (CUDA tensors). alibi_slopes: fp32 [h_q] or [b, h_q] (ALiBi). dropout_p in\n"
+        "[0, 1) with its seed and offset (the backward must get the same). Returns the name of the backend that ran.");
 
   m.def("backward", &backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "dq"_a, "dk"_a, "dv"_a,
         "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
         "max_seqlen_k"_a = 0, nb::kw_only(), "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1,
         "window_right"_a = -1, "softcap"_a = 0.0, "deterministic"_a = false, "alibi_slopes"_a.none() = nb::none(),
-        "backend"_a = "auto", "num_threads"_a = 0, "stream"_a = 0,
+        "dropout_p"_a = 0.0, "dropout_seed"_a = 0, "dropout_offset"_a = 0, "backend"_a = "auto", "num_threads"_a = 0,
+        "stream"_a = 0,
         "Attention backward: fills caller-allocated dq, dk, dv from dout and the forward's out and lse.\n"
         "Returns the name of the backend that ran.");
 
@@ -334,7 +341,7 @@ NB_MODULE(_C, m) {
         "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
         "max_seqlen_k"_a = 0, nb::kw_only(), "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1,
         "window_right"_a = -1, "softcap"_a = 0.0, "backward"_a = false, "deterministic"_a = false,
-        "alibi_slopes"_a.none() = nb::none(), "backend"_a = "auto", "stream"_a = 0,
+        "alibi_slopes"_a.none() = nb::none(), "dropout_p"_a = 0.0, "backend"_a = "auto", "stream"_a = 0,
         "The backend the dispatcher would run for this call: (name, supported, reason). Runs nothing.");
 
   m.def("built_with_cuda", &flashattn::built_with_cuda, "Whether this build contains the CUDA kernels.");

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "common/alibi.h"
+#include "common/dropout.h"
 #include "common/mask.h"
 #include "cpu/tile_io.h"
 #include "cpu/vec_math.h"
@@ -85,6 +86,50 @@ struct AlibiTile {
       const Acc base = Acc(i0 + i + shift - j0);
       Acc* si = s + i * ld;
       for (int j = 0; j < int(ncols); ++j) si[j] -= slope2 * std::fabs(base - Acc(j));
+    }
+  }
+};
+
+// Dropout (common/dropout.h) of one (sequence, head) on probability tiles. One Philox call serves the eight keys
+// of a group; a row's keys [j0, j0 + n) take the groups of the 32-key spans they touch.
+struct DropoutTile {
+  DropoutSpec spec;
+
+  explicit DropoutTile(const DropoutSpec& d) : spec(d) {}
+  bool active() const { return spec.active(); }
+
+  // f(j, kept) for every key j in [j0, j0 + n) of query row i.
+  template <typename F>
+  void for_each_key(int64_t i, int64_t j0, int64_t n, F f) const {
+    const int64_t j1 = j0 + n;
+    for (int64_t span = j0 >> 5; span <= (j1 - 1) >> 5; ++span)
+      for (uint32_t lane = 0; lane < 4; ++lane) {
+        const uint32_t g = uint32_t(span << 2) | lane;
+        uint32_t w[4];
+        spec.draws(i, g, w);
+        for (int slot = 0; slot < DropoutSpec::kKeysPerGroup; ++slot) {
+          const int64_t j = DropoutSpec::key_of(g, slot);
+          if (j >= j0 && j < j1) f(j, spec.kept(w, slot));
+        }
+      }
+  }
+  // Key-major Pᵀ[j][i] (keys j0.. j0 + nk, queries i0.. i0 + nq): dropped entries set to 0 (the caller scales the
+  // kept ones by 1 / (1 - p)).
+  template <typename Acc>
+  void drop_key_major(Acc* s, int64_t ld, int64_t j0, int64_t nk, int64_t i0, int64_t nq) const {
+    for (int64_t i = 0; i < nq; ++i)
+      for_each_key(i0 + i, j0, nk, [&](int64_t j, bool kept) {
+        if (!kept) s[(j - j0) * ld + i] = Acc(0);
+      });
+  }
+  // Query-major Z[i][j] (queries i0.., keys j0..): `scale` where kept, 0 where dropped, 0 past nk up to ncols.
+  template <typename Acc>
+  void factors_query_major(Acc* z, int64_t ld, int64_t i0, int64_t nq, int64_t j0, int64_t nk, int64_t ncols,
+                           Acc scale) const {
+    for (int64_t i = 0; i < nq; ++i) {
+      Acc* zi = z + i * ld;
+      for (int64_t j = nk; j < ncols; ++j) zi[j] = Acc(0);
+      for_each_key(i0 + i, j0, nk, [&](int64_t j, bool kept) { zi[j - j0] = kept ? scale : Acc(0); });
     }
   }
 };

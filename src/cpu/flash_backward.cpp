@@ -2,8 +2,9 @@
 //   S = Q · (Kᵀ · scale · log2e)         (softcap: c·log2e·tanh(Q · Kᵀ · scale / c)); mask on partial tiles
 //   P = exp2(S + B - LSE · log2e)         (B: the ALiBi bias, kept apart from S for softcap's derivative; P is
 //                                          never stored beyond the tile)
-//   dP = dO · Vᵀ,   dS = P ∘ (dP - D) · scale  (∘ (1 - tanh²) with softcap),   D = rowsum(dO ∘ O)
-//   dV += Pᵀ dO,    dK += dSᵀ Q,    dQ += dS K
+//   dP = dO · Vᵀ,   dS = P ∘ (Z ∘ dP - D) · scale  (∘ (1 - tanh²) with softcap),   D = rowsum(dO ∘ O)
+//   dV += (P ∘ Z)ᵀ dO,    dK += dSᵀ Q,    dQ += dS K
+// (Z: dropout's factors, 1 / (1 - p) where kept and 0 where dropped, regenerated from the seed; 1 without dropout)
 // five register-blocked products per tile (micro_gemm.h), the transposed uses of P and dS read through strides.
 //
 // Work split, chosen so that the result is bitwise identical whatever the number of threads: a task owns one
@@ -139,7 +140,7 @@ template <typename Acc>
 struct BackwardScratch {
   AlignedBuffer<Acc> q, dout, dq, lse2, dsum;  // query side of one head
   AlignedBuffer<Acc> dk, dv;                   // dK / dV of one key chunk
-  AlignedBuffer<Acc> kt, vt, krow, s, prob, ds, m, l;
+  AlignedBuffer<Acc> kt, vt, krow, s, prob, ds, keep, m, l;  // keep: dropout's factors Z of a tile
   // Row strides of Q, dO and the K rows: micro-kernel B operands, padded (tile_config.h).
   int64_t ldq, lddo, ldk;
 
@@ -159,7 +160,7 @@ struct BackwardScratch {
     kt.resize(p.head_dim * C::kBlockK);
     vt.resize(p.head_dim_v * C::kBlockK);
     krow.resize(std::max(C::kBlockK * ldk, dp + dvp));  // also the reduction passes' row buffer
-    for (auto* b : {&s, &prob, &ds}) b->resize(C::kBlockQ * C::kBlockK);
+    for (auto* b : {&s, &prob, &ds, &keep}) b->resize(C::kBlockQ * C::kBlockK);
     m.resize(C::kBlockQ);
     l.resize(C::kBlockQ);
   }
@@ -223,6 +224,7 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
   const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right);
   const ScoreTransform<Acc> score(p);
   const Acc ds_scale = Acc(p.softmax_scale);
+  const Acc keep_scale = Acc(1.0 / (1.0 - double(p.dropout_p)));
   const auto k = key_view<const T>(p, p.k, ext, t.kv_head, false);
   const auto v = key_view<const T>(p, p.v, ext, t.kv_head, true);
   const size_t unit = size_t(t.batch * p.heads_kv + t.kv_head);
@@ -242,6 +244,7 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
   for (int64_t g = t.head_begin; g < t.head_end; ++g) {
     const int64_t h = t.kv_head * plan.group + g;
     const AlibiTile<Acc> alibi(Alibi::make(p.alibi_slopes, p.alibi_slopes_batch_stride, t.batch, h, ext.len_q, ext.len_k));
+    const DropoutTile dropout(DropoutSpec::make(p.dropout_p, p.dropout_seed, p.dropout_offset, t.batch, h));
     const auto qv = query_view<const T>(p, p.q, ext, t.batch, h);
     const auto ov = output_view<const T>(p, p.o, ext, t.batch, h);
     const auto dov = grad_out_view<const T>(p, ext, t.batch, h);
@@ -289,15 +292,26 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
           }
         }
         gemm<Acc>(nq, nkp, dv, dout + r0 * lddo, lddo, 1, w.vt.data(), kBk, ds, kBk, GemmMode::overwrite);  // dP
+        Acc* z = w.keep.data();
+        if (dropout.active()) dropout.factors_query_major(z, kBk, i0, nq, j0, nk, nkp, keep_scale);
         for (int64_t r = 0; r < nq; ++r) {
-          const Acc* pr = prob + r * kBk;
+          Acc* pr = prob + r * kBk;
           Acc* dsr = ds + r * kBk;
           const Acc dr = dsum[r0 + r];
+          if (dropout.active()) {
+            // dS = P ∘ (Z ∘ dP - D), then P ∘ Z for dV.
+            const Acc* zr = z + r * kBk;
+            for (int64_t j = 0; j < nkp; ++j) dsr[j] = zr[j] * dsr[j];
+          }
           if (score.softcap()) {
             const Acc* sr = s + r * kBk;
             for (int64_t j = 0; j < nkp; ++j) dsr[j] = pr[j] * (dsr[j] - dr) * ds_scale * score.softcap_grad(sr[j]);
           } else {
             for (int64_t j = 0; j < nkp; ++j) dsr[j] = pr[j] * (dsr[j] - dr) * ds_scale;
+          }
+          if (dropout.active()) {
+            const Acc* zr = z + r * kBk;
+            for (int64_t j = 0; j < nkp; ++j) pr[j] *= zr[j];
           }
         }
         // dV += Pᵀ dO, dK += dSᵀ Q (P and dS read transposed through their strides), dQ += dS K.

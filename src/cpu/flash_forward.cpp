@@ -13,6 +13,7 @@
 //   softcap, ALiBi, then mask       (the mask per element only on tiles MaskSpec::tile_fully_visible says are
 //                                    partial)
 //   m' = max(m, column max of Sᵀ),  P = exp2(Sᵀ - m'),  l = l·exp2(m - m') + column sums of P
+//   dropout: dropped P set to 0    (l keeps the undropped sum; the kept ones' 1 / (1 - p) comes with 1 / l)
 //   O = diag(exp2(m - m')) O + Pᵀᵀ V  (micro_gemm reading P transposed through its strides)
 // The score tile is kept key-major (Sᵀ) so that the per-query-row max / sum run down columns as plain vector
 // operations and no operand ever needs a per-tile transpose: Q is transposed once per task, K and V are copied
@@ -93,6 +94,7 @@ void forward_task(const FwdParams& p, int64_t block_q, const QueryBlockTask& t, 
   const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right);
   const ScoreTransform<Acc> score(p);
   const AlibiTile<Acc> alibi(Alibi::make(p.alibi_slopes, p.alibi_slopes_batch_stride, t.batch, t.head, ext.len_q, ext.len_k));
+  const DropoutTile dropout(DropoutSpec::make(p.dropout_p, p.dropout_seed, p.dropout_offset, t.batch, t.head));
 
   const int64_t i0 = t.row0, nq = std::min(block_q, ext.len_q - i0), nqp = round_up(nq, C::kVec);
   const int64_t ldq = w.ldq, lds = w.lds;
@@ -145,12 +147,15 @@ void forward_task(const FwdParams& p, int64_t block_q, const QueryBlockTask& t, 
         l[i] += sj[i];
       }
     }
+    if (dropout.active()) dropout.drop_key_major(sc, lds, j0, nk, i0 + c0, rows);
     // O = diag(alpha) O + P V on those rows, with P(i, j) = Sᵀ[j][i].
     gemm<Acc>(rows, dvp, nk, sc, 1, lds, vt.data, vt.ld, w.o.data() + c0 * dvp, dvp, GemmMode::scale_add, alpha + c0);
   }
 
-  // Finalise: O / l (0 for rows that saw no key), LSE = ln2 · (m + log2 l) (-inf for those rows).
-  for (int64_t i = 0; i < nq; ++i) alpha[i] = l[i] > Acc(0) ? Acc(1) / l[i] : Acc(0);
+  // Finalise: O / l (0 for rows that saw no key; times 1 / (1 - p) under dropout), LSE = ln2 · (m + log2 l) (-inf
+  // for those rows).
+  const Acc keep_scale = Acc(1.0 / (1.0 - double(p.dropout_p)));
+  for (int64_t i = 0; i < nq; ++i) alpha[i] = l[i] > Acc(0) ? keep_scale / l[i] : Acc(0);
   store_rows(w.o.data(), dvp, nq, dv, o.row(i0), o.row_stride, alpha);
   if (p.lse) {
     for (int64_t i = 0; i < nq; ++i) *lse_ptr(p, ext, t.batch, t.head, i0 + i) = float(SoftmaxState<Acc>::lse_from_log2(m[i], l[i]));

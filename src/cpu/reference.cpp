@@ -9,6 +9,7 @@
 
 #include "backend.h"
 #include "common/alibi.h"
+#include "common/dropout.h"
 #include "common/half.h"
 #include "common/mask.h"
 #include "cpu/dtype_dispatch.h"
@@ -29,6 +30,8 @@ void row_typed(const BwdParams& p, int64_t b, int64_t h, int64_t i, bool with_gr
   const auto v = key_view<const T>(p, p.v, ext, h / group, true);
   const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right);
   const Alibi alibi = Alibi::make(p.alibi_slopes, p.alibi_slopes_batch_stride, b, h, ext.len_q, ext.len_k);
+  const DropoutSpec dropout = DropoutSpec::make(p.dropout_p, p.dropout_seed, p.dropout_offset, b, h);
+  const double keep_scale = 1.0 / (1.0 - double(p.dropout_p));
   const int64_t sk = ext.len_k;
 
   std::vector<double> s(size_t(sk), kNegInf), th(size_t(sk), 0.0);
@@ -49,6 +52,7 @@ void row_typed(const BwdParams& p, int64_t b, int64_t h, int64_t i, bool with_gr
 
   r->out.assign(size_t(p.head_dim_v), 0.0);
   r->prob.assign(size_t(sk), 0.0);
+  r->weight.assign(size_t(sk), 0.0);
   r->dq.assign(with_grad ? size_t(p.head_dim) : 0, 0.0);
   r->dscore.assign(with_grad ? size_t(sk) : 0, 0.0);
   r->lse = kNegInf;
@@ -60,8 +64,10 @@ void row_typed(const BwdParams& p, int64_t b, int64_t h, int64_t i, bool with_gr
   r->lse = m + std::log(sum);
   for (int64_t j = 0; j < sk; ++j) {
     const double pj = r->prob[size_t(j)];
-    if (pj == 0) continue;
-    for (int64_t c = 0; c < p.head_dim_v; ++c) r->out[size_t(c)] += pj * double(to_float(v.at(j, c)));
+    r->weight[size_t(j)] = !dropout.active() ? pj : dropout.keep(i, j) ? pj * keep_scale : 0.0;
+    const double wj = r->weight[size_t(j)];
+    if (wj == 0) continue;
+    for (int64_t c = 0; c < p.head_dim_v; ++c) r->out[size_t(c)] += wj * double(to_float(v.at(j, c)));
   }
   if (!with_grad) return;
 
@@ -73,7 +79,9 @@ void row_typed(const BwdParams& p, int64_t b, int64_t h, int64_t i, bool with_gr
     if (pj == 0) continue;
     double dp = 0;
     for (int64_t c = 0; c < p.head_dim_v; ++c) dp += double(to_float(dout.at(i, c))) * double(to_float(v.at(j, c)));
-    double ds = pj * (dp - row_d);
+    // Under dropout dP reaches the kept probabilities only, scaled: dS = P ∘ (Z ∘ dP - D).
+    const double z = pj == 0 ? 0.0 : r->weight[size_t(j)] / pj;
+    double ds = pj * (z * dp - row_d);
     if (p.softcap > 0) ds *= 1.0 - th[size_t(j)] * th[size_t(j)];
     ds *= double(p.softmax_scale);
     r->dscore[size_t(j)] = ds;
@@ -120,9 +128,9 @@ Status backward_typed(const BwdParams& p) {
           row_typed<T>(p, b, h, i, true, &r);
           for (int64_t c = 0; c < p.head_dim; ++c) dq.at(i, c) = from_double<T>(r.dq[size_t(c)]);
           for (int64_t j = 0; j < sk; ++j) {
-            const double pj = r.prob[size_t(j)], ds = r.dscore[size_t(j)];
+            const double pj = r.prob[size_t(j)], wj = r.weight[size_t(j)], ds = r.dscore[size_t(j)];
             if (pj == 0) continue;
-            for (int64_t c = 0; c < p.head_dim_v; ++c) dv[size_t(j * p.head_dim_v + c)] += pj * double(to_float(dout.at(i, c)));
+            for (int64_t c = 0; c < p.head_dim_v; ++c) dv[size_t(j * p.head_dim_v + c)] += wj * double(to_float(dout.at(i, c)));
             for (int64_t c = 0; c < p.head_dim; ++c) dk[size_t(j * p.head_dim + c)] += ds * double(to_float(q.at(i, c)));
           }
         }

@@ -13,6 +13,7 @@ struct ReferenceRow {
   std::vector<double> out;   // [head_dim_v]
   double lse = 0;            // -inf for a row that sees no key
   std::vector<double> prob;  // [len_k] softmax probabilities of the row
+  std::vector<double> weight;  // [len_k] what O sums V with: prob, dropped (0) or scaled by 1 / (1 - p) under dropout
   std::vector<double> dq;    // [head_dim], only with gradients
   std::vector<double> dscore;  // [len_k] dL/d(q·k) of the row (scale and softcap applied), only with gradients
 };

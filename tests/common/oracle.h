@@ -12,6 +12,8 @@
 //   j <= t + window_right when window_right >= 0;
 //   score = scale · q·k (scale = softmax_scale, 1/√d when 0), then softcap · tanh(score / softcap) when softcap > 0,
 //   then minus slope · |i + s_k - s_q - j| with ALiBi (slope of query head h, and of sequence b when per batch);
+//   dropout with probability p: O = (P ∘ Z) V, Z = 1 / (1 - p) where kept, 0 where dropped (the mask from
+//   philox_reference.h's generator and its layout), dS = P ∘ (Z ∘ dO Vᵀ − D), dV = (P ∘ Z)ᵀ dO;
 //   query head h reads KV head h / (h_q / h_kv);
 //   P = softmax of the visible scores, O = P V, LSE = log Σ exp(score); a row with no visible key has O = 0,
 //   LSE = −inf and zero gradients.
@@ -36,6 +38,7 @@
 #include <vector>
 
 #include "common/host_tensor.h"
+#include "common/philox_reference.h"
 #include "common/rounding.h"
 
 namespace flashattn::test {
@@ -49,6 +52,16 @@ struct AttnSpec {
   std::vector<int64_t> lens_q, lens_k;          // varlen when non-empty: per-sequence lengths, rows packed
   std::vector<float> alibi_slopes;              // ALiBi: [h_q], or [batch][h_q] when alibi_per_batch; empty: none
   bool alibi_per_batch = false;
+  double dropout_p = 0;  // taken in fp32, as the library does
+  uint64_t dropout_seed = 0, dropout_offset = 0;
+
+  // Dropout's factor Z for query i and key j of sequence b, query head h (h_q heads).
+  double dropout_factor(int64_t b, int64_t h, int64_t h_q, int64_t i, int64_t j) const {
+    const float p = float(dropout_p);
+    if (p <= 0) return 1;
+    (void)h_q;
+    return dropout_kept(p, dropout_seed, dropout_offset, b, h, i, j) ? 1.0 / (1.0 - double(p)) : 0;
+  }
 
   // ALiBi's bias for query i and key j of sequence b, query head h (h_q heads).
   double alibi_bias(int64_t b, int64_t h, int64_t h_q, int64_t i, int64_t j, int64_t sq, int64_t sk) const {
@@ -151,6 +164,7 @@ AttnResult textbook_attention(const AttnShape& shape, const std::vector<double>&
         for (int64_t i = 0; i < sq; ++i) {
           std::vector<Acc> s(size_t(sk), Acc(0)), th(size_t(sk), Acc(0)), p(size_t(sk), Acc(0));
           std::vector<double> weight(size_t(sk), 0.0);
+          std::vector<Acc> z(size_t(sk), Acc(1));  // dropout's factors
           std::vector<char> seen(size_t(sk), 0);
           Acc m = Acc(-INFINITY);
           double weight_max = 0;
@@ -170,6 +184,7 @@ AttnResult textbook_attention(const AttnShape& shape, const std::vector<double>&
             const double bias = spec.alibi_bias(b, h, hq, i, j, sq, sk);
             x += Acc(bias);
             s[size_t(j)] = x;
+            z[size_t(j)] = Acc(spec.dropout_factor(b, h, hq, i, j));
             seen[size_t(j)] = 1;
             weight[size_t(j)] = 1 + scale_d * dot_abs + std::fabs(bias);
             weight_max = std::max(weight_max, weight[size_t(j)]);
@@ -188,8 +203,8 @@ AttnResult textbook_attention(const AttnShape& shape, const std::vector<double>&
             double mag = 0;
             for (int64_t j = 0; j < sk; ++j) {
               if (!seen[size_t(j)]) continue;
-              acc += operand(p[size_t(j)]) * Acc(V[vi(k0 + j, hk, c)]);
-              mag += double(p[size_t(j)]) * weight[size_t(j)] * std::fabs(V[vi(k0 + j, hk, c)]);
+              acc += operand(p[size_t(j)] * z[size_t(j)]) * Acc(V[vi(k0 + j, hk, c)]);
+              mag += double(p[size_t(j)] * z[size_t(j)]) * weight[size_t(j)] * std::fabs(V[vi(k0 + j, hk, c)]);
             }
             r.o[oi(q0 + i, h, c)] = stored(double(acc));
             o_used[size_t(c)] = backward_reads_o ? (*backward_reads_o)[oi(q0 + i, h, c)] : r.o[oi(q0 + i, h, c)];
@@ -212,13 +227,13 @@ AttnResult textbook_attention(const AttnShape& shape, const std::vector<double>&
               dp += Acc(dO[oi(q0 + i, h, c)]) * Acc(V[vi(k0 + j, hk, c)]);
               dp_abs += std::fabs(dO[oi(q0 + i, h, c)] * V[vi(k0 + j, hk, c)]);
             }
-            Acc ds = p[size_t(j)] * (dp - row_d);
+            Acc ds = p[size_t(j)] * (z[size_t(j)] * dp - row_d);
             if (spec.softcap > 0) ds *= Acc(1) - th[size_t(j)] * th[size_t(j)];
             const size_t ij = size_t(i * sk + j);
-            P[ij] = operand(p[size_t(j)]);
+            P[ij] = operand(p[size_t(j)] * z[size_t(j)]);
             dS[ij] = operand(ds);
-            p_mag[ij] = double(p[size_t(j)]) * weight[size_t(j)];
-            ds_mag[ij] = p_mag[ij] * (dp_abs + row_d_abs) * scale_d;
+            p_mag[ij] = double(p[size_t(j)] * z[size_t(j)]) * weight[size_t(j)];
+            ds_mag[ij] = double(p[size_t(j)]) * weight[size_t(j)] * (double(z[size_t(j)]) * dp_abs + row_d_abs) * scale_d;
             for (int64_t c = 0; c < d; ++c) {
               dq[size_t(c)] += dS[ij] * Acc(K[ki(k0 + j, hk, c)]);
               dq_mag[size_t(c)] += ds_mag[ij] * std::fabs(K[ki(k0 + j, hk, c)]);

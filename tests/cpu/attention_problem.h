@@ -49,6 +49,8 @@ struct AttnCase {
   std::vector<int32_t> lens_q, lens_k;    // varlen when non-empty (batch = lens_q.size())
   double input_scale = 1;                 // standard deviation of Q and K (large: saturated softmax)
   enum class Alibi { none, per_head, per_batch } alibi = Alibi::none;  // ALiBi slopes [h_q] or [batch, h_q]
+  double dropout_p = 0;                   // attention dropout, with the seed and offset below
+  uint64_t dropout_seed = 0x5eed, dropout_offset = 0;
 
   bool varlen() const { return !lens_q.empty(); }
 
@@ -87,6 +89,7 @@ struct AttnCase {
     if (pad) os << "_pad" << pad;
     if (input_scale != 1) os << "_scale" << int(input_scale);
     if (alibi != Alibi::none) os << (alibi == Alibi::per_batch ? "_alibib" : "_alibi");
+    if (dropout_p > 0) os << "_drop" << int(std::lround(dropout_p * 100));
     return os.str();
   }
 
@@ -97,6 +100,7 @@ struct AttnCase {
     o.window_right = window_right;
     o.softcap = softcap;
     o.softmax_scale = softmax_scale;
+    o.dropout_p = dropout_p, o.dropout_seed = dropout_seed, o.dropout_offset = dropout_offset;
     o.backend = backend;
     return o;
   }
@@ -112,6 +116,7 @@ struct AttnCase {
     s.lens_k.assign(lens_k.begin(), lens_k.end());
     s.alibi_slopes = alibi_slopes();
     s.alibi_per_batch = alibi == Alibi::per_batch;
+    s.dropout_p = dropout_p, s.dropout_seed = dropout_seed, s.dropout_offset = dropout_offset;
     return s;
   }
 };

@@ -127,6 +127,32 @@ std::vector<AttnCase> grid_cases() {
     c.alibi = A::per_head;
     cases.push_back(c);
   }
+  // Dropout: every dtype, with masks, s_q != s_k, GQA, softcap, ALiBi, varlen, a saturated p and a tiny one.
+  {
+    const int64_t dlens[][2] = {{33, 70}, {70, 33}, {64, 64}};
+    for (DType dt : kDtypes)
+      for (const auto& l : dlens)
+        for (bool causal : {false, true}) {
+          AttnCase c = base(dt, l[0], l[1], 4, 2, 32, 24);
+          c.batch = 2, c.causal = causal, c.dropout_p = causal ? 0.17 : 0.5;
+          c.dropout_seed = uint64_t(l[0] * 1000 + l[1]);
+          cases.push_back(c);
+        }
+    AttnCase c = base(DType::f32, 80, 100, 4, 1, 64, 64);
+    c.window_left = 20, c.window_right = 5, c.softcap = 8, c.alibi = AttnCase::Alibi::per_batch, c.dropout_p = 0.3;
+    cases.push_back(c);
+    c = base(DType::bf16, 0, 0, 4, 2, 48, 48);
+    c.lens_q = {5, 0, 70, 1}, c.lens_k = {9, 3, 60, 40}, c.causal = true, c.dropout_p = 0.1, c.dropout_offset = 12345;
+    cases.push_back(c);
+    c = base(DType::f32, 40, 40, 2, 2, 16, 16);
+    c.dropout_p = 0.95;
+    cases.push_back(c);
+    c.dropout_p = 1e-4;
+    cases.push_back(c);
+    c = base(DType::f32, 600, 900, 8, 8, 32, 32);  // 512-row query blocks
+    c.dropout_p = 0.2;
+    cases.push_back(c);
+  }
   // Random combinations of every axis (kept small: this grid also runs under the sanitizers).
   std::mt19937_64 rng(20261129);
   auto pick = [&](int64_t n) { return int64_t(rng() % uint64_t(n)); };

@@ -1,7 +1,10 @@
 // Properties of the CPU flash path beyond matching the reference: determinism (bitwise, run to run and across
-// thread counts), the optional LSE, exact zeros for rows and keys that see nothing.
+// thread counts), the optional LSE, exact zeros for rows and keys that see nothing, and dropout's: a fixed seed
+// repeats bitwise, another offset draws another mask, a (sequence, head)'s mask does not depend on the batch size
+// or head count, and the mean over many seeds is the output without dropout.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -51,6 +54,74 @@ TEST(FlashProperties, BackwardIsBitwiseDeterministicAcrossRunsAndThreadCounts) {
       EXPECT_TRUE(bitwise_equal(first.dv, again.dv)) << c.name() << " dV, threads " << threads;
     }
   }
+}
+
+TEST(FlashProperties, DropoutRepeatsWithItsSeedAndChangesWithTheOffset) {
+  AttnCase c;
+  c.batch = 2, c.s_q = 70, c.s_k = 90, c.h_q = 4, c.h_kv = 2, c.d = 32, c.dv = 32, c.causal = true;
+  c.dropout_p = 0.25;
+  const AttnProblem pb(c, 21);
+  const AttnResult first = run_attention(pb, Backend::cpu_flash, true);
+  for (int threads : {1, 2, 3, 0}) {
+    const AttnResult again = run_attention(pb, Backend::cpu_flash, true, threads);
+    EXPECT_TRUE(bitwise_equal(first.o, again.o) && bitwise_equal(first.dq, again.dq) &&
+                bitwise_equal(first.dk, again.dk) && bitwise_equal(first.dv, again.dv))
+        << "threads " << threads;
+  }
+  AttnCase next = c;
+  next.dropout_offset = c.dropout_offset + 1;
+  const AttnResult other = run_attention(AttnProblem(next, 21), Backend::cpu_flash, true);
+  EXPECT_FALSE(bitwise_equal(first.o, other.o));
+  EXPECT_TRUE(bitwise_equal(first.lse, other.lse)) << "the LSE is that of the undropped scores";
+}
+
+TEST(FlashProperties, DropoutMaskOfASequenceHeadIgnoresBatchAndHeadCounts) {
+  // Sequence 0, heads 0 and 1 of a 1 x 2-head problem and of a 3 x 4-head problem with the same data there: the
+  // reference (one fp64 row at a time) must give the same bits.
+  AttnCase small;
+  small.s_q = 20, small.s_k = 33, small.h_q = small.h_kv = 2, small.d = small.dv = 8, small.dropout_p = 0.5;
+  AttnCase big = small;
+  big.batch = 3, big.h_q = big.h_kv = 4;
+  const AttnProblem ps(small, 3), pbig(big, 4);
+  // Copy the small problem's q, k, v into the big one's (sequence 0, heads 0-1).
+  HostTensor q = pbig.q(), k = pbig.k(), v = pbig.v();
+  auto embed = [](const HostTensor& from, HostTensor& to) {
+    const auto& s = from.shape();
+    for (int64_t i = 0; i < s[1]; ++i)
+      for (int64_t h = 0; h < s[2]; ++h)
+        for (int64_t c = 0; c < s[3]; ++c) to.set(to.offset({0, i, h, c}), from.get(from.offset({0, i, h, c})));
+  };
+  embed(ps.q(), q), embed(ps.k(), k), embed(ps.v(), v);
+  HostTensor out_s = ps.alloc_out(small.dtype), out_b = pbig.alloc_out(big.dtype);
+  ASSERT_TRUE(attention_forward(ps.forward_args(ps.q(), ps.k(), ps.v(), out_s, nullptr), small.options(Backend::cpu_reference)).ok());
+  ASSERT_TRUE(attention_forward(pbig.forward_args(q, k, v, out_b, nullptr), big.options(Backend::cpu_reference)).ok());
+  for (int64_t i = 0; i < small.s_q; ++i)
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t c = 0; c < small.dv; ++c)
+        ASSERT_EQ(out_s.get(out_s.offset({0, i, h, c})), out_b.get(out_b.offset({0, i, h, c}))) << i << " " << h;
+}
+
+TEST(FlashProperties, DropoutAveragesToTheOutputWithout) {
+  AttnCase c;
+  c.s_q = 12, c.s_k = 20, c.h_q = c.h_kv = 1, c.d = c.dv = 8, c.dropout_p = 0.4;
+  AttnCase plain_case = c;
+  plain_case.dropout_p = 0;
+  const AttnProblem plain_pb(plain_case, 9);
+  const std::vector<double> plain = run_attention(plain_pb, Backend::cpu_flash, false).o;
+  constexpr int kSeeds = 400;
+  std::vector<double> sum(plain.size(), 0.0), sum_sq(plain.size(), 0.0);
+  for (int s = 0; s < kSeeds; ++s) {
+    c.dropout_seed = uint64_t(1000 + s);
+    const std::vector<double> o = run_attention(AttnProblem(c, 9), Backend::cpu_flash, false).o;
+    for (size_t e = 0; e < o.size(); ++e) sum[e] += o[e], sum_sq[e] += o[e] * o[e];
+  }
+  int64_t outside = 0;
+  for (size_t e = 0; e < plain.size(); ++e) {
+    const double mean = sum[e] / kSeeds, var = std::max(sum_sq[e] / kSeeds - mean * mean, 0.0);
+    // 5 standard errors, plus fp32 rounding.
+    if (std::fabs(mean - plain[e]) > 5 * std::sqrt(var / kSeeds) + 1e-5) ++outside;
+  }
+  EXPECT_EQ(outside, 0) << "of " << plain.size() << " elements";
 }
 
 TEST(FlashProperties, ForwardWithoutLse) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/dropout.h"
 #include "common/half.h"
 #include "common/mask.h"
 #include "cpu/attention_problem.h"
@@ -44,6 +45,7 @@ std::vector<AttnCase> reference_cases() {
       c.softcap = n % 4 == 3 ? 2.5 : 0;
       c.h_q = n % 2 ? 4 : 3, c.h_kv = n % 2 ? 2 : 1;
       c.alibi = n % 5 == 1 ? AttnCase::Alibi::per_head : n % 5 == 3 ? AttnCase::Alibi::per_batch : AttnCase::Alibi::none;
+      c.dropout_p = n % 7 == 2 ? 0.4 : 0;
       cases.push_back(c);
       ++n;
     }
@@ -59,6 +61,51 @@ std::vector<AttnCase> reference_cases() {
     cases.push_back(c);
   }
   return cases;
+}
+
+// Philox 4x32-10, the library's and the tests' own, against Random123's known-answer vectors (kat_vectors:
+// counter, key, result).
+TEST(Oracle, PhiloxKnownAnswers) {
+  struct Kat {
+    uint32_t ctr[4], key[2], out[4];
+  };
+  const Kat kats[] = {
+      {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}},
+      {{~0u, ~0u, ~0u, ~0u}, {~0u, ~0u}, {0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}},
+      {{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u},
+       {0xa4093822u, 0x299f31d0u},
+       {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}},
+  };
+  for (const Kat& k : kats) {
+    uint32_t lib[4];
+    philox4x32_10(k.ctr, k.key[0], k.key[1], lib);
+    const Philox4 ref = philox4x32_10_reference({k.ctr[0], k.ctr[1], k.ctr[2], k.ctr[3]}, {k.key[0], k.key[1]});
+    for (int w = 0; w < 4; ++w) {
+      EXPECT_EQ(lib[w], k.out[w]) << "library word " << w;
+      EXPECT_EQ(ref[size_t(w)], k.out[w]) << "reference word " << w;
+    }
+  }
+}
+
+// The library's dropout mask is the documented one (philox_reference.h), its groups and slots a bijection onto the
+// keys, and its keep rate 1 - p within statistical bounds.
+TEST(Oracle, DropoutMaskIsTheDocumentedOne) {
+  for (int64_t j = 0; j < 200; ++j)
+    EXPECT_EQ(DropoutSpec::key_of(DropoutSpec::group_of(j), DropoutSpec::slot_of(j)), j) << j;
+  for (float p : {0.1f, 0.3f, 0.5f, 0.9f}) {
+    const uint64_t seed = 0x1234abcd5678ull, offset = 77;
+    const DropoutSpec d = DropoutSpec::make(p, seed, offset, 3, 5);
+    int64_t kept = 0, n = 0, differ = 0;
+    for (int64_t i = 0; i < 300; ++i)
+      for (int64_t j = 0; j < 700; ++j, ++n) {
+        const bool k = d.keep(i, j);
+        kept += k;
+        differ += k != dropout_kept(p, seed, offset, 3, 5, i, j);
+      }
+    EXPECT_EQ(differ, 0) << "p " << p;
+    const double rate = double(kept) / double(n), sigma = std::sqrt(double(p) * (1 - double(p)) / double(n));
+    EXPECT_LT(std::fabs(rate - (1 - double(p))), 5 * sigma) << "p " << p << " keep rate " << rate;
+  }
 }
 
 // The reference in fp64 is the oracle's arithmetic in another order: every element within a few fp64 units of the

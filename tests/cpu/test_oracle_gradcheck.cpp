@@ -110,6 +110,14 @@ TEST(OracleGradcheck, Alibi) {
   check_gradients(c);
 }
 
+TEST(OracleGradcheck, DropoutWithTheSeedFixed) {
+  AttnCase c = small(5, 7, 2, 1);
+  c.dropout_p = 0.3;
+  check_gradients(c);
+  c.causal = true, c.alibi = AttnCase::Alibi::per_head;
+  check_gradients(c);
+}
+
 TEST(OracleGradcheck, Varlen) {
   AttnCase c = small(0, 0, 2, 1);
   c.lens_q = {3, 0, 4};

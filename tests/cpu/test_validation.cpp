@@ -323,6 +323,9 @@ TEST(Validation, Options) {
       {"window_left", [](AttentionOptions& o) { o.window_left = -2; }},
       {"window_right", [](AttentionOptions& o) { o.window_right = -7; }},
       {"softcap", [](AttentionOptions& o) { o.softcap = -1; }},
+      {"dropout_p", [](AttentionOptions& o) { o.dropout_p = 1.0; }},
+      {"dropout_p", [](AttentionOptions& o) { o.dropout_p = -0.25; }},
+      {"dropout_p", [](AttentionOptions& o) { o.dropout_p = NAN; }},
       {"softcap", [](AttentionOptions& o) { o.softcap = INFINITY; }},
       {"softmax_scale", [](AttentionOptions& o) { o.softmax_scale = NAN; }},
       {"softmax_scale", [](AttentionOptions& o) { o.softmax_scale = 1e300; }},  // finite, but inf in fp32

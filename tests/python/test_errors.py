@@ -38,7 +38,7 @@ def test_not_a_tensor():
 
 
 @pytest.mark.parametrize("kwargs,exc,pattern", [
-    ({"dropout_p": 0.1}, NotImplementedError, "dropout_p"),
+    ({"dropout_p": -0.1}, ValueError, "dropout_p"),
     ({"dropout_p": 1.5}, ValueError, "dropout_p"),
     ({"alibi_slopes": torch.ones(3)}, ValueError, "^alibi_slopes: expected shape"),
     ({"window_size": 3}, ValueError, "window_size"),

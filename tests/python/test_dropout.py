@@ -1,0 +1,117 @@
+"""Attention dropout through the flash_attn API (CPU tensors): reproducible under torch.manual_seed, a fresh mask per
+call, the backward regenerating the forward's mask (torch.autograd.gradcheck in float64 with the seed fixed), the
+mean over many seeds approaching the output without dropout, the same mask on both CPU backends, and the errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flashattn
+from conftest import cpu_backends, requires_cuda
+
+
+def inputs(dtype=torch.float32, b=2, sq=13, sk=21, hq=4, hkv=2, d=16, grad=True):
+    q = torch.randn(b, sq, hq, d, dtype=dtype, requires_grad=grad)
+    k = torch.randn(b, sk, hkv, d, dtype=dtype, requires_grad=grad)
+    v = torch.randn(b, sk, hkv, d, dtype=dtype, requires_grad=grad)
+    return q, k, v
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_manual_seed_reproduces_and_calls_differ(backend):
+    q, k, v = inputs()
+    dout = torch.randn(2, 13, 4, 16)
+    torch.manual_seed(123)
+    a = flashattn.flash_attn_func(q, k, v, dropout_p=0.3, causal=True, backend=backend)
+    ga = torch.autograd.grad(a, (q, k, v), dout)
+    b = flashattn.flash_attn_func(q, k, v, dropout_p=0.3, causal=True, backend=backend)
+    torch.manual_seed(123)
+    c = flashattn.flash_attn_func(q, k, v, dropout_p=0.3, causal=True, backend=backend)
+    gc = torch.autograd.grad(c, (q, k, v), dout)
+    assert torch.equal(a, c), "the same seed must give the same output"
+    for x, y in zip(ga, gc):
+        assert torch.equal(x, y), "the same seed must give the same gradients"
+    assert not torch.equal(a, b), "a second call must draw a fresh mask"
+    gen = torch.Generator().manual_seed(7)
+    d1 = flashattn.flash_attn_func(q, k, v, dropout_p=0.3, generator=gen, backend=backend)
+    gen.manual_seed(7)
+    d2 = flashattn.flash_attn_func(q, k, v, dropout_p=0.3, generator=gen, backend=backend)
+    assert torch.equal(d1, d2)
+
+
+def test_backends_draw_the_same_mask():
+    q, k, v = inputs(torch.float64)
+    outs = []
+    for backend in ("cpu_reference", "cpu_flash"):
+        torch.manual_seed(5)
+        outs.append(flashattn.flash_attn_func(q, k, v, dropout_p=0.4, causal=True, backend=backend))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-12, atol=1e-12)
+
+
+def test_dropped_fraction_and_scale():
+    # With v = identity rows, out = P ∘ Z: exactly the dropped probabilities are 0, the kept ones scaled.
+    s, p = 64, 0.3
+    q = torch.randn(1, s, 1, s, dtype=torch.float64)
+    k = torch.randn(1, s, 1, s, dtype=torch.float64)
+    v = torch.eye(s, dtype=torch.float64).reshape(1, s, 1, s)
+    plain = flashattn.flash_attn_func(q, k, v)
+    torch.manual_seed(1)
+    dropped = flashattn.flash_attn_func(q, k, v, dropout_p=p)
+    kept = dropped != 0
+    torch.testing.assert_close(dropped[kept], plain[kept] / (1 - p))
+    frac = kept.double().mean().item()
+    sigma = (p * (1 - p) / kept.numel()) ** 0.5
+    assert abs(frac - (1 - p)) < 5 * sigma, f"kept fraction {frac}"
+
+
+def test_mean_over_seeds_is_the_output_without():
+    q, k, v = inputs(torch.float64, b=1, sq=6, sk=9, hq=1, hkv=1, d=4, grad=False)
+    plain = flashattn.flash_attn_func(q, k, v)
+    outs = torch.stack([flashattn.flash_attn_func(q, k, v, dropout_p=0.5) for _ in range(2000)])
+    err = (outs.mean(0) - plain).abs()
+    bound = 5 * outs.std(0) / 2000 ** 0.5 + 1e-12
+    assert bool((err <= bound).all()), f"max |mean - plain| {err.max().item():.3g}"
+
+
+def test_gradcheck_with_the_seed_fixed():
+    q, k, v = inputs(torch.float64, b=1, sq=5, sk=7, hq=2, hkv=1, d=4)
+
+    def f(q, k, v):
+        torch.manual_seed(11)  # the same mask for every evaluation
+        return flashattn.flash_attn_func(q, k, v, dropout_p=0.3, causal=True)
+
+    assert torch.autograd.gradcheck(f, (q, k, v))
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_varlen_and_packed(backend):
+    qkv = torch.randn(30, 3, 2, 8, requires_grad=True)
+    cu = torch.tensor([0, 10, 10, 30], dtype=torch.int32)
+    torch.manual_seed(3)
+    a = flashattn.flash_attn_varlen_qkvpacked_func(qkv, cu, 20, dropout_p=0.2, causal=True, backend=backend)
+    torch.manual_seed(3)
+    b = flashattn.flash_attn_varlen_qkvpacked_func(qkv, cu, 20, dropout_p=0.2, causal=True, backend=backend)
+    assert torch.equal(a, b)
+    a.sum().backward()
+    assert torch.isfinite(qkv.grad).all()
+
+
+def test_errors():
+    q, k, v = inputs()
+    for bad in (1.0, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="^dropout_p"):
+            flashattn.flash_attn_func(q, k, v, dropout_p=bad)
+    with pytest.raises(TypeError, match="^generator"):
+        flashattn.flash_attn_func(q, k, v, dropout_p=0.1, generator=3)
+    with pytest.raises(NotImplementedError, match="^dropout_p"):
+        flashattn.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               dropout_p=0.1, enable_gqa=True)
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_cuda_raises_not_implemented():
+    q = torch.randn(1, 8, 2, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="^dropout_p: attention dropout on CUDA"):
+        flashattn.flash_attn_func(q, q, q, dropout_p=0.1)
