@@ -35,7 +35,7 @@ bool on_cpu(const FwdParams& p) { return p.device.type == DeviceType::cpu; }
 
 Status dropout_unsupported(Backend b) {
   return Status::unsupported(std::string("dropout_p: attention dropout is not supported by ") + backend_name(b) +
-                             " yet (the CPU backends run it); pass dropout_p = 0 for CUDA tensors");
+                             " yet (cuda_sm80 and the CPU backends run it)");
 }
 
 // bwd: the backward's params when choosing for the backward (they say more than the forward's: dout's layout,
@@ -48,7 +48,6 @@ Status supports(Backend b, const FwdParams& p, const BwdParams* bwd) {
                        : Status::unsupported(std::string(backend_name(b)) + " runs on CPU tensors; these are on CUDA");
     case Backend::cuda_sm80:
       if (on_cpu(p)) return Status::unsupported("cuda_sm80 runs on CUDA tensors; these are on the CPU");
-      if (p.dropout_p > 0) return dropout_unsupported(b);
       return detail::cuda_sm80_supports(p, bwd != nullptr);
     case Backend::cuda_sm90:
       if (on_cpu(p)) return Status::unsupported("cuda_sm90 runs on CUDA tensors; these are on the CPU");

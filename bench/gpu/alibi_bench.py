@@ -1,13 +1,14 @@
-"""What ALiBi costs: flashattn's forward and backward with alibi_slopes against the same calls without, in
-alternating bursts in one process (recheck_cell.py's burst timing), and PyTorch SDPA with the equivalent additive
-bias (attn_mask, a materialised [1, h, s, s] bias: the efficient backend) for reference. bf16, B·S = 16k tokens,
-H·D = 2048, slopes 2^(-8 (h + 1) / H) (the ALiBi paper's).
+"""What ALiBi (or dropout) costs: flashattn's forward and backward with alibi_slopes (--feature dropout:
+dropout_p = 0.1) against the same calls without, in alternating bursts in one process (recheck_cell.py's burst
+timing), and PyTorch SDPA with the equivalent (a materialised [1, h, s, s] bias as attn_mask, the efficient
+backend; or dropout_p, its flash backend) for reference. bf16, B·S = 16k tokens, H·D = 2048, slopes
+2^(-8 (h + 1) / H) (the ALiBi paper's).
 
-    PYTHONPATH=<build>/python python3 bench/gpu/alibi_bench.py [--hd 64 128 256] [--seqlens 2048 8192]
-        [--causal 0 1] [--repeats 3] [--seconds 0.3] [--sdpa-max 4096]
+    PYTHONPATH=<build>/python python3 bench/gpu/alibi_bench.py [--feature alibi|dropout] [--hd 64 128 256]
+        [--seqlens 2048 8192] [--causal 0 1] [--repeats 3] [--seconds 0.3] [--sdpa-max 4096]
 
 Prints one markdown row per cell: TFLOP/s of each (forward, backward), and the ranges over the repeats of the
-time with ALiBi over the time without (forward, backward).
+time with the feature over the time without (forward, backward).
 """
 import argparse
 import sys
@@ -35,14 +36,16 @@ def sdpa_bias(slopes, s, causal):
     return bias[None].to(torch.bfloat16)
 
 
-def cell(d, s, causal, repeats, seconds, sdpa_max):
+def cell(d, s, causal, repeats, seconds, sdpa_max, feature):
     b, h = 16384 // s, 2048 // d
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     dout = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
     slopes = alibi_slopes(h)
 
-    def timed(alibi):
-        kw = dict(causal=causal, alibi_slopes=slopes if alibi else None)
+    def timed(on):
+        kw = dict(causal=causal)
+        if on:
+            kw.update(dict(alibi_slopes=slopes) if feature == "alibi" else dict(dropout_p=0.1))
         out = flashattn.flash_attn_func(q, k, v, **kw)
         fwd = burst(lambda: flashattn.flash_attn_func(q, k, v, **kw), seconds)
         bwd = burst(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), seconds)
@@ -55,10 +58,10 @@ def cell(d, s, causal, repeats, seconds, sdpa_max):
     sdpa = None
     if s <= sdpa_max:
         qt, kt, vt = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
-        bias = sdpa_bias(slopes, s, causal)
-        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=bias)
+        kw = dict(attn_mask=sdpa_bias(slopes, s, causal)) if feature == "alibi" else dict(dropout_p=0.1, is_causal=causal)
+        out = F.scaled_dot_product_attention(qt, kt, vt, **kw)
         dt = dout.transpose(1, 2).contiguous()
-        sdpa = (burst(lambda: F.scaled_dot_product_attention(qt, kt, vt, attn_mask=bias), seconds),
+        sdpa = (burst(lambda: F.scaled_dot_product_attention(qt, kt, vt, **kw), seconds),
                 burst(lambda: torch.autograd.grad(out, (qt, kt, vt), dt, retain_graph=True), seconds))
     return b, h, readings, sdpa
 
@@ -71,15 +74,17 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=0.3)
     ap.add_argument("--sdpa-max", type=int, default=4096)
+    ap.add_argument("--feature", choices=["alibi", "dropout"], default="alibi")
     a = ap.parse_args()
-    print(f"ALiBi cost, bf16, bursts of ~{a.seconds:g} s, {a.repeats} alternating repeats ({torch.cuda.get_device_name()})")
-    print("| hd | S | causal | fwd TFLOP/s plain / ALiBi | bwd TFLOP/s plain / ALiBi | fwd time ALiBi/plain | "
-          "bwd time ALiBi/plain | SDPA + bias fwd / bwd TFLOP/s |")
+    name = "ALiBi" if a.feature == "alibi" else "dropout 0.1"
+    print(f"{name} cost, bf16, bursts of ~{a.seconds:g} s, {a.repeats} alternating repeats ({torch.cuda.get_device_name()})")
+    print(f"| hd | S | causal | fwd TFLOP/s plain / {name} | bwd TFLOP/s plain / {name} | fwd time {name}/plain | "
+          f"bwd time {name}/plain | SDPA with it fwd / bwd TFLOP/s |")
     print("|---|---|---|---|---|---|---|---|")
     for d in a.hd:
         for causal in a.causal:
             for s in a.seqlens:
-                b, h, r, sdpa = cell(d, s, bool(causal), a.repeats, a.seconds, a.sdpa_max)
+                b, h, r, sdpa = cell(d, s, bool(causal), a.repeats, a.seconds, a.sdpa_max, a.feature)
                 ff = flops(b, h, s, d, bool(causal), backward=False) * 1e-12
                 fb = flops(b, h, s, d, bool(causal), backward=True) * 1e-12
                 best = lambda xs: min(xs)  # noqa: E731

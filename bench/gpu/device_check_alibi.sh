@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# One GPU run for ALiBi (src/common/alibi.h in every CUDA kernel): build with the Python module (all cores), the
-# ALiBi GPU tests, compute-sanitizer memcheck on small ALiBi cases of both backends, the whole GPU suite, the CUDA
-# pytest cases, and the cost benchmark (bench/gpu/alibi_bench.py). Logs go to $OUT; a summary is printed last.
-#   ALIBI_BENCH="<alibi_bench.py args>" (empty string: no benchmark); ALIBI_FULL=0 skips the whole suites.
+# One GPU run for ALiBi and dropout (src/common/alibi.h, dropout.h in the CUDA kernels): build with the Python
+# module (all cores), their GPU tests, compute-sanitizer memcheck on small cases of both backends, the whole GPU
+# suite, the CUDA pytest cases, and the cost benchmark (bench/gpu/alibi_bench.py, ALiBi then dropout). Logs go to
+# $OUT; a summary is printed last.
+#   ALIBI_BENCH="<alibi_bench.py args>" (empty string: no benchmark); ALIBI_FULL=0 skips the whole suites;
+#   DROPOUT_BENCH="<args>" for the dropout benchmark (empty string: none).
 set -uo pipefail
 OUT=${OUT:-/tmp/alibi-out}
 mkdir -p "$OUT"
@@ -20,10 +22,10 @@ timeout 240 $t --gtest_filter='*GpuAlibi*' > "$OUT/tests.log" 2>&1
 echo "tests rc=$?" >> "$OUT/tests.log"
 san=$OUT/sanitizer.log
 : > "$san"
-small='*GpuAlibi*/0_*:*GpuAlibi*/1_*:*GpuAlibi*/16_*:*GpuAlibi*/17_*'
+small='*GpuAlibi*/22_*:*GpuAlibi*/35_*'
 timeout 200 compute-sanitizer --tool memcheck $t --gtest_filter="$small" >> "$san" 2>&1
 export PYTHONPATH=/tmp/build-alibi/python
-(cd /tmp && timeout 120 python3 -m pytest -q -p no:cacheprovider "$R/tests/python/test_alibi.py" > "$OUT/pytest.log" 2>&1;
+(cd /tmp && timeout 120 python3 -m pytest -q -p no:cacheprovider "$R/tests/python/test_alibi.py" "$R/tests/python/test_dropout.py" > "$OUT/pytest.log" 2>&1;
  echo "pytest rc=$?" >> "$OUT/pytest.log")
 if [ "${ALIBI_FULL:-1}" = 1 ]; then
   timeout 300 $t --gtest_filter='-*GpuAlibi*' > "$OUT/full.log" 2>&1; echo "full rc=$?" >> "$OUT/full.log"
@@ -34,6 +36,11 @@ bench_args=${ALIBI_BENCH-"--repeats 3 --seconds 0.3"}
 if [ -n "$bench_args" ]; then
   timeout 300 python3 bench/gpu/alibi_bench.py $bench_args > "$OUT/bench.md" 2> "$OUT/bench.err"
   echo "bench rc=$?" >> "$OUT/bench.err"
+fi
+dropout_args=${DROPOUT_BENCH-"--repeats 2 --seconds 0.25 --hd 64 128 --seqlens 2048 8192"}
+if [ -n "$dropout_args" ]; then
+  timeout 200 python3 bench/gpu/alibi_bench.py --feature dropout $dropout_args >> "$OUT/bench.md" 2>> "$OUT/bench.err"
+  echo "dropout bench rc=$?" >> "$OUT/bench.err"
 fi
 echo "==== summary"; head -2 "$log"; grep "build rc" "$log"; grep -E "error" "$log" | head -10
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|tests rc|^\[==========\]" "$OUT/tests.log" | head -40

@@ -45,7 +45,8 @@ struct AttentionOptions {
   // 1 / (1 - dropout_p), as flash_attn 2. The mask is a function of (dropout_seed, dropout_offset) and of each
   // element's (sequence, query head, query row, key) alone (not of the batch size or head count): the backward of
   // a forward must get the same seed and offset; a call with another offset (or seed) draws a fresh mask.
-  // Forward and backward; CPU backends only for now (the CUDA backends report it unsupported).
+  // Forward and backward on the CPU backends and cuda_sm80 (cuda_sm90 reports it unsupported; automatic dispatch
+  // then runs cuda_sm80 on Hopper).
   double dropout_p = 0.0;
   uint64_t dropout_seed = 0;
   uint64_t dropout_offset = 0;

@@ -489,9 +489,9 @@ def attention(
     num_threads = check_integer("num_threads", num_threads, 0, INT32_MAX)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     dropout_p = _check_dropout_p(dropout_p)
-    seed = _dropout_seed(q, generator) if dropout_p > 0 else 0
+    seed, offset = _dropout_seed(q, generator) if dropout_p > 0 else (0, 0)
     ints, floats = op_options(max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap,
-                              deterministic, num_threads, dropout_p, seed, 0)
+                              deterministic, num_threads, dropout_p, seed, offset)
     _check_slopes_type(alibi_slopes)
     return torch.ops.flashattn.attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, ints, floats,
                                                  str(backend))
@@ -504,17 +504,27 @@ def _check_dropout_p(dropout_p) -> float:
     return p
 
 
-def _dropout_seed(q: Tensor, generator: Optional[torch.Generator]) -> int:
-    """A 63-bit seed for one call's dropout mask, drawn from `generator` (or torch's default generator of q's
-    device), which it advances: torch.manual_seed makes calls reproducible, and each call draws a fresh mask."""
-    if q.device.type != "cpu":
-        raise NotImplementedError("dropout_p: attention dropout on CUDA tensors is not supported by flashattn yet "
-                                  "(CPU tensors run it); pass dropout_p=0.0")
+def _dropout_seed(q: Tensor, generator: Optional[torch.Generator]) -> Tuple[int, int]:
+    """(seed, offset) of one call's dropout mask, from `generator` (or torch's default generator of q's device),
+    which it advances: torch.manual_seed makes calls reproducible, and each call draws a fresh mask. A CPU generator
+    gives a 63-bit seed drawn from it (offset 0); a CUDA generator its seed and Philox offset, which is advanced
+    by 4 as PyTorch's own kernels do (no device synchronisation)."""
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
-    if generator is not None and generator.device.type != "cpu":
-        raise ValueError(f"generator: on {generator.device}, but q is on the CPU")
-    return int(torch.randint(0, 2**63 - 1, (1,), generator=generator, dtype=torch.int64).item())
+    if q.device.type == "cpu":
+        if generator is not None and generator.device.type != "cpu":
+            raise ValueError(f"generator: on {generator.device}, but q is on the CPU")
+        return int(torch.randint(0, 2**63 - 1, (1,), generator=generator, dtype=torch.int64).item()), 0
+    if _capturing(q):
+        raise NotImplementedError("dropout_p: attention dropout inside CUDA-graph capture is not supported yet (the "
+                                  "generator's state is read on the host)")
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    gen = generator if generator is not None else torch.cuda.default_generators[index]
+    if gen.device.type != "cuda" or (gen.device.index or 0) != index:
+        raise ValueError(f"generator: on {gen.device}, but q is on {q.device}")
+    offset = gen.get_offset()
+    gen.set_offset(offset + 4)
+    return gen.initial_seed() & (2**63 - 1), offset
 
 
 def _check_slopes_type(alibi_slopes) -> None:

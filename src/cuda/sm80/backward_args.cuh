@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/alibi.h"
+#include "common/dropout.h"
 #include "common/hd.h"
 #include "common/mask.h"
 
@@ -46,6 +47,8 @@ struct BwdKernelArgs {
   int64_t window_left, window_right;
   const float* alibi_slopes;  // null: no ALiBi (common/alibi.h)
   int64_t alibi_batch_stride;
+  float dropout_p;  // 0: no dropout (common/dropout.h)
+  uint64_t dropout_seed, dropout_offset;
 
   // Workspace: D = rowsum(dO o O) and lse_log2, [heads_q][ws_head_stride] each, and the fp32 dQ accumulator
   // [heads_q][ws_head_stride][dq_accum_ld] (rows_q of each head's ws_head_stride rows are used).
@@ -110,6 +113,15 @@ struct BwdAlibi {
   float slope2;
   int64_t shift;
 };
+// Dropout of one (sequence, query head): the mask's generator and the kept probabilities' factor 1 / (1 - p).
+struct BwdDropout {
+  DropoutSpec spec;
+  float keep_scale;
+};
+__device__ __forceinline__ BwdDropout seq_dropout(const BwdKernelArgs& a, int b, int h) {
+  return {DropoutSpec::make(a.dropout_p, a.dropout_seed, a.dropout_offset, b, h), 1.f / (1.f - a.dropout_p)};
+}
+
 __device__ __forceinline__ BwdAlibi seq_alibi(const BwdKernelArgs& a, const SeqExtent& e, int b, int h) {
   const Alibi bias = Alibi::make(a.alibi_slopes, a.alibi_batch_stride, b, h, e.len_q, e.len_k);
   return {bias.slope_log2(), bias.shift};

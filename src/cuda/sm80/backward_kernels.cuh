@@ -67,19 +67,23 @@ __device__ __forceinline__ float dsum_of(const BwdKernelArgs& a, const SeqExtent
 // whose origin is (m0, n0)), up to P and dS in shared memory (as T, pitch C::kLdN):
 //   S = Q Kᵀ;  P = exp2(S·scale·log2e − LSE·log2e), 0 for masked keys  -> sP (when kStoreP)
 //   dP = dO Vᵀ;  dS = P∘(dP − D) [∘(1 − tanh²) with softcap]             -> sdS
+// (dropout: P∘Z to sP and dS = P∘(Z∘dP − D), Z regenerated from the seed: common/dropout.h)
 // P is finished and stored before dP is computed, and softcap and masking are template flags (the caller
 // branches once per tile), so each variant is one straight-line block in which the compiler interleaves the
 // exponentials and shared stores with the dP mma.sync instead of leaving the tensor cores idle behind them.
 // Only P·(1 − tanh²) stays in registers across the dP product: P itself is needed in fp32 by nothing else.
 // sq, sdo: the warp's first rows of the staged Q and dO tiles; sk, sv: the warp's first keys of K and V.
-template <typename C, typename T, bool kStoreP, bool kSoftcap, bool kMask>
+template <typename C, typename T, bool kStoreP, bool kSoftcap, bool kMask, bool kExtras>
 __device__ __forceinline__ void scores_to_grads_impl(const T* sq, const T* sdo, const T* sk, const T* sv,
                                                      const float (&lse_l2)[C::kSdPWarpM / 16][2],
                                                      const float (&dsum)[C::kSdPWarpM / 16][2],
                                                      const BwdKernelArgs& a, const MaskSpec& mask,
-                                                     const BwdAlibi& alibi, int m0, int n0, int row0, int col0, T* sP,
-                                                     T* sdS, int lane) {
+                                                     const BwdAlibi& alibi, const BwdDropout& drop, int m0, int n0,
+                                                     int row0, int col0, T* sP, T* sdS, int lane) {
   constexpr int MI = C::kSdPWarpM / 16, NI = C::kSdPWarpN / 8;
+  static_assert(2 * NI <= 32, "one keep bit per score of a warp row");
+  // Dropout (masked variant only): bit 2 ni + e of kept[mi][half] says whether that score was kept.
+  uint32_t kept[MI][2];
   constexpr int kLdD = C::kLdD, kLdN = C::kLdN;
   float acc_s[MI][NI][4];
   zero_acc(acc_s);
@@ -97,11 +101,20 @@ __device__ __forceinline__ void scores_to_grads_impl(const T* sq, const T* sdo, 
         lo -= n0, hi -= n0;
         key_lo = int(lo < 0 ? 0 : (lo > 1 << 30 ? 1 << 30 : lo));
         key_hi = int(hi < 0 ? 0 : (hi > 1 << 30 ? 1 << 30 : hi));
-        alibi_base = float(int64_t(m0 + row) + alibi.shift - n0 - (col0 + acc_col(0, lane)));
+        if constexpr (kExtras) alibi_base = float(int64_t(m0 + row) + alibi.shift - n0 - (col0 + acc_col(0, lane)));
       }
+      uint32_t draws[4] = {0, 0, 0, 0};
+      kept[mi][half] = ~0u;
+      (void)draws;
 #pragma unroll
       for (int ni = 0; ni < NI; ++ni) {
         const int col = col0 + acc_col(ni, lane);
+        // This lane's keys n0 + col0 + 8 ni + 2q (+1): one Philox group per 32-key span (n0 is a multiple of 32).
+        const int key8 = n0 + col0 + 8 * ni;
+        if constexpr (kMask && kExtras) {
+          if (drop.spec.active() && (ni == 0 || (key8 & 31) == 0))
+            drop.spec.draws(m0 + row, DropoutSpec::group_of(key8 + 2 * (lane & 3)), draws);
+        }
         float p[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
@@ -109,7 +122,7 @@ __device__ __forceinline__ void scores_to_grads_impl(const T* sq, const T* sdo, 
           float dscale = 1.f;
           // ALiBi's bias folded into the subtracted LSE (0 without ALiBi): exp2(s + b - lse) with b < 0.
           float lse = lse_l2[mi][half];
-          if constexpr (kMask) lse = fmaf(alibi.slope2, fabsf(alibi_base - float(ni * 8 + e)), lse);
+          if constexpr (kMask && kExtras) lse = fmaf(alibi.slope2, fabsf(alibi_base - float(ni * 8 + e)), lse);
           if constexpr (kSoftcap) {
             const float t = tanhf(x * a.tanh_scale);
             p[e] = fast_exp2(t * a.softcap_log2 - lse);
@@ -121,6 +134,14 @@ __device__ __forceinline__ void scores_to_grads_impl(const T* sq, const T* sdo, 
             if (col + e < key_lo || col + e >= key_hi) p[e] = 0.f;
           }
           x = kSoftcap ? p[e] * dscale : p[e];
+          if constexpr (kMask && kExtras) {
+            // P ∘ Z for dV: kept ones scaled by 1 / (1 - p), dropped ones 0.
+            if (drop.spec.active()) {
+              const bool keep = drop.spec.kept(draws, 2 * ((key8 >> 3) & 3) + e);
+              if (!keep) kept[mi][half] &= ~(1u << (2 * ni + e));
+              p[e] = keep ? p[e] * drop.keep_scale : 0.f;
+            }
+          }
         }
         if constexpr (kStoreP) {
           *reinterpret_cast<uint32_t*>(sP + row * kLdN + col) = pack_pair<T>(p[0], p[1]);
@@ -139,35 +160,46 @@ __device__ __forceinline__ void scores_to_grads_impl(const T* sq, const T* sdo, 
 #pragma unroll
       for (int ni = 0; ni < NI; ++ni) {
         const int col = col0 + acc_col(ni, lane);
-        const float ds0 = acc_s[mi][ni][half * 2] * (acc_dp[mi][ni][half * 2] - dsum[mi][half]);
-        const float ds1 = acc_s[mi][ni][half * 2 + 1] * (acc_dp[mi][ni][half * 2 + 1] - dsum[mi][half]);
+        float dp0 = acc_dp[mi][ni][half * 2], dp1 = acc_dp[mi][ni][half * 2 + 1];
+        if constexpr (kMask && kExtras) {
+          // dS = P ∘ (Z ∘ dP - D).
+          if (drop.spec.active()) {
+            dp0 = (kept[mi][half] >> (2 * ni)) & 1u ? dp0 * drop.keep_scale : 0.f;
+            dp1 = (kept[mi][half] >> (2 * ni + 1)) & 1u ? dp1 * drop.keep_scale : 0.f;
+          }
+        }
+        const float ds0 = acc_s[mi][ni][half * 2] * (dp0 - dsum[mi][half]);
+        const float ds1 = acc_s[mi][ni][half * 2 + 1] * (dp1 - dsum[mi][half]);
         *reinterpret_cast<uint32_t*>(sdS + row * kLdN + col) = pack_pair<T>(ds0, ds1);
       }
     }
   }
 }
 
-template <typename C, typename T, bool kStoreP>
+// kExtras: ALiBi and dropout compiled in (in the masked variant, which then runs on every tile).
+template <typename C, typename T, bool kStoreP, bool kExtras>
 __device__ __forceinline__ void scores_to_grads(const T* sq, const T* sdo, const T* sk, const T* sv,
                                                 const float (&lse_l2)[C::kSdPWarpM / 16][2],
                                                 const float (&dsum)[C::kSdPWarpM / 16][2], const BwdKernelArgs& a,
-                                                const MaskSpec& mask, const BwdAlibi& alibi, bool need_mask, int m0,
-                                                int n0, int row0, int col0, T* sP, T* sdS, int lane) {
-  need_mask = need_mask || alibi.slope2 != 0.f;  // the masked variant also adds ALiBi's bias
+                                                const MaskSpec& mask, const BwdAlibi& alibi, const BwdDropout& drop,
+                                                bool need_mask, int m0, int n0, int row0, int col0, T* sP, T* sdS,
+                                                int lane) {
+  // The masked variant also adds ALiBi's bias and applies dropout.
+  if constexpr (kExtras) need_mask = need_mask || alibi.slope2 != 0.f || drop.spec.active();
   if (a.softcap > 0.f) {
     if (need_mask) {
-      scores_to_grads_impl<C, T, kStoreP, true, true>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, alibi, m0, n0, row0, col0, sP,
+      scores_to_grads_impl<C, T, kStoreP, true, true, kExtras>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, alibi, drop, m0, n0, row0, col0, sP,
                                                       sdS, lane);
     } else {
-      scores_to_grads_impl<C, T, kStoreP, true, false>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, alibi, m0, n0, row0, col0,
+      scores_to_grads_impl<C, T, kStoreP, true, false, kExtras>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, alibi, drop, m0, n0, row0, col0,
                                                        sP, sdS, lane);
     }
   } else {
     if (need_mask) {
-      scores_to_grads_impl<C, T, kStoreP, false, true>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, alibi, m0, n0, row0, col0,
+      scores_to_grads_impl<C, T, kStoreP, false, true, kExtras>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, alibi, drop, m0, n0, row0, col0,
                                                        sP, sdS, lane);
     } else {
-      scores_to_grads_impl<C, T, kStoreP, false, false>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, alibi, m0, n0, row0, col0,
+      scores_to_grads_impl<C, T, kStoreP, false, false, kExtras>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, alibi, drop, m0, n0, row0, col0,
                                                         sP, sdS, lane);
     }
   }
@@ -272,7 +304,7 @@ __global__ void __launch_bounds__(256) bwd_dq_convert_kernel(const BwdKernelArgs
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-template <typename T, int kD, bool kCompact>
+template <typename T, int kD, bool kCompact, bool kExtras>
 __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKernelArgs a) {
   using C = BwdConfig<kD, kCompact>;
   constexpr int kM = C::kM, kN = C::kN, kLdD = C::kLdD, kLdN = C::kLdN;
@@ -412,9 +444,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKerne
 
     const bool need_mask =
         n0 + kN > seq.len_k || !mask.tile_fully_visible(m0, min(m0 + kM, seq.len_q), n0, n0 + kN);
-    scores_to_grads<C, T, true>(sQs + s_row0 * kLdD, sdOs + s_row0 * kLdD, sK + s_col0 * kLdD, sV + s_col0 * kLdD,
-                                lse_l2, dsum, a, mask, seq_alibi(a, seq, b, h), need_mask, m0, n0, s_row0, s_col0, sP,
-                                sdS, lane);
+    scores_to_grads<C, T, true, kExtras>(sQs + s_row0 * kLdD, sdOs + s_row0 * kLdD, sK + s_col0 * kLdD, sV + s_col0 * kLdD,
+                                lse_l2, dsum, a, mask, seq_alibi(a, seq, b, h), seq_dropout(a, b, h), need_mask, m0, n0,
+                                s_row0, s_col0, sP, sdS, lane);
     __syncthreads();
 
     // dQ += dS K (fp32 reductions into the workspace), dV += Pᵀ dO, dK += dSᵀ Q; the transposes come from
@@ -478,7 +510,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKerne
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-template <typename T, int kD, bool kCompact>
+template <typename T, int kD, bool kCompact, bool kExtras>
 __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dq_kernel(const BwdKernelArgs a) {
   using C = BwdConfig<kD, kCompact>;
   constexpr int kM = C::kM, kN = C::kN, kLdD = C::kLdD, kLdN = C::kLdN;
@@ -502,6 +534,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dq_kernel(const BwdKernelA
   const int m_valid = min(kM, seq.len_q - m0);
   const MaskSpec mask = seq_mask(a, seq);
   const BwdAlibi alibi = seq_alibi(a, seq, b, h);
+  const BwdDropout drop = seq_dropout(a, b, h);
   int64_t k_lo, k_hi;
   mask.key_range_for_rows(m0, m0 + m_valid, &k_lo, &k_hi);
   const int n_first = int(k_lo / kN);
@@ -581,8 +614,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dq_kernel(const BwdKernelA
 
     const bool need_mask =
         n0 + kN > seq.len_k || !mask.tile_fully_visible(m0, m0 + m_valid, n0, n0 + kN);
-    scores_to_grads<C, T, false>(sQ + s_row0 * kLdD, sdO + s_row0 * kLdD, sKs + s_col0 * kLdD, sVs + s_col0 * kLdD,
-                                 lse_l2, dsum, a, mask, alibi, need_mask, m0, n0, s_row0, s_col0, nullptr, sdS, lane);
+    scores_to_grads<C, T, false, kExtras>(sQ + s_row0 * kLdD, sdO + s_row0 * kLdD, sKs + s_col0 * kLdD, sVs + s_col0 * kLdD,
+                                 lse_l2, dsum, a, mask, alibi, drop, need_mask, m0, n0, s_row0, s_col0, nullptr, sdS,
+                                 lane);
     __syncthreads();
     warp_mma<T, kMiQ, kNiQ, kN / 16, false, true>(acc_dq, sdS + q_row0 * kLdN, kLdN, sKs + q_col0, kLdD, lane);
   }

@@ -93,12 +93,15 @@ Status sm80_backward_launch(BwdKernelArgs a, const BwdParams& p, cudaStream_t st
   a.dq_accum = accum_elems ? a.lse_log2 + row_padded : nullptr;
   a.dq_accum_ld = kD;
 
+  // ALiBi and dropout run in kernels of their own (kExtras), so that the plain kernels' registers stay as they were.
+  const bool extras = p.alibi_slopes != nullptr || p.dropout_p > 0;
   Status st = [&]() -> Status {
     if (accum_elems) FA_CUDA_TRY(cudaMemsetAsync(a.dq_accum, 0, accum_elems * sizeof(float), stream));
     Status pre = sm80_backward_preprocess(a, p.dtype, stream);
     if (!pre.ok()) return pre;
     if (n_key_blocks > 0 && p.batch > 0) {
-      auto kernel = cuda::sm80::bwd_dkdv_kernel<T, kD, kCompact>;
+      auto kernel = extras ? cuda::sm80::bwd_dkdv_kernel<T, kD, kCompact, true>
+                           : cuda::sm80::bwd_dkdv_kernel<T, kD, kCompact, false>;
       FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, main_bytes));
       const dim3 grid(unsigned(n_key_blocks), unsigned(p.heads_kv), unsigned(p.batch));
       kernel<<<grid, kBwdThreads, main_bytes, stream>>>(a);
@@ -106,7 +109,8 @@ Status sm80_backward_launch(BwdKernelArgs a, const BwdParams& p, cudaStream_t st
     }
     if (p.deterministic) {
       if (n_query_blocks > 0 && p.batch > 0) {
-        auto kernel = cuda::sm80::bwd_dq_kernel<T, kD, kCompact>;
+        auto kernel = extras ? cuda::sm80::bwd_dq_kernel<T, kD, kCompact, true>
+                             : cuda::sm80::bwd_dq_kernel<T, kD, kCompact, false>;
         FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_bytes));
         const dim3 grid(unsigned(n_query_blocks), unsigned(p.heads_q), unsigned(p.batch));
         kernel<<<grid, kBwdThreads, dq_bytes, stream>>>(a);

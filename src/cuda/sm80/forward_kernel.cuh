@@ -2,7 +2,8 @@
 //
 // What it computes: for one (query-row block, query head, batch entry) per thread block, the exact attention
 // output of block_m query rows over every key they can see, with an online softmax, and the natural-log LSE;
-// softcap and the ALiBi bias are applied to the scores where the mask is.
+// softcap and the ALiBi bias are applied to the scores where the mask is, dropout to the probabilities before
+// P V (the row sums and the LSE keep the undropped ones).
 // Masked-out key tiles (above the causal diagonal, outside the window) are never loaded; only tiles crossing a
 // mask edge or the last key are masked per element.
 //
@@ -63,10 +64,13 @@ struct ForwardKernelArgs {
   float softcap_pre;   // softmax_scale / softcap; 0 = no softcap
   const float* alibi_slopes;  // null: no ALiBi; else slope of (b, h) at b * alibi_batch_stride + h
   int64_t alibi_batch_stride;
+  float dropout_p;  // 0: no dropout (common/dropout.h)
+  uint64_t dropout_seed, dropout_offset;
   bool q_vec, k_vec, v_vec, o_vec;  // 16-byte cp.async / stores allowed (tile_io.cuh)
 };
 
-template <typename T, int kD, bool kCompact>
+// kExtras: ALiBi and dropout compiled in.
+template <typename T, int kD, bool kCompact, bool kExtras>
 struct ForwardKernel {
   static constexpr ForwardTile kTile = forward_tile(kD, kCompact);
   static constexpr int kBlockM = kTile.block_m;
@@ -106,6 +110,7 @@ struct ForwardKernel {
     const MaskSpec mask = MaskSpec::make(len_q, len_k, a.causal, a.window_left, a.window_right);
     const Alibi32 alibi = Alibi32::make(a.alibi_slopes, a.alibi_batch_stride, b, h, len_q, len_k);
     const float alibi_slope_u = alibi.slope_in(a.unit_scale);
+    const DropoutSpec dropout = DropoutSpec::make(a.dropout_p, a.dropout_seed, a.dropout_offset, b, h);
     int64_t key_lo, key_hi;
     mask.key_range_for_rows(m0, m0 + rows, &key_lo, &key_hi);
     const int n_block_min = int(key_lo / kBlockN);
@@ -181,7 +186,7 @@ struct ForwardKernel {
         warp_gemm_qk<T, kD, kMTiles, kNTiles>(s, sQw, sK + stage * kBlockN * kD, lane);
 
         if (a.softcap_pre != 0.f) apply_softcap(s, a.softcap_pre);
-        if (alibi_slope_u != 0.f) apply_alibi(s, alibi_slope_u, int64_t(m0 + warp_row0) + alibi.shift - n0, lane);
+        if (kExtras && alibi_slope_u != 0.f) apply_alibi(s, alibi_slope_u, int64_t(m0 + warp_row0) + alibi.shift - n0, lane);
         if (tile_needs_mask(mask, m0, m0 + rows, n0, kBlockN)) apply_mask(s, mask, m0 + warp_row0, n0, lane);
 
         cp_async_wait<kInFlight>();
@@ -190,6 +195,8 @@ struct ForwardKernel {
 
         float factor[kMTiles][2];
         softmax.update(s, a.scale_log2, factor);
+        // After the row sums took the undropped probabilities: P ∘ keep enters P V.
+        if (kExtras && dropout.active()) apply_dropout(s, dropout, m0 + warp_row0, n0, lane);
         OnlineSoftmax<kMTiles>::rescale(acc_o, factor);
         warp_gemm_pv<T, kD, kMTiles, kNTiles>(acc_o, s, sV + stage * kBlockN * kD, lane);
       }
@@ -199,6 +206,11 @@ struct ForwardKernel {
     // Epilogue: normalise, round, stage the warp's rows in its own part of the Q tile, store coalesced.
     float inv_sum[kMTiles][2], lse[kMTiles][2];
     softmax.finalize(a.unit_scale, inv_sum, lse);
+    if (kExtras && dropout.active()) {
+      const float keep_scale = 1.f / (1.f - a.dropout_p);
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) inv_sum[mt][0] *= keep_scale, inv_sum[mt][1] *= keep_scale;
+    }
     __syncwarp();  // every lane's last ldmatrix of its Q rows is done before they are overwritten
     T* sOw = sQ + warp_row0 * kD;
     const int g = lane >> 2, q = lane & 3;
@@ -232,11 +244,12 @@ struct ForwardKernel {
   }
 };
 
-template <typename T, int kD, bool kCompact>
-__global__ void __launch_bounds__(ForwardKernel<T, kD, kCompact>::kThreads, forward_tile(kD, kCompact).min_blocks_sm)
+template <typename T, int kD, bool kCompact, bool kExtras>
+__global__ void __launch_bounds__(ForwardKernel<T, kD, kCompact, kExtras>::kThreads,
+                                  forward_tile(kD, kCompact).min_blocks_sm)
     forward_kernel(const __grid_constant__ ForwardKernelArgs args) {
   extern __shared__ __align__(128) unsigned char smem[];
-  ForwardKernel<T, kD, kCompact>::run(args, smem);
+  ForwardKernel<T, kD, kCompact, kExtras>::run(args, smem);
 }
 
 }  // namespace flashattn::cuda::sm80

@@ -26,13 +26,14 @@ inline bool vector_ok(const void* p, int64_t batch_stride, int64_t row_stride, i
   return aligned16(p) && batch_stride % 8 == 0 && row_stride % 8 == 0 && head_stride % 8 == 0 && dim % 8 == 0;
 }
 
-// Launches one kernel (the bucket's regular or compact tile) with the arguments filled in.
-template <typename T, int kD, bool kCompact>
-Status launch_forward_tile(const FwdParams& p, ForwardKernelArgs a) {
-  using Kernel = ForwardKernel<T, kD, kCompact>;
+// Launches one kernel (the bucket's regular or compact tile; with ALiBi or dropout, kExtras) with the arguments
+// filled in.
+template <typename T, int kD, bool kCompact, bool kExtras>
+Status launch_forward_kernel(const FwdParams& p, ForwardKernelArgs a) {
+  using Kernel = ForwardKernel<T, kD, kCompact, kExtras>;
   constexpr int kSmem = Kernel::kSmemBytes;
   a.num_m_blocks = int((p.seqlen_q + Kernel::kBlockM - 1) / Kernel::kBlockM);
-  auto kernel = forward_kernel<T, kD, kCompact>;
+  auto kernel = forward_kernel<T, kD, kCompact, kExtras>;
   // Once per device: the attribute call costs microseconds, which short launches would otherwise pay each time.
   static std::atomic<bool> smem_set[kMaxDevices];
   const bool cached = p.device.index >= 0 && p.device.index < kMaxDevices;
@@ -44,6 +45,13 @@ Status launch_forward_tile(const FwdParams& p, ForwardKernelArgs a) {
   kernel<<<grid, Kernel::kThreads, kSmem, static_cast<cudaStream_t>(p.stream)>>>(a);
   FA_CUDA_TRY(cudaGetLastError());
   return Status::success();
+}
+
+// ALiBi and dropout run in kernels of their own, so that the plain kernels' registers stay as they were.
+template <typename T, int kD, bool kCompact>
+Status launch_forward_tile(const FwdParams& p, const ForwardKernelArgs& a) {
+  return p.alibi_slopes != nullptr || p.dropout_p > 0 ? launch_forward_kernel<T, kD, kCompact, true>(p, a)
+                                                       : launch_forward_kernel<T, kD, kCompact, false>(p, a);
 }
 
 // The kernel arguments the forward and the decode kernel (decode_launch.cuh) share, under the same names: the
@@ -86,6 +94,7 @@ Status launch_forward(const FwdParams& p, int smem_limit) {
   ForwardKernelArgs a{};
   fill_attention_args(p, &a);
   a.cu_seqlens_k = p.cu_seqlens_k;
+  a.dropout_p = p.dropout_p, a.dropout_seed = p.dropout_seed, a.dropout_offset = p.dropout_offset;
   a.seqlen_k = int(p.seqlen_k);
 
   detail::DeviceGuard guard(p.device.index);

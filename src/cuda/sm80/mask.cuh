@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/dropout.h"
 #include "common/mask.h"
 
 namespace flashattn::cuda::sm80 {
@@ -77,6 +78,34 @@ __device__ __forceinline__ void apply_alibi(float (&s)[kMTiles][kNTiles][4], flo
 #pragma unroll
     for (int r = 0; r < 2; ++r) slopes[mt][r] = slope_u, base[mt][r] = float(diag0 + mt * 16 + g + 8 * r - 2 * q);
   apply_alibi_rows(s, slopes, base);
+}
+
+// Dropout (common/dropout.h) on a P tile of probabilities: dropped entries set to 0 (the caller scales the kept ones
+// by 1 / (1 - p)). Fragment layout as apply_mask; `key0`, the tile's first key, a multiple of 32, so that lane q's
+// keys of each 32-key span (2q, 2q + 1 of each of its four 8-key n-tiles) are exactly one Philox group: one call
+// per (row, span).
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void apply_dropout(float (&s)[kMTiles][kNTiles][4], const DropoutSpec& d, int row0,
+                                              int key0, int lane) {
+  static_assert(kNTiles % 4 == 0, "whole 32-key spans per warp tile");
+  const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + mt * 16 + g + 8 * r;
+#pragma unroll
+      for (int span = 0; span < kNTiles / 4; ++span) {
+        uint32_t w[4];
+        d.draws(row, DropoutSpec::group_of(key0 + span * 32 + 2 * q), w);
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (!d.kept(w, 2 * c + e)) s[mt][span * 4 + c][2 * r + e] = 0.f;
+      }
+    }
+  }
 }
 
 // Softcap: x = tanh(q·k · pre) with pre = softmax_scale / softcap; the natural score is softcap · x, which the

@@ -1,7 +1,8 @@
-// ALiBi on the CUDA backends, forward and backward, against the fp64 oracle (tests/common/oracle.h): both slope
-// shapes, with and without causal, s_q != s_k, GQA, windows, softcap, varlen, head dims of the Hopper kernels (64,
-// 128, 256) and of the sm80 ones (80), each through cuda_sm80 forced and through automatic dispatch (cuda_sm90 on
-// Hopper for 64 / 128 / 256).
+// ALiBi and dropout on the CUDA backends, forward and backward, against the fp64 oracle (tests/common/oracle.h,
+// whose dropout mask comes from the tests' own Philox): both slope shapes, with and without causal, s_q != s_k,
+// GQA, windows, softcap, varlen, head dims of the Hopper kernels (64, 128, 256) and of the sm80 ones (80), each
+// through cuda_sm80 forced and through automatic dispatch (cuda_sm90 on Hopper for ALiBi at 64 / 128 / 256;
+// cuda_sm80 for dropout, which the sm90 kernels do not run yet).
 //
 // Rule, per output: ‖gpu − ref‖ ≤ 2‖emu − ref‖ + u‖ref‖ + atol·√n and the same for the largest element, where emu
 // is the textbook algorithm in fp32 with P and dS rounded to the storage type before their products, as the
@@ -58,9 +59,9 @@ void expect_close(const char* what, const std::vector<double>& got, const std::v
       << what << " max error (emulation " << base.max_abs << ", max |ref| " << e.ref_max << ")";
 }
 
-class GpuAlibi : public ::testing::TestWithParam<GpuAlibiCase> {};
+class GpuAlibiDropout : public ::testing::TestWithParam<GpuAlibiCase> {};
 
-TEST_P(GpuAlibi, MatchesOracle) {
+TEST_P(GpuAlibiDropout, MatchesOracle) {
   FA_REQUIRE_GPU();
   const GpuAlibiCase& g = GetParam();
   const AttnCase& c = g.c;
@@ -89,8 +90,9 @@ TEST_P(GpuAlibi, MatchesOracle) {
       (c.d == 64 || c.d == 128 || c.d == 256)) {
     BwdParams p;
     ASSERT_TRUE(make_backward_params(a, opt, &p).ok());
-    EXPECT_EQ(choose_backend(static_cast<const FwdParams&>(p), Backend::automatic, false).backend, Backend::cuda_sm90);
-    EXPECT_EQ(choose_backend(p, Backend::automatic).backend, Backend::cuda_sm90);
+    const Backend want = c.dropout_p > 0 ? Backend::cuda_sm80 : Backend::cuda_sm90;
+    EXPECT_EQ(choose_backend(static_cast<const FwdParams&>(p), Backend::automatic, false).backend, want);
+    EXPECT_EQ(choose_backend(p, Backend::automatic).backend, want);
   }
   Status st = attention_forward(a, opt);
   ASSERT_TRUE(st.ok()) << st.message;
@@ -141,13 +143,27 @@ std::vector<GpuAlibiCase> cases() {
   c = make(DType::bf16, 100, 180, 2, 1, 80);  // sm80 kernels on every GPU
   c.causal = true, c.alibi = A::per_batch;
   base.push_back(c);
+  // Dropout: every head-dim bucket, masks, GQA, varlen, with ALiBi and softcap.
+  for (int64_t d : {64, 128, 256}) {
+    c = make(d == 128 ? DType::f16 : DType::bf16, 77, 130, 4, 2, d);
+    c.batch = 2, c.dropout_p = 0.3, c.dropout_seed = uint64_t(d) * 7919, c.dropout_offset = 4;
+    base.push_back(c);
+    c.causal = true, c.dropout_p = 0.1;
+    base.push_back(c);
+  }
+  c = make(DType::bf16, 0, 0, 4, 2, 64);
+  c.lens_q = {70, 0, 129, 5}, c.lens_k = {90, 17, 129, 0}, c.causal = true, c.dropout_p = 0.25;
+  base.push_back(c);
+  c = make(DType::bf16, 150, 200, 2, 1, 80);
+  c.window_left = 30, c.softcap = 10, c.alibi = A::per_head, c.dropout_p = 0.5;
+  base.push_back(c);
   std::vector<GpuAlibiCase> out;
   for (const AttnCase& x : base)
     for (Backend b : {Backend::cuda_sm80, Backend::automatic}) out.push_back({x, b});
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Cuda, GpuAlibi, ::testing::ValuesIn(cases()),
+INSTANTIATE_TEST_SUITE_P(Cuda, GpuAlibiDropout, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<GpuAlibiCase>& info) {
                            return std::to_string(info.index) + "_" + case_name(info.param);
                          });
