@@ -6,13 +6,8 @@
 #   ALIBI_BENCH="<alibi_bench.py args>" (empty string: no benchmark); ALIBI_FULL=0 skips the whole suites;
 #   DROPOUT_BENCH="<args>" for the dropout benchmark (empty string: none).
 set -uo pipefail
-OUT=${OUT:-/tmp/alibi-out}
-mkdir -p "$OUT"
-log=$OUT/build.log
-R=$(pwd)
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$log" 2>&1
 source bench/gpu/device_common.sh
-prefix=$(gtest_prefix_flag)
+start_device_run /tmp/alibi-out
 t0=$(date +%s)
 build_tree . /tmp/build-alibi -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_PYTHON=ON -DFLASHATTN_BUILD_BENCH=OFF \
   $prefix >> "$log" 2>&1

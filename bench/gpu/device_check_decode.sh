@@ -7,13 +7,8 @@
 #   DEC_SANITIZE=0 skips compute-sanitizer; DEC_FULL=1 also runs the whole GPU suite; DEC_PYTHON=0 builds
 #   without the Python module (no pytest, no benchmark).
 set -uo pipefail
-OUT=${OUT:-/tmp/dec-out}
-mkdir -p "$OUT"
-log=$OUT/build.log
-R=$(pwd)
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$log" 2>&1
 source bench/gpu/device_common.sh
-prefix=$(gtest_prefix_flag)
+start_device_run /tmp/dec-out
 t0=$(date +%s)
 py=${DEC_PYTHON:-1}
 build_tree . /tmp/build-dec -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_PYTHON=$([ "$py" = 1 ] && echo ON || echo OFF) \

@@ -27,3 +27,14 @@ copy_tree() {
   rm -rf "$1" && mkdir -p "$1"
   tar --exclude='./build*' --exclude='./.git' --exclude='./.gtest-src' -cf - . | (cd "$1" && tar -xf -)
 }
+
+# start_device_run DEFAULT_OUT: makes $OUT (DEFAULT_OUT unless set), starts $log (its build log) with the GPU's name
+# and clocks, and sets $R (the repository root) and $prefix (the googletest flag).
+start_device_run() {
+  OUT=${OUT:-$1}
+  mkdir -p "$OUT"
+  log=$OUT/build.log
+  R=$(pwd)
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$log" 2>&1
+  prefix=$(gtest_prefix_flag)
+}
