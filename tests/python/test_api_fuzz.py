@@ -209,6 +209,12 @@ class Gen:
             ref = lambda q, k, v, dtype: attention_ref(q, k, v, dtype=dtype, **ref_kw)  # noqa: E731
             shapes = dict(q=(b, sq, hq, d), k=(b, sk, hkv, d), v=(b, sk, hkv, dv))
             layout = "padded"
+        # ALiBi slopes in a quarter of the calls each per head and per sequence; the reference adds the same bias.
+        kind = self.pick(None, None, "head", "batch")
+        if kind is not None:
+            rows = batch if varlen else b
+            slopes = (torch.rand(rows, hq) if kind == "batch" else torch.rand(hq)) * 0.5
+            options["alibi_slopes"] = ref_kw["alibi"] = slopes.to(self.device)
         call: Dict[str, object] = {}
         inputs: Dict[str, Input] = {}
         if "qkvpacked" in fn:
