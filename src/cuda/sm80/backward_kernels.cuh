@@ -188,19 +188,19 @@ __device__ __forceinline__ void scores_to_grads(const T* sq, const T* sdo, const
   if constexpr (kExtras) need_mask = need_mask || alibi.slope2 != 0.f || drop.spec.active();
   if (a.softcap > 0.f) {
     if (need_mask) {
-      scores_to_grads_impl<C, T, kStoreP, true, true, kExtras>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, alibi, drop, m0, n0, row0, col0, sP,
-                                                      sdS, lane);
+      scores_to_grads_impl<C, T, kStoreP, true, true, kExtras>(sq, sdo, sk, sv, lse_l2, dsum, a, mask,
+                                                                 alibi, drop, m0, n0, row0, col0, sP, sdS, lane);
     } else {
-      scores_to_grads_impl<C, T, kStoreP, true, false, kExtras>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, alibi, drop, m0, n0, row0, col0,
-                                                       sP, sdS, lane);
+      scores_to_grads_impl<C, T, kStoreP, true, false, kExtras>(sq, sdo, sk, sv, lse_l2, dsum, a, mask,
+                                                                 alibi, drop, m0, n0, row0, col0, sP, sdS, lane);
     }
   } else {
     if (need_mask) {
-      scores_to_grads_impl<C, T, kStoreP, false, true, kExtras>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, alibi, drop, m0, n0, row0, col0,
-                                                       sP, sdS, lane);
+      scores_to_grads_impl<C, T, kStoreP, false, true, kExtras>(sq, sdo, sk, sv, lse_l2, dsum, a, mask,
+                                                                 alibi, drop, m0, n0, row0, col0, sP, sdS, lane);
     } else {
-      scores_to_grads_impl<C, T, kStoreP, false, false, kExtras>(sq, sdo, sk, sv, lse_l2, dsum, a, mask, alibi, drop, m0, n0, row0, col0,
-                                                        sP, sdS, lane);
+      scores_to_grads_impl<C, T, kStoreP, false, false, kExtras>(sq, sdo, sk, sv, lse_l2, dsum, a, mask,
+                                                                 alibi, drop, m0, n0, row0, col0, sP, sdS, lane);
     }
   }
 }
@@ -444,7 +444,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKerne
 
     const bool need_mask =
         n0 + kN > seq.len_k || !mask.tile_fully_visible(m0, min(m0 + kM, seq.len_q), n0, n0 + kN);
-    scores_to_grads<C, T, true, kExtras>(sQs + s_row0 * kLdD, sdOs + s_row0 * kLdD, sK + s_col0 * kLdD, sV + s_col0 * kLdD,
+    scores_to_grads<C, T, true, kExtras>(sQs + s_row0 * kLdD, sdOs + s_row0 * kLdD, sK + s_col0 * kLdD,
+                                         sV + s_col0 * kLdD,
                                 lse_l2, dsum, a, mask, seq_alibi(a, seq, b, h), seq_dropout(a, b, h), need_mask, m0, n0,
                                 s_row0, s_col0, sP, sdS, lane);
     __syncthreads();
@@ -614,7 +615,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dq_kernel(const BwdKernelA
 
     const bool need_mask =
         n0 + kN > seq.len_k || !mask.tile_fully_visible(m0, m0 + m_valid, n0, n0 + kN);
-    scores_to_grads<C, T, false, kExtras>(sQ + s_row0 * kLdD, sdO + s_row0 * kLdD, sKs + s_col0 * kLdD, sVs + s_col0 * kLdD,
+    scores_to_grads<C, T, false, kExtras>(sQ + s_row0 * kLdD, sdO + s_row0 * kLdD, sKs + s_col0 * kLdD,
+                                          sVs + s_col0 * kLdD,
                                  lse_l2, dsum, a, mask, alibi, drop, need_mask, m0, n0, s_row0, s_col0, nullptr, sdS,
                                  lane);
     __syncthreads();

@@ -186,7 +186,8 @@ struct ForwardKernel {
         warp_gemm_qk<T, kD, kMTiles, kNTiles>(s, sQw, sK + stage * kBlockN * kD, lane);
 
         if (a.softcap_pre != 0.f) apply_softcap(s, a.softcap_pre);
-        if (kExtras && alibi_slope_u != 0.f) apply_alibi(s, alibi_slope_u, int64_t(m0 + warp_row0) + alibi.shift - n0, lane);
+        if (kExtras && alibi_slope_u != 0.f)
+          apply_alibi(s, alibi_slope_u, int64_t(m0 + warp_row0) + alibi.shift - n0, lane);
         if (tile_needs_mask(mask, m0, m0 + rows, n0, kBlockN)) apply_mask(s, mask, m0 + warp_row0, n0, lane);
 
         cp_async_wait<kInFlight>();
