@@ -686,6 +686,7 @@ def choose_backend(
     window_right: int = -1,
     softcap: float = 0.0,
     alibi_slopes: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
     backward: bool = False,
     deterministic: bool = False,
     backend: str = "auto",
@@ -697,12 +698,13 @@ def choose_backend(
     max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, deterministic = _check_options(
         q, k, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, deterministic)
     backward = check_flag("backward", backward)
+    dropout_p = _check_dropout_p(dropout_p)
     _check_slopes_type(alibi_slopes)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     alibi_slopes = None if alibi_slopes is None else _last_dim_contiguous(alibi_slopes)
     name, ok, reason = _C.choose_backend(
         _dl(q), _dl(k), _dl(v), None, _dl(cu_seqlens_q), _dl(cu_seqlens_k), max_seqlen_q, max_seqlen_k,
         softmax_scale=scale, causal=causal, window_left=window_left, window_right=window_right, softcap=softcap,
-        backward=backward, deterministic=deterministic, alibi_slopes=_dl(alibi_slopes), backend=str(backend),
-        stream=_stream(q))
+        backward=backward, deterministic=deterministic, alibi_slopes=_dl(alibi_slopes), dropout_p=dropout_p,
+        backend=str(backend), stream=_stream(q))
     return BackendChoice(name, ok, reason)

@@ -97,6 +97,24 @@ def test_varlen_and_packed(backend):
     assert torch.isfinite(qkv.grad).all()
 
 
+def test_choose_backend_names_the_dropout_path():
+    q, k, v = inputs(grad=False)
+    choice = flashattn.choose_backend(q, k, v, dropout_p=0.2, backward=True)
+    assert choice.supported and choice.backend == "cpu_flash", choice
+    with pytest.raises(ValueError, match="^dropout_p"):
+        flashattn.choose_backend(q, k, v, dropout_p=1.0)
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_choose_backend_on_cuda_passes_sm90_for_dropout():
+    q = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.bfloat16)
+    choice = flashattn.choose_backend(q, q, q, dropout_p=0.2)
+    assert choice.supported and choice.backend == "cuda_sm80", choice
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert "dropout_p" in choice.reason, choice.reason
+
+
 def test_errors():
     q, k, v = inputs()
     for bad in (1.0, -0.1, float("nan")):
