@@ -40,17 +40,15 @@ def scaled_dot_product_attention(
     """softmax(query keyᵀ · scale) value for query (N..., Hq, L, E), key (N..., H, S, E), value (N..., H, S, Ev).
 
     Returns (N..., Hq, L, Ev). scale defaults to 1 / sqrt(E). With enable_gqa=True, Hq may be a multiple of H
-    (query head h uses key/value head h // (Hq // H)). attn_mask and dropout_p > 0 raise NotImplementedError.
+    (query head h uses key/value head h // (Hq // H)). attn_mask raises NotImplementedError. dropout_p > 0 drops
+    probabilities as flash_attn_func does (seed from torch's default generator; flashattn's own mask, not PyTorch's).
     Rank 3 inputs (N, L, E) are one head; leading dimensions beyond (N, H) are flattened into the batch.
     """
     if attn_mask is not None:
         raise NotImplementedError(
             "attn_mask: arbitrary attention masks are not supported by flashattn; use is_causal, or the window "
             "and varlen arguments of flashattn.flash_attn_func / flash_attn_varlen_func")
-    if check_dropout(dropout_p) > 0:
-        raise NotImplementedError(
-            "dropout_p: dropout through scaled_dot_product_attention is not supported yet; use "
-            "flashattn.flash_attn_func(..., dropout_p=...) (CPU tensors)")
+    dropout_p = check_dropout(dropout_p)
     is_causal = check_flag("is_causal", is_causal)
     enable_gqa = check_flag("enable_gqa", enable_gqa)
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -90,7 +88,7 @@ def scaled_dot_product_attention(
                 k, v = k[:, :seq_q], v[:, :seq_q]
     softmax_scale = resolve_scale(scale, query.shape[-1], name="scale", tensor_name="query")
     out, _ = attention(q, k, v, softmax_scale=softmax_scale, causal=causal, window_right=window_right,
-                       backend=backend, num_threads=num_threads)
+                       dropout_p=dropout_p, backend=backend, num_threads=num_threads)
     out = out.transpose(1, 2)  # [b, h, s_q, d_v] view of the [b, s_q, h, d_v] result
     if query.dim() == 3:
         return out.squeeze(-3)

@@ -122,9 +122,20 @@ def test_errors():
             flashattn.flash_attn_func(q, k, v, dropout_p=bad)
     with pytest.raises(TypeError, match="^generator"):
         flashattn.flash_attn_func(q, k, v, dropout_p=0.1, generator=3)
-    with pytest.raises(NotImplementedError, match="^dropout_p"):
+    with pytest.raises(ValueError, match="^dropout_p"):
         flashattn.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                               dropout_p=0.1, enable_gqa=True)
+                                               dropout_p=1.0, enable_gqa=True)
+
+
+def test_sdpa_dropout_is_flash_attn_funcs():
+    # The same call through SDPA's layout and through flash_attn_func draws the same mask from the same seed.
+    q, k, v = inputs(b=1, sq=20, sk=20)
+    torch.manual_seed(4)
+    a = flashattn.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               dropout_p=0.3, is_causal=True, enable_gqa=True)
+    torch.manual_seed(4)
+    b = flashattn.flash_attn_func(q, k, v, dropout_p=0.3, causal=True)
+    torch.testing.assert_close(a.transpose(1, 2), b, rtol=0, atol=0)
 
 
 @requires_cuda

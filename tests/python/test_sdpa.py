@@ -77,8 +77,8 @@ def test_unsupported_arguments_raise():
     q = torch.randn(1, 2, 5, 8)
     with pytest.raises(NotImplementedError, match="attn_mask"):
         flashattn.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(5, 5, dtype=torch.bool))
-    with pytest.raises(NotImplementedError, match="dropout_p"):
-        flashattn.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+    with pytest.raises(ValueError, match="dropout_p"):
+        flashattn.scaled_dot_product_attention(q, q, q, dropout_p=1.0)
 
 
 @pytest.mark.parametrize("backend", cpu_backends())
