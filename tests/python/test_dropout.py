@@ -115,6 +115,19 @@ def test_choose_backend_on_cuda_passes_sm90_for_dropout():
         assert "dropout_p" in choice.reason, choice.reason
 
 
+def test_torch_compile_draws_like_eager():
+    # The seed is drawn on the host (a graph break there): compiled calls reproduce under manual_seed, draw fresh
+    # masks call after call, and equal the eager call.
+    q = torch.randn(1, 16, 2, 8)
+    f = torch.compile(lambda q: flashattn.flash_attn_func(q, q, q, dropout_p=0.3))
+    torch.manual_seed(1)
+    a = f(q)
+    b = f(q)
+    torch.manual_seed(1)
+    eager = flashattn.flash_attn_func(q, q, q, dropout_p=0.3)
+    assert torch.equal(a, eager) and not torch.equal(a, b)
+
+
 def test_errors():
     q, k, v = inputs()
     for bad in (1.0, -0.1, float("nan")):
