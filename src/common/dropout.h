@@ -7,7 +7,7 @@
 // dropped ones 0; the LSE is that of the undropped scores. Backward, with D = rowsum(dO ∘ O):
 //   dV = (P ∘ Z)ᵀ dO,   dS = P ∘ (Z ∘ (dO Vᵀ) - D).
 //
-// Generator: Philox 4x32-10 (Salmon et al., SC'11; cuRAND's and PyTorch's), key = the 64-bit seed. One call gives
+// Generator: Philox 4x32-10 (Salmon et al., SC'11; cuRAND's and PyTorch's). One call gives
 // eight 16-bit draws, for eight keys of one query row: group g of row i holds keys j with j / 32 == g / 4 and
 // (j / 2) % 4 == g % 4 (slot ((j / 8) % 4) · 2 + j % 2), the keys one lane of an mma / wgmma accumulator row holds
 // in a 32-key span. Counter = (g, i, h, b); Philox key = seed + offset (mod 2^64), so that a call with the next
