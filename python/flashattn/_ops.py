@@ -148,7 +148,7 @@ def attention_forward(
     if o["dropout_seed"] < 0 or o["dropout_offset"] < 0:
         raise ValueError("int_options: the dropout seed and offset must be >= 0")
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-    alibi_slopes = _checked_slopes(alibi_slopes, q)
+    alibi_slopes = _checked_slopes(alibi_slopes)
     out, lse = _forward_outputs(q, v, cu_seqlens_q is not None)
     # The native module makes q's device current for the launch itself.
     _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(cu_seqlens_q), _dl(cu_seqlens_k), o.pop("max_seqlen_q"),
@@ -250,7 +250,7 @@ def _kvcache_outputs(q: Tensor, v_cache: Tensor, varlen: bool) -> Tuple[Tensor, 
     return _outputs_like(q, v_cache.shape[-1], varlen)
 
 
-def _checked_slopes(alibi_slopes: Optional[Tensor], q: Tensor) -> Optional[Tensor]:
+def _checked_slopes(alibi_slopes: Optional[Tensor]) -> Optional[Tensor]:
     """The ALiBi slopes with a contiguous last dim; CUDA slopes checked to be finite here (the library reads CPU
     slopes itself), which synchronises once per call, except under CUDA-graph capture, where it cannot."""
     if alibi_slopes is None:
@@ -310,7 +310,7 @@ def attention_with_kvcache(
     rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, cu_seqlens_q = (
         _contiguous(t) for t in (rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                  cu_seqlens_q))
-    alibi_slopes = _checked_slopes(alibi_slopes, q)
+    alibi_slopes = _checked_slopes(alibi_slopes)
     out, lse = _kvcache_outputs(q, v_cache, cu_seqlens_q is not None)
     # The native module makes q's device current for the launch itself.
     _C.attention_with_kvcache(_dl(q), _dl(k_cache), _dl(v_cache), _dl(out), _dl(lse), _dl(k_new), _dl(v_new),

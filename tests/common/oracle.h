@@ -55,11 +55,10 @@ struct AttnSpec {
   double dropout_p = 0;  // taken in fp32, as the library does
   uint64_t dropout_seed = 0, dropout_offset = 0;
 
-  // Dropout's factor Z for query i and key j of sequence b, query head h (h_q heads).
-  double dropout_factor(int64_t b, int64_t h, int64_t h_q, int64_t i, int64_t j) const {
+  // Dropout's factor Z for query i and key j of sequence b, query head h.
+  double dropout_factor(int64_t b, int64_t h, int64_t i, int64_t j) const {
     const float p = float(dropout_p);
     if (p <= 0) return 1;
-    (void)h_q;
     return dropout_kept(p, dropout_seed, dropout_offset, b, h, i, j) ? 1.0 / (1.0 - double(p)) : 0;
   }
 
@@ -184,7 +183,7 @@ AttnResult textbook_attention(const AttnShape& shape, const std::vector<double>&
             const double bias = spec.alibi_bias(b, h, hq, i, j, sq, sk);
             x += Acc(bias);
             s[size_t(j)] = x;
-            z[size_t(j)] = Acc(spec.dropout_factor(b, h, hq, i, j));
+            z[size_t(j)] = Acc(spec.dropout_factor(b, h, i, j));
             seen[size_t(j)] = 1;
             weight[size_t(j)] = 1 + scale_d * dot_abs + std::fabs(bias);
             weight_max = std::max(weight_max, weight[size_t(j)]);

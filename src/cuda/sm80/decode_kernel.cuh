@@ -62,8 +62,6 @@ struct DecodeKernelArgs {
   bool q_vec, k_vec, v_vec, o_vec;
 };
 
-// Copies kRows rows x kD columns into the swizzled tile `s`; row r comes from row_ptr(r) (null: zeros), columns
-// past cols_valid are zero-filled. All kThreads threads call it; the fast path only issues cp.async.
 // One 16-byte chunk (8 elements) of a tile row: from src + col, or zeros when src is null; columns past
 // cols_valid read as zeros. `fallback` is any valid global address: a zero-filled chunk passes it to cp.async,
 // which does not read it. The slow path (not 16-byte aligned) gathers element by element.
