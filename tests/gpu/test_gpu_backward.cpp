@@ -181,8 +181,8 @@ Err error_of(const HostTensor& x, const HostTensor& ref) {
 
 // Whether dispatch must pick the Hopper backward for the case (backward_sm90.cu's preconditions).
 bool sm90_expected(const BwdCase& c) {
-  return c.backend == Backend::automatic && cuda_compute_capability(0) == 90 && c.d == c.dv &&
-         (c.d == 64 || c.d == 128 || c.d == 256) && !(c.deterministic && c.d == 256) && c.pad % 8 == 0;
+  return c.backend == Backend::automatic && cuda_compute_capability(0) == 90 &&
+         sm90_takes_head_dims(c.d, c.dv, c.deterministic) && c.pad % 8 == 0;
 }
 
 Status run_gpu(const BwdCase& c, const BackwardArgs& ga) {
@@ -359,6 +359,31 @@ TEST_P(GpuBackward, HeadDims) {
     c.dv = dv;
     run_case(c);
   }
+}
+
+// The head dims between the Hopper buckets and d_v != d that models use (Phi: 80, 96; MLA: 192 / 128), through
+// masks, GQA, varlen and the deterministic mode (on Hopper: the bucket kernels with TMA's zero columns past d and
+// d_v, support_checks.h).
+TEST_P(GpuBackward, ModelHeadDims) {
+  FA_REQUIRE_GPU();
+  for (auto [d, dv] : {std::pair<int64_t, int64_t>{32, 32}, {80, 80}, {96, 96}, {160, 160}, {192, 192},
+                       {192, 128}, {128, 64}, {64, 128}}) {
+    BwdCase c = base(GetParam(), 200, 260, d);
+    c.dv = dv;
+    c.hq = 4, c.hkv = 2, c.causal = true;
+    run_case(c);
+  }
+  BwdCase c = base(GetParam(), 0, 0, 96);
+  c.lens_q = {0, 150, 90};
+  c.lens_k = {30, 170, 0};
+  c.wl = 50, c.softcap = 4;
+  run_case(c);
+  c = base(GetParam(), 190, 190, 80);
+  c.deterministic = true, c.causal = true;
+  run_case(c);
+  c = base(GetParam(), 150, 300, 192);
+  c.dv = 128, c.bhsd = true, c.pad = 8;
+  run_case(c);
 }
 
 // Head dim 256 through each mask, GQA, padded and varlen batches (on Hopper: the column-split sm90 kernel,

@@ -30,6 +30,7 @@ struct FwdCase {
   std::string name;
   DType dtype = DType::bf16;
   int64_t batch = 1, seqlen_q = 128, seqlen_k = 128, heads_q = 2, heads_kv = 2, head_dim = 128;
+  int64_t head_dim_v = 0;                 // 0: head_dim
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
   double softcap = 0;
@@ -94,7 +95,7 @@ TEST_P(Sm90Forward, MatchesReference) {
   if (flashattn::cuda_compute_capability(0) != 90) GTEST_SKIP() << "needs compute capability 9.0";
   const FwdCase c = GetParam();
   const bool varlen = !c.lens_q.empty();
-  const int64_t d = c.head_dim;
+  const int64_t d = c.head_dim, dv = c.head_dim_v > 0 ? c.head_dim_v : c.head_dim;
   HostTensor q, k, v, o, lse, cuq_h, cuk_h;
   int64_t max_q = c.seqlen_q, max_k = c.seqlen_k;
   if (varlen) {
@@ -107,14 +108,14 @@ TEST_P(Sm90Forward, MatchesReference) {
     for (int32_t l : c.lens_k) max_k = std::max<int64_t>(max_k, l);
     q = HostTensor(c.dtype, {total_q, c.heads_q, d}, {}, c.row_pad);
     k = HostTensor(c.dtype, {total_k, c.heads_kv, d}, {}, c.row_pad);
-    v = HostTensor(c.dtype, {total_k, c.heads_kv, d}, {}, c.row_pad);
-    o = HostTensor(c.dtype, {total_q, c.heads_q, d}, {}, c.row_pad);
+    v = HostTensor(c.dtype, {total_k, c.heads_kv, dv}, {}, c.row_pad);
+    o = HostTensor(c.dtype, {total_q, c.heads_q, dv}, {}, c.row_pad);
     lse = HostTensor(DType::f32, {c.heads_q, total_q});
   } else {
     q = HostTensor(c.dtype, {c.batch, c.seqlen_q, c.heads_q, d}, c.perm, c.row_pad);
     k = HostTensor(c.dtype, {c.batch, c.seqlen_k, c.heads_kv, d}, c.perm, c.row_pad);
-    v = HostTensor(c.dtype, {c.batch, c.seqlen_k, c.heads_kv, d}, c.perm, c.row_pad);
-    o = HostTensor(c.dtype, {c.batch, c.seqlen_q, c.heads_q, d}, c.perm, c.row_pad);
+    v = HostTensor(c.dtype, {c.batch, c.seqlen_k, c.heads_kv, dv}, c.perm, c.row_pad);
+    o = HostTensor(c.dtype, {c.batch, c.seqlen_q, c.heads_q, dv}, c.perm, c.row_pad);
     lse = HostTensor(DType::f32, {c.batch, c.heads_q, c.seqlen_q});
   }
   std::mt19937_64 rng(std::hash<std::string>()(c.name));
@@ -154,7 +155,7 @@ TEST_P(Sm90Forward, MatchesReference) {
         int64_t keys = 0;
         if (c.dtype == DType::f16)
           for (int64_t j = 0; j < sk; ++j) keys += spec.sees(i, j, sq, sk);
-        for (int64_t x = 0; x < c.heads_q * d; ++x, ++e)
+        for (int64_t x = 0; x < c.heads_q * dv; ++x, ++e)
           o_bound[e] = 4 * u * (std::fabs(want.o[e]) + want.o_mag[e]) + 0x1p-22 * double(keys);
       }
     }
@@ -301,6 +302,32 @@ std::vector<FwdCase> cases() {
   c.softcap = 30; c.qk_stddev = 3; add(c);
   c = {}; c.name = "f16_d256_large_scores"; c.dtype = DType::f16; c.head_dim = 256; c.seqlen_q = 130; c.seqlen_k = 600;
   c.qk_stddev = 3; add(c);
+  // Head dims between the buckets, and d_v != d (support_checks.h: TMA's zero columns past d and d_v), through
+  // each bucket's plans (short-keys plans, masks, ALiBi-free softcap), GQA, varlen and padded rows.
+  c = {}; c.name = "bf16_d32_causal"; c.head_dim = 32; c.seqlen_q = c.seqlen_k = 300; c.causal = true; add(c);
+  c = {}; c.name = "f16_d80"; c.dtype = DType::f16; c.head_dim = 80; c.seqlen_q = 200; c.seqlen_k = 333; add(c);
+  c = {}; c.name = "bf16_d80_causal_gqa_past_short_keys"; c.head_dim = 80; c.heads_q = 4; c.heads_kv = 2;
+  c.seqlen_q = 150; c.seqlen_k = 4400; c.causal = true; add(c);
+  c = {}; c.name = "bf16_d96_window_softcap"; c.head_dim = 96; c.seqlen_q = c.seqlen_k = 400; c.window_left = 70;
+  c.window_right = 5; c.softcap = 20; add(c);
+  c = {}; c.name = "f16_d96_varlen_causal_padded"; c.dtype = DType::f16; c.head_dim = 96; c.lens_q = {130, 0, 300};
+  c.lens_k = {200, 40, 300}; c.causal = true; c.row_pad = 8; add(c);
+  c = {}; c.name = "bf16_d112_past_short_keys"; c.head_dim = 112; c.seqlen_q = 130; c.seqlen_k = 4200; add(c);
+  c = {}; c.name = "bf16_d160_causal"; c.head_dim = 160; c.seqlen_q = c.seqlen_k = 257; c.causal = true; add(c);
+  c = {}; c.name = "f16_d192_gqa_bhsd"; c.dtype = DType::f16; c.head_dim = 192; c.heads_q = 6; c.heads_kv = 2;
+  c.seqlen_q = 140; c.seqlen_k = 270; c.perm = {0, 2, 1, 3}; add(c);
+  c = {}; c.name = "bf16_d192_v128_causal"; c.head_dim = 192; c.head_dim_v = 128; c.seqlen_q = c.seqlen_k = 300;
+  c.causal = true; add(c);
+  c = {}; c.name = "bf16_d192_v128_varlen"; c.head_dim = 192; c.head_dim_v = 128; c.lens_q = {70, 260};
+  c.lens_k = {300, 90}; add(c);
+  c = {}; c.name = "f16_d128_v64_window"; c.dtype = DType::f16; c.head_dim = 128; c.head_dim_v = 64;
+  c.seqlen_q = c.seqlen_k = 333; c.window_left = 40; add(c);
+  c = {}; c.name = "bf16_d64_v128_causal"; c.head_dim = 64; c.head_dim_v = 128; c.seqlen_q = 200; c.seqlen_k = 260;
+  c.causal = true; add(c);
+  c = {}; c.name = "bf16_d40_v24_short_keys"; c.head_dim = 40; c.head_dim_v = 24; c.heads_q = 3; c.heads_kv = 3;
+  c.seqlen_q = c.seqlen_k = 190; add(c);
+  c = {}; c.name = "bf16_d96_v256_large_scores"; c.head_dim = 96; c.head_dim_v = 256; c.seqlen_q = 130;
+  c.seqlen_k = 600; c.qk_stddev = 3; add(c);
   return v;
 }
 
@@ -400,12 +427,15 @@ TEST(Sm90ForwardSupport, DispatchPicksSm90OnHopper) {
   c = choose_backend(p256, Backend::automatic, true, /*deterministic=*/true);
   EXPECT_EQ(c.backend, Backend::cuda_sm80) << c.reason;
   EXPECT_NE(c.reason.find("deterministic"), std::string::npos) << c.reason;
+  // Head dims between the buckets run on cuda_sm90 (forward_config.h); those that are not multiples of 8 do not.
   ASSERT_TRUE(params_for(96, &p).ok());
+  for (bool backward : {false, true}) EXPECT_EQ(choose_backend(p, Backend::automatic, backward).backend, Backend::cuda_sm90);
+  ASSERT_TRUE(params_for(100, &p).ok());
   for (bool backward : {false, true}) {
     c = choose_backend(p, Backend::automatic, backward);
     EXPECT_NE(c.backend, Backend::cuda_sm90) << c.reason;
     EXPECT_NE(c.reason.find("cuda_sm90 passed over"), std::string::npos) << c.reason;
-    EXPECT_NE(c.reason.find("head dim 96"), std::string::npos) << c.reason;
+    EXPECT_NE(c.reason.find("head dim 100"), std::string::npos) << c.reason;
   }
 }
 

@@ -1,5 +1,6 @@
 // Hopper backward: dQ, dK, dV of O = softmax(Q Kᵀ · scale) V from the forward's LSE, fp16/bf16 in, fp32
-// accumulation, for head dims 64, 128 and 256 (d_v == d), with causal / sliding-window masks, softcap, ALiBi, GQA,
+// accumulation, for head dims d and d_v that are multiples of 8 up to 256, in buckets of 64, 128 and 256
+// (support_checks.h: columns past d / d_v are TMA's zeros and never written), with causal / sliding-window masks, softcap, ALiBi, GQA,
 // varlen and arbitrary tails. P is recomputed from the LSE tile by tile and never reaches global memory.
 //
 // Launch sequence on the call's stream (the row-wise preprocess is the sm80 backward's, backward_rows.cu):
@@ -38,9 +39,9 @@
 //                Q/dO stage goes back to the producer once dV and dK have landed, before dQ is waited for.
 //                Epilogue: dK · scale and dV written as the dtype from registers.
 // Shared memory and register budgets: backward_config.h (114-226 KB; 240 registers per consumer thread).
-// Preconditions (sm90_backward_supports): compute capability 9.0, fp16/bf16, d == d_v in {64, 128, 256}, Q, K, V, dO
+// Preconditions (sm90_backward_supports): compute capability 9.0, fp16/bf16, d and d_v multiples of 8 up to 256, Q, K, V, dO
 // strides multiples of 8 elements with 16-byte aligned bases (TMA), dK/dV with even strides and 4-byte aligned
-// bases; deterministic only at head dims 64 and 128 (hd 256 sums dQ with atomics in any order).
+// bases; deterministic only up to head dim 128 (the 256 bucket sums dQ with atomics in any order).
 // Rows past a sequence's end are loaded (zeros past the tensor, the next sequence's rows in varlen) but masked
 // (P = 0) and never written.
 #include <cuda.h>
@@ -83,7 +84,10 @@ struct BackwardKernelArgs {
   void* dv;
   int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
   int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
-  float* dq_accum;         // [heads_q][ws_head_stride][head_dim]
+  // dK's and dV's columns (at most the config's head dim, multiples of 8): past them the gradients are those of
+  // the tensor maps' zero-filled columns, and not written.
+  int head_dim, head_dim_v;
+  float* dq_accum;         // [heads_q][ws_head_stride][kHeadDim: the bucket]
   int64_t ws_head_stride;  // rows per head of the workspace arrays (a multiple of BackwardConfig::kWsAlign)
   // Deterministic mode (kDqThroughSmem): a counter per (query head, workspace query block), zeroed; the key
   // blocks add into a dq_accum tile one after another, each when the counter says it is its turn (dq_turn).
@@ -559,9 +563,11 @@ struct BackwardConsumer {
 #pragma unroll
       for (int j = 0; j < kOutCols / 8; ++j) {
         const int col = out_col0 + 8 * j + 2 * quad;
-        *reinterpret_cast<uint32_t*>(dk_row + col) =
-            pack_pair<T>(dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale);
-        *reinterpret_cast<uint32_t*>(dv_row + col) = pack_pair<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+        if (col < a.head_dim)
+          *reinterpret_cast<uint32_t*>(dk_row + col) =
+              pack_pair<T>(dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale);
+        if (col < a.head_dim_v)
+          *reinterpret_cast<uint32_t*>(dv_row + col) = pack_pair<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
       }
     }
   }
@@ -665,6 +671,7 @@ struct DqConvertArgs {
   int64_t ws_head_stride;
   const int32_t* cu_seqlens_q;  // null: padded batch of `batch` sequences of seqlen_q rows
   int batch, seqlen_q;
+  int head_dim;     // dQ's columns (at most the bucket's)
   float scale;      // softmax_scale
   bool pair_stores;  // dq's base and strides allow 4-byte stores of element pairs
 };
@@ -703,6 +710,7 @@ __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel
       const float4* stage = reinterpret_cast<const float4*>(tile + piece * (Cfg::kDqStageBytes / 4));
       const float4 v = stage[k * kWarpgroupThreads + t];
       const int col = piece * Cfg::kDqTileCols + 8 * k + 2 * (t % 4);
+      if (col >= a.head_dim) continue;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int64_t i = i0 + row_in_block + 8 * half;
@@ -783,22 +791,25 @@ Status launch(const BwdParams& p) {
       const void* do_base = rows_q > 0 ? p.dout : p.k;
       CUtensorMap tm_q, tm_k, tm_v, tm_do, tm_lse, tm_dsum;
       {
-        const int64_t dims[4] = {kHeadDim, rows_q, p.heads_q, batch_dim};
+        // The true head dims, not the bucket's: TMA loads zeros past them (support_checks.h, head_dim_bucket).
+        const int64_t dims[4] = {p.head_dim, rows_q, p.heads_q, batch_dim};
         const int64_t qs[3] = {p.q_row_stride, p.q_head_stride, batch_stride(p.q_batch_stride, p.q_row_stride, rows_q)};
         Status m = make_tensor_map_sw128(&tm_q, q_base, p.dtype, dims, qs, Cfg::kBlockM);
         if (!m.ok()) return m;
         const int64_t ds[3] = {p.do_row_stride, p.do_head_stride,
                                batch_stride(p.do_batch_stride, p.do_row_stride, rows_q)};
-        m = make_tensor_map_sw128(&tm_do, do_base, p.dtype, dims, ds, Cfg::kBlockM);
+        const int64_t do_dims[4] = {p.head_dim_v, rows_q, p.heads_q, batch_dim};
+        m = make_tensor_map_sw128(&tm_do, do_base, p.dtype, do_dims, ds, Cfg::kBlockM);
         if (!m.ok()) return m;
       }
       {
-        const int64_t dims[4] = {kHeadDim, rows_k, p.heads_kv, batch_dim};
+        const int64_t dims[4] = {p.head_dim, rows_k, p.heads_kv, batch_dim};
         const int64_t ks[3] = {p.k_row_stride, p.k_head_stride, batch_stride(p.k_batch_stride, p.k_row_stride, rows_k)};
         Status m = make_tensor_map_sw128(&tm_k, p.k, p.dtype, dims, ks, Cfg::kBlockN);
         if (!m.ok()) return m;
         const int64_t vs[3] = {p.v_row_stride, p.v_head_stride, batch_stride(p.v_batch_stride, p.v_row_stride, rows_k)};
-        m = make_tensor_map_sw128(&tm_v, p.v, p.dtype, dims, vs, Cfg::kBlockN);
+        const int64_t v_dims[4] = {p.head_dim_v, rows_k, p.heads_kv, batch_dim};
+        m = make_tensor_map_sw128(&tm_v, p.v, p.dtype, v_dims, vs, Cfg::kBlockN);
         if (!m.ok()) return m;
       }
       {
@@ -813,6 +824,7 @@ Status launch(const BwdParams& p) {
       a.dv = p.dv;
       a.dk_batch_stride = p.dk_batch_stride, a.dk_row_stride = p.dk_row_stride, a.dk_head_stride = p.dk_head_stride;
       a.dv_batch_stride = p.dv_batch_stride, a.dv_row_stride = p.dv_row_stride, a.dv_head_stride = p.dv_head_stride;
+      a.head_dim = int(p.head_dim), a.head_dim_v = int(p.head_dim_v);
       a.dq_accum = rows.dq_accum;
       a.dq_turns = turn_counters ? reinterpret_cast<int*>(rows.dq_accum + row_elems * kHeadDim) : nullptr;
       a.last_key_block_first = turn_counters && (rows.causal || rows.window_right >= 0);
@@ -851,6 +863,7 @@ Status launch(const BwdParams& p) {
       c.cu_seqlens_q = p.cu_seqlens_q;
       c.batch = int(p.batch);
       c.seqlen_q = int(p.seqlen_q);
+      c.head_dim = int(p.head_dim);
       c.scale = rows.scale;
       c.pair_stores = aligned(p.dq, 4) && p.dq_row_stride % 2 == 0 && p.dq_head_stride % 2 == 0 &&
                       (varlen || p.dq_batch_stride % 2 == 0);
@@ -869,7 +882,7 @@ Status launch(const BwdParams& p) {
 
 template <typename T>
 Status launch_head_dim(const BwdParams& p) {
-  switch (p.head_dim) {
+  switch (sm90_checks::head_dim_bucket(p.head_dim, p.head_dim_v)) {
     case 64: return launch<T, 64>(p);
     case 128: return launch<T, 128>(p);
     default: return launch<T, 256>(p);
@@ -881,12 +894,11 @@ Status launch_head_dim(const BwdParams& p) {
 Status sm90_backward_supports(const BwdParams& p) {
   Status common = sm90_checks::common(p);
   if (!common.ok()) return common;
-  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)
-    return Status::unsupported("cuda_sm90: backward head dim " + std::to_string(p.head_dim) +
-                               " (runs 64, 128 and 256; cuda_sm80 runs the others)");
-  if (p.deterministic && p.head_dim == 256)
-    return Status::unsupported("cuda_sm90: the deterministic backward runs head dims 64 and 128 (head dim 256 sums dQ "
-                               "with atomics; its deterministic mode runs on cuda_sm80)");
+  if (p.deterministic && sm90_checks::head_dim_bucket(p.head_dim, p.head_dim_v) == 256)
+    return Status::unsupported("cuda_sm90: the deterministic backward runs head dims up to 128 (" +
+                               sm90_checks::head_dims_named(p) +
+                               " runs the 256 kernel, which sums dQ with atomics; its deterministic mode runs on "
+                               "cuda_sm80)");
   const bool varlen = p.is_varlen();
   const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.k_row_stride, p.k_head_stride, p.v_row_stride,
                              p.v_head_stride, p.do_row_stride, p.do_head_stride, varlen ? 0 : p.q_batch_stride,

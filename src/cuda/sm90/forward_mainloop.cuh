@@ -375,8 +375,9 @@ struct Consumer {
           words[i] = pack_pair<T>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
         }
         quad_transpose(words, quad);  // every lane, inside the sequence or not
-        if (inside)
-          *reinterpret_cast<uint4*>(out + 8 * (4 * g + quad)) = make_uint4(words[0], words[1], words[2], words[3]);
+        const int col = 8 * (4 * g + quad);
+        if (inside && col < a.head_dim_v)  // columns past d_v hold P·0 (V's zero-filled columns)
+          *reinterpret_cast<uint4*>(out + col) = make_uint4(words[0], words[1], words[2], words[3]);
       }
       if (!inside) continue;
       if (a.lse && quad == 0) {

@@ -1,5 +1,6 @@
-// Hopper forward: O = softmax(Q Kᵀ · scale) V and LSE, fp16/bf16 in, fp32 accumulation, for head dims 64, 128,
-// 256 (d_v == d), with causal / sliding-window masks, softcap, ALiBi, GQA, varlen and arbitrary tails.
+// Hopper forward: O = softmax(Q Kᵀ · scale) V and LSE, fp16/bf16 in, fp32 accumulation, for head dims d and d_v
+// that are multiples of 8 up to 256, in buckets of 64, 128, 256 (support_checks.h: columns past d / d_v are TMA's
+// zeros), with causal / sliding-window masks, softcap, ALiBi, GQA, varlen and arbitrary tails.
 //
 // Work: tiles of kBlockM = 64 · (consumer warpgroups) query rows of one (batch, head), numbered head-major
 // (forward_tiles.cuh). A CTA runs kPipelines independent pipelines (forward_config.h; one, or three at hd 64 on
@@ -29,7 +30,7 @@
 // Shared memory and tile sizes: forward_config.h (120 to 224 KB per CTA). Files: this one (kernel, host launcher,
 // support check), forward_tiles.cuh (arguments, shared-memory carve-up, a tile's work), forward_mainloop.cuh
 // (producer, consumer steps and their order, epilogue), primitives_sm90.cuh.
-// Preconditions (sm90_forward_supports): compute capability 9.0, fp16/bf16, d == d_v in {64, 128, 256}, every
+// Preconditions (sm90_forward_supports): compute capability 9.0, fp16/bf16, d and d_v multiples of 8 up to 256, every
 // row/head/batch stride of Q, K, V, O a multiple of 8 elements and 16-byte aligned bases (TMA's rules).
 // Rows past a sequence's end are loaded (zeros past the tensor, the next sequence's rows in varlen) but masked
 // as keys and never written as queries.
@@ -154,7 +155,6 @@ int device_attribute(cudaDeviceAttr attr, int fallback) {
 template <typename T, typename Plan, bool kAlibi>
 Status launch(const FwdParams& p, Sm90Grid grid) {
   using Cfg = typename Plan::Config;
-  constexpr int kHeadDim = Cfg::kHeadDim;
   const bool varlen = p.is_varlen();
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   const int64_t batch_dim = varlen ? 1 : p.batch;
@@ -171,24 +171,27 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   const void* v_base = rows_k > 0 ? p.v : p.q;
   CUtensorMap tm_q, tm_k, tm_v;
   {
-    const int64_t dims[4] = {kHeadDim, rows_q, p.heads_q, batch_dim};
+    // The true head dims, not the bucket's: TMA loads zeros past them (support_checks.h, head_dim_bucket).
+    const int64_t dims[4] = {p.head_dim, rows_q, p.heads_q, batch_dim};
     const int64_t strides[3] = {p.q_row_stride, p.q_head_stride, batch_stride(p.q_batch_stride, p.q_row_stride, rows_q)};
     Status st = make_tensor_map_sw128(&tm_q, p.q, p.dtype, dims, strides, Cfg::kBlockM);
     if (!st.ok()) return st;
   }
   {
-    const int64_t dims[4] = {kHeadDim, rows_k, p.heads_kv, batch_dim};
+    const int64_t dims[4] = {p.head_dim, rows_k, p.heads_kv, batch_dim};
     const int64_t strides[3] = {p.k_row_stride, p.k_head_stride, batch_stride(p.k_batch_stride, p.k_row_stride, rows_k)};
     // Each CTA of a cluster loads its part of every K / V tile (produce).
     Status st = make_tensor_map_sw128(&tm_k, k_base, p.dtype, dims, strides, Cfg::kKVPartRows);
     if (!st.ok()) return st;
+    const int64_t vdims[4] = {p.head_dim_v, rows_k, p.heads_kv, batch_dim};
     const int64_t vstrides[3] = {p.v_row_stride, p.v_head_stride, batch_stride(p.v_batch_stride, p.v_row_stride, rows_k)};
-    st = make_tensor_map_sw128(&tm_v, v_base, p.dtype, dims, vstrides, Cfg::kKVPartRows);
+    st = make_tensor_map_sw128(&tm_v, v_base, p.dtype, vdims, vstrides, Cfg::kKVPartRows);
     if (!st.ok()) return st;
   }
 
   cuda::sm90::ForwardKernelArgs a{};
   a.o = p.o;
+  a.head_dim_v = int(p.head_dim_v);
   a.lse = p.lse;
   a.o_batch_stride = p.o_batch_stride;
   a.o_row_stride = p.o_row_stride;
@@ -297,11 +300,10 @@ Status launch_planned(const FwdParams& p, Sm90Grid grid) {
 
 template <typename T>
 Status launch_head_dim(const FwdParams& p, Sm90Grid grid) {
-  switch (p.head_dim) {
+  switch (sm90_checks::head_dim_bucket(p.head_dim, p.head_dim_v)) {
     case 64: return launch_planned<T, 64>(p, grid);
     case 128: return launch_planned<T, 128>(p, grid);
-    case 256: return launch_planned<T, 256>(p, grid);
-    default: return Status::unsupported("cuda_sm90: head dim " + std::to_string(p.head_dim) + " (runs 64, 128, 256)");
+    default: return launch_planned<T, 256>(p, grid);  // sm90_forward_supports passed: the bucket is 256
   }
 }
 
@@ -310,8 +312,6 @@ Status launch_head_dim(const FwdParams& p, Sm90Grid grid) {
 Status sm90_forward_supports(const FwdParams& p) {
   Status common = sm90_checks::common(p);
   if (!common.ok()) return common;
-  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)
-    return Status::unsupported("cuda_sm90: head dim " + std::to_string(p.head_dim) + " (runs 64, 128, 256)");
   const bool varlen = p.is_varlen();
   const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.k_row_stride, p.k_head_stride,
                              p.v_row_stride, p.v_head_stride, p.o_row_stride, p.o_head_stride,

@@ -15,6 +15,7 @@ namespace flashattn::cuda::sm90 {
 // What the kernel reads besides the tensor maps; lengths and strides in elements.
 struct ForwardKernelArgs {
   void* o;
+  int head_dim_v;  // O's columns: at most the plan's head dim, a multiple of 8 (the epilogue's 16-byte runs)
   float* lse;
   int64_t o_batch_stride, o_row_stride, o_head_stride;
   int64_t lse_batch_stride, lse_head_stride;

@@ -1,5 +1,5 @@
 // The checks every Hopper kernel's support test starts with (forward_sm90.cu, backward_sm90.cu): element type,
-// device, equal head dims, sequence lengths in 32 bits, and the layout rules of TMA. Host code.
+// device, head dims, sequence lengths in 32 bits, and the layout rules of TMA. Host code.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,21 @@ namespace flashattn::detail::sm90_checks {
 inline bool tma_stride_ok(int64_t elements) { return elements % 8 == 0; }
 inline bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0; }
 
+// Head dims run in three compiled buckets (64, 128, 256: the kernels' kHeadDim), d and d_v each up to the bucket
+// of the larger: the tensor maps' inner extents are the true d (Q, K) and d_v (V, dO), so TMA fills the columns
+// past them with zeros, the products see zeros there, and the stores stop at d / d_v. A multiple of 8 keeps every
+// 16-byte store run whole.
+constexpr int kHeadDimUnit = 8;
+inline int head_dim_bucket(int64_t head_dim, int64_t head_dim_v) {
+  const int64_t d = head_dim > head_dim_v ? head_dim : head_dim_v;
+  if (head_dim % kHeadDimUnit != 0 || head_dim_v % kHeadDimUnit != 0 || d < 1) return 0;
+  return d <= 64 ? 64 : d <= 128 ? 128 : d <= 256 ? 256 : 0;
+}
+inline std::string head_dims_named(const FwdParams& p) {
+  return p.head_dim == p.head_dim_v ? "head dim " + std::to_string(p.head_dim)
+                                    : "head dims " + std::to_string(p.head_dim) + " / " + std::to_string(p.head_dim_v);
+}
+
 // What the forward and the backward both need, in the order a user would fix it.
 inline Status common(const FwdParams& p) {
   if (p.dtype != DType::f16 && p.dtype != DType::bf16)
@@ -23,8 +38,9 @@ inline Status common(const FwdParams& p) {
     return Status::unsupported("cuda_sm90: needs compute capability 9.0 (sm_90a code), device " +
                                std::to_string(p.device.index) + " has " + std::to_string(cc / 10) + "." +
                                std::to_string(cc % 10));
-  if (p.head_dim != p.head_dim_v)
-    return Status::unsupported("cuda_sm90: head_dim_v != head_dim is not implemented (cuda_sm80 runs it)");
+  if (head_dim_bucket(p.head_dim, p.head_dim_v) == 0)
+    return Status::unsupported("cuda_sm90: " + head_dims_named(p) +
+                               " (runs head_dim and head_dim_v that are multiples of 8 up to 256; cuda_sm80 runs the others)");
   const int64_t kInt32Max = 2147483647;
   if (p.seqlen_q > kInt32Max || p.seqlen_k > kInt32Max || p.total_q > kInt32Max || p.total_k > kInt32Max)
     return Status::unsupported("cuda_sm90: sequence lengths past 2^31");
