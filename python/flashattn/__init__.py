@@ -35,6 +35,11 @@ if _torch is not None:
         flash_attn_with_kvcache,
     )
     from .sdpa import scaled_dot_product_attention
+    from .integrations.transformers import register_when_imported as _register_with_transformers
+
+    # attn_implementation="fattn" in transformers (flashattn.integrations.transformers), registered when (or
+    # once) transformers is imported.
+    _register_with_transformers()
 
     __all__ += [
         "attention",

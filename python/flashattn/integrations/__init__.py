@@ -1,0 +1,1 @@
+"""Backends for the libraries users already run: `transformers` (attn_implementation="fattn")."""
