@@ -73,15 +73,7 @@ __device__ __forceinline__ void copy_chunk(T* dst, const T* src, const T* fallba
     cp_async_16(dst, in ? src + col : fallback, in);
     return;
   }
-  const uint16_t* src16 = reinterpret_cast<const uint16_t*>((in ? src : fallback) + col);
-  uint32_t w[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t lo = (in && col + 2 * j < cols_valid) ? src16[2 * j] : 0u;
-    const uint32_t hi = (in && col + 2 * j + 1 < cols_valid) ? src16[2 * j + 1] : 0u;
-    w[j] = lo | (hi << 16);
-  }
-  *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+  *reinterpret_cast<uint4*>(dst) = gather_chunk((in ? src : fallback) + col, col, cols_valid, in);
 }
 
 // Copies kRows rows x kD columns into the swizzled tile `s`; row r comes from row_ptr(r) (null: zeros).

@@ -26,6 +26,21 @@ __device__ __forceinline__ int swizzle(int row, int col) {
   return row * kD + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
 }
 
+// The 8 16-bit elements of the chunk at `chunk` (column `col` of its row) read one by one, those at or past
+// cols_valid, or all of them when !in, as zeros: the path for rows that are not 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ uint4 gather_chunk(const T* chunk, int col, int cols_valid, bool in) {
+  const uint16_t* src16 = reinterpret_cast<const uint16_t*>(chunk);
+  uint32_t w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t lo = (in && col + 2 * j < cols_valid) ? src16[2 * j] : 0u;
+    const uint32_t hi = (in && col + 2 * j + 1 < cols_valid) ? src16[2 * j + 1] : 0u;
+    w[j] = lo | (hi << 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // Copies rows [0, kRows) x columns [0, kD) of a global tile (element (r, c) at g[r * row_stride + c]) into
 // the swizzled shared tile `s`, zero-filling rows >= rows_valid and columns >= cols_valid. All kThreads
 // threads of the block call it; the fast path only issues cp.async (the caller commits and waits).
@@ -61,15 +76,7 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, 
 #pragma unroll 1
     for (int i = 0; i < kRows / kRowsPerPass; ++i) {
       const bool in = col_in && row0 + i * kRowsPerPass < rows_valid;
-      const uint16_t* src16 = reinterpret_cast<const uint16_t*>(src + i * src_step);
-      uint32_t w[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t lo = (in && col + 2 * j < cols_valid) ? src16[2 * j] : 0u;
-        const uint32_t hi = (in && col + 2 * j + 1 < cols_valid) ? src16[2 * j + 1] : 0u;
-        w[j] = lo | (hi << 16);
-      }
-      *reinterpret_cast<uint4*>(dst + pass_offset(i)) = make_uint4(w[0], w[1], w[2], w[3]);
+      *reinterpret_cast<uint4*>(dst + pass_offset(i)) = gather_chunk(src + i * src_step, col, cols_valid, in);
     }
   }
 }
