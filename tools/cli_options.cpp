@@ -48,6 +48,8 @@ const char* main_usage() {
          "commands:\n"
          "  run     run attention on random inputs, check it against the reference, report time and memory\n"
          "  info    show the build, the CUDA devices and the backends\n"
+         "  bench   the side-by-side benchmark against PyTorch SDPA (runs `python -m flashattn.bench`, which\n"
+         "          needs the Python package; `flashattn bench --help` lists its options)\n"
          "\n"
          "`flashattn run --help` lists the options of run.\n";
 }

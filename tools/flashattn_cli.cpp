@@ -3,15 +3,19 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #ifdef FLASHATTN_WITH_CUDA
 #include <cuda_runtime.h>
@@ -564,6 +568,25 @@ int info_command() {
   return 0;
 }
 
+// `flashattn bench` is the Python package's benchmark (python -m flashattn.bench): it compares against PyTorch,
+// which only Python runs. The interpreter is $FLASHATTN_PYTHON, else python3 on the PATH; the options pass through.
+int bench_command(const std::vector<std::string>& args) {
+  const char* chosen = std::getenv("FLASHATTN_PYTHON");
+  const std::string python = chosen && *chosen ? chosen : "python3";
+  std::vector<std::string> words = {python, "-m", "flashattn.bench"};
+  words.insert(words.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& w : words) argv.push_back(w.data());
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  execvp(argv[0], argv.data());
+  std::fprintf(stderr,
+               "flashattn bench: cannot run '%s' (%s): the benchmark is `python -m flashattn.bench`, which needs the "
+               "flashattn Python package and PyTorch; FLASHATTN_PYTHON names the interpreter\n",
+               python.c_str(), std::strerror(errno));
+  return 2;
+}
+
 }  // namespace
 }  // namespace flashattn::cli
 
@@ -582,6 +605,7 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   if (cmd == "run") return run_command(args);
   if (cmd == "info") return info_command();
+  if (cmd == "bench") return bench_command(args);
   std::fprintf(stderr, "flashattn: unknown command '%s'\n\n%s", cmd.c_str(), main_usage());
   return 2;
 }
