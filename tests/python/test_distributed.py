@@ -1,0 +1,137 @@
+"""flashattn.distributed.ring_flash_attn_func: 2 and 4 processes (gloo) each holding a shard of the sequence give
+the output and gradients of single-process attention over the whole sequence, in both layouts, causal or not,
+with GQA, softcap, an explicit scale and d_v != d; the deterministic mode repeats bit for bit; bad arguments raise
+naming them. On a GPU the same runs with the processes sharing it (gloo, staged through host memory)."""
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import flashattn
+from flashattn.distributed import ring_flash_attn_func, shard, unshard
+
+# (layout, causal, heads_q, heads_kv, d, d_v, softcap, softmax_scale)
+CASES = [
+    ("contiguous", False, 4, 4, 32, 32, 0.0, None),
+    ("contiguous", True, 4, 2, 32, 32, 0.0, None),
+    ("zigzag", True, 4, 1, 32, 32, 0.0, None),
+    ("zigzag", False, 2, 2, 16, 24, 5.0, 0.3),
+    ("zigzag", True, 6, 2, 24, 16, 3.0, None),
+]
+SEQLEN, BATCH = 48, 2  # 48 tokens: 2 and 4 ranks, both layouts
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _problem(case, device, dtype):
+    layout, causal, hq, hkv, d, dv, softcap, scale = case
+    gen = torch.Generator().manual_seed(CASES.index(case))  # the same on every rank
+    q = torch.randn(BATCH, SEQLEN, hq, d, generator=gen)
+    k = torch.randn(BATCH, SEQLEN, hkv, d, generator=gen)
+    v = torch.randn(BATCH, SEQLEN, hkv, dv, generator=gen)
+    dout = torch.randn(BATCH, SEQLEN, hq, dv, generator=gen)
+    return [t.to(device=device, dtype=dtype) for t in (q, k, v, dout)]
+
+
+def _worker(rank, world, port, device, dtype, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        results = []
+        for case in CASES:
+            layout, causal, _, _, _, _, softcap, scale = case
+            q, k, v, dout = (shard(t, rank, world, layout) for t in _problem(case, device, dtype))
+            runs = []
+            for _ in range(2 if case is CASES[1] else 1):  # the deterministic mode twice
+                ql, kl, vl = (t.clone().requires_grad_() for t in (q, k, v))
+                out = ring_flash_attn_func(ql, kl, vl, causal=causal, softmax_scale=scale, softcap=softcap,
+                                           layout=layout, deterministic=True)
+                out.backward(dout)
+                runs.append([t.detach().cpu() for t in (out, ql.grad, kl.grad, vl.grad)])
+            results.append(runs)
+        errors = {}
+        q, k, v, _ = _problem(CASES[0], device, dtype)
+        for name, call in (
+            ("window_size", lambda: ring_flash_attn_func(q, k, v, window_size=(4, 0))),
+            ("layout", lambda: ring_flash_attn_func(q, k, v, layout="spiral")),
+            ("k", lambda: ring_flash_attn_func(q, k[:, :-1], v[:, :-1])),
+            ("q", lambda: ring_flash_attn_func(q[:, :-1], k[:, :-1], v[:, :-1], layout="zigzag")),
+        ):
+            try:
+                call()
+                errors[name] = None
+            except (ValueError, NotImplementedError, TypeError) as e:
+                errors[name] = (type(e).__name__, str(e))
+        torch.save(dict(results=results, errors=errors), os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(world, device, dtype, tmp_path):
+    mp.start_processes(_worker, args=(world, _free_port(), device, dtype, str(tmp_path)), nprocs=world,
+                       join=True, start_method="spawn")
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+
+
+def _check(world, device, dtype, tmp_path, tol):
+    per_rank = _run(world, device, dtype, tmp_path)
+    for i, case in enumerate(CASES):
+        layout, causal, _, _, _, _, softcap, scale = case
+        q, k, v, dout = (t.requires_grad_() if j < 3 else t for j, t in enumerate(_problem(case, device, dtype)))
+        want = flashattn.flash_attn_func(q, k, v, causal=causal, softmax_scale=scale, softcap=softcap)
+        want.backward(dout)
+        wants = [want.detach().cpu(), q.grad.cpu(), k.grad.cpu(), v.grad.cpu()]
+        got = [unshard([per_rank[r]["results"][i][0][j] for r in range(world)], layout) for j in range(4)]
+        for name, g, w in zip(("out", "dq", "dk", "dv"), got, wants):
+            err = (g.double() - w.double()).norm() / w.double().norm()
+            assert err < tol, f"{case} over {world} ranks: {name} relative error {err:.2e}"
+        if len(per_rank[0]["results"][i]) == 2:
+            for r in range(world):
+                first, again = per_rank[r]["results"][i]
+                assert all(torch.equal(a, b) for a, b in zip(first, again)), "deterministic mode differs"
+    errors = per_rank[0]["errors"]
+    assert errors["window_size"][0] == "NotImplementedError" and "window_size" in errors["window_size"][1]
+    for name in ("layout", "k", "q"):
+        assert errors[name] is not None and errors[name][0] == "ValueError" and name in errors[name][1], errors[name]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_matches_single_process_cpu(world, tmp_path):
+    _check(world, "cpu", torch.float32, tmp_path, 2e-6)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_matches_single_process_cuda(world, tmp_path):
+    if not (flashattn.built_with_cuda and torch.cuda.is_available()):
+        pytest.skip("needs a CUDA device and a build with the CUDA kernels")
+    _check(world, "cuda", torch.bfloat16, tmp_path, 2e-2)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_shard_and_unshard(layout):
+    x = torch.arange(2 * 24).reshape(2, 24)
+    shards = [shard(x, r, 3, layout) for r in range(3)]
+    assert all(s.shape == (2, 8) for s in shards)
+    if layout == "zigzag":
+        assert shards[0][0].tolist() == [0, 1, 2, 3, 20, 21, 22, 23]
+    assert torch.equal(unshard(shards, layout), x)
+    with pytest.raises(ValueError, match="multiple of"):
+        shard(x[:, :23], 0, 3, layout)
+    with pytest.raises(ValueError, match="rank"):
+        shard(x, 3, 3, layout)
+
+
+def test_needs_an_initialised_group():
+    if dist.is_initialized():
+        pytest.skip("a process group is initialised in this process")
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.raises(ValueError, match="init_process_group"):
+        ring_flash_attn_func(q, q, q)
