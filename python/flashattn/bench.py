@@ -88,15 +88,17 @@ def burst(fn: Callable[[], object], seconds: float, device: str) -> float:
 
 # ---- what each library runs ----
 
-def _sdpa_context(lib: str):
+def library_context(lib: str):
+    """A fresh context manager selecting `lib`'s SDPA backend (entered around a whole burst, so that choosing the
+    backend is not part of each call); ours and PyTorch's own choice ("sdpa") need none."""
+    import contextlib
+
+    if lib in (OURS, "sdpa"):
+        return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
-    if lib == "sdpa":  # PyTorch's own choice (the CPU)
-        import contextlib
-
-        return contextlib.nullcontext()
     return sdpa_kernel([backends[lib]])
 
 
@@ -111,12 +113,7 @@ def _attention_calls(lib, cell, dtype, device):
         dout = make(b, s, h, dv)
     else:  # SDPA's layout [b, h, s, d]
         q, k, v = make(b, h, s, d), make(b, h, s, d), make(b, h, s, dv)
-        ctx = _sdpa_context(lib)
-
-        def run():
-            with ctx:
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
+        run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
         dout = make(b, h, s, dv)
 
     def forward():
@@ -144,11 +141,7 @@ def _decode_call(lib, cell, dtype, device):
         fn = lambda: flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=lengths)  # noqa: E731
     else:
         q, k, v = make(b, hq, 1, d), make(b, hkv, ctx, d), make(b, hkv, ctx, d)
-        sdpa_ctx = _sdpa_context(lib)
-
-        def fn():
-            with sdpa_ctx:
-                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        fn = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
 
     with torch.no_grad():
         fn()
@@ -205,18 +198,20 @@ def run_cell(cell, libraries, dtype, device, repeats, seconds) -> dict:
     skipped: Dict[str, str] = {}
     for lib in libraries:
         try:
-            if cell["pass"] == "decode":
-                calls[lib] = _decode_call(lib, cell, dtype, device)
-            else:
-                fwd, bwd = _attention_calls(lib, cell, dtype, device)
-                calls[lib] = bwd if cell["pass"] == "backward" else fwd
+            with library_context(lib):
+                if cell["pass"] == "decode":
+                    calls[lib] = _decode_call(lib, cell, dtype, device)
+                else:
+                    fwd, bwd = _attention_calls(lib, cell, dtype, device)
+                    calls[lib] = bwd if cell["pass"] == "backward" else fwd
         except (RuntimeError, ValueError, NotImplementedError, TypeError) as e:
             skipped[lib] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     readings: Dict[str, List[float]] = {lib: [] for lib in calls}
     order = list(calls)
     for r in range(repeats):
         for lib in order if r % 2 == 0 else order[::-1]:
-            readings[lib].append(burst(calls[lib], seconds, device))
+            with library_context(lib):
+                readings[lib].append(burst(calls[lib], seconds, device))
     calls.clear()
     if device == "cuda":
         torch.cuda.empty_cache()

@@ -50,11 +50,14 @@ def test_work_counts():
     assert bench.work_of(decode, torch.bfloat16) == 2 * 100 * 2 * 32 * 2  # K and V bytes
 
 
-def test_shape_option_and_one_causal_setting(capsys):
+def test_shape_option_one_causal_setting_and_a_chosen_backend(capsys):
+    """--against math selects SDPA's math backend for every burst (a context entered per burst, not reused)."""
     assert bench.main(["--device", "cpu", "--shape", "1,40,2,24,16", "--causal", "yes", "--pass", "forward",
-                       "--repeats", "1", "--seconds", "0.005", "--no-progress"]) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| forward")]
-    assert len(rows) == 1 and "| 24/16 | yes |" in rows[0]
+                       "backward", "--against", "sdpa", "math", "--repeats", "2", "--seconds", "0.005",
+                       "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    rows = [line for line in printed.splitlines() if line.startswith(("| forward", "| backward"))]
+    assert len(rows) == 2 and all("| 24/16 | yes |" in r for r in rows) and "n/a" not in printed
 
 
 def test_a_library_that_cannot_run_a_cell_is_reported(monkeypatch, capsys):
