@@ -2,7 +2,7 @@
 # One GPU run for the Python layers over the kernels: build the Python module (all cores), the CUDA cases of the
 # transformers backend, the benchmark command and context parallelism (processes sharing the GPU over gloo),
 # then `python -m flashattn.bench` over a grid into $OUT (table, JSON, PNG). Logs go to $OUT; a summary last.
-#   PY_BENCH="<flashattn.bench args>" (empty: none; default: the quick grid, every pass).
+#   PY_BENCH="<flashattn.bench args>" (empty: none; default: the quick grid, every pass); PY_TESTS_K: pytest -k.
 set -uo pipefail
 source bench/gpu/device_common.sh
 start_device_run /tmp/py-out
@@ -12,7 +12,7 @@ build_tree . /tmp/build-py -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_PYTHON=ON
 echo "build rc=$? in $(( $(date +%s) - t0 )) s" >> "$log"
 export PYTHONPATH=/tmp/build-py/python
 (cd /tmp && timeout 240 python3 -m pytest -q -p no:cacheprovider -rs "$R/tests/python/test_transformers.py" \
-   "$R/tests/python/test_bench.py" "$R/tests/python/test_distributed.py" > "$OUT/pytest.log" 2>&1;
+   "$R/tests/python/test_bench.py" "$R/tests/python/test_distributed.py" ${PY_TESTS_K:+-k "$PY_TESTS_K"} > "$OUT/pytest.log" 2>&1;
  echo "pytest rc=$? at $(( $(date +%s) - t0 )) s" >> "$OUT/pytest.log")
 bench_args=${PY_BENCH-"--grid quick --pass forward backward decode"}
 if [ -n "$bench_args" ]; then
