@@ -3,7 +3,7 @@
 # build with the Python module, the sm90 forward suite, the backward suite (sm80 forced and automatic), the
 # ALiBi / dropout suite, compute-sanitizer memcheck on small cases of the new head dims, then optionally the rest
 # of the GPU suite and the CUDA pytest cases, and bench/gpu/head_dims_bench.py. Logs go to $OUT; a summary last.
-#   HD_SUITES=0 skips those suites and the sanitizer; HD_FULL=1 adds the rest of the suite and pytest -m cuda;
+#   HD_FILTER / HD_SANITIZE: gtest filters of the suites / the sanitizer run; HD_SUITES=0 skips both; HD_FULL=1 adds the rest of the suite and pytest -m cuda;
 #   HD_BENCH="<head_dims_bench.py args>" (empty: none).
 set -uo pipefail
 source bench/gpu/device_common.sh
@@ -13,14 +13,14 @@ build_tree . /tmp/build-hd -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_PYTHON=ON
   $prefix >> "$log" 2>&1
 echo "build rc=$? in $(( $(date +%s) - t0 )) s" >> "$log"
 t=/tmp/build-hd/tests/flashattn_gpu_tests
-suites='*Sm90Forward*:*GpuBackward*:*GpuAlibi*'
+suites=${HD_FILTER:-'*Sm90Forward*:*GpuBackward*:*GpuAlibi*'}
 san=$OUT/sanitizer.log
 : > "$san" ; : > "$OUT/tests.log"
 if [ "${HD_SUITES:-1}" = 1 ]; then
   timeout 300 $t --gtest_filter="$suites" > "$OUT/tests.log" 2>&1
   echo "tests rc=$? in $(( $(date +%s) - t0 )) s" >> "$OUT/tests.log"
   timeout 120 compute-sanitizer --tool memcheck $t \
-    --gtest_filter='*Sm90Forward*d96_varlen*:*Sm90Forward*d192_v128_varlen*:*Sm90Forward*d40_v24*' >> "$san" 2>&1
+    --gtest_filter="${HD_SANITIZE:-*Sm90Forward*d96_varlen*:*Sm90Forward*d192_v128_varlen*:*Sm90Forward*d40_v24*}" >> "$san" 2>&1
 fi
 export PYTHONPATH=/tmp/build-hd/python
 if [ "${HD_FULL:-0}" = 1 ]; then

@@ -326,6 +326,10 @@ std::vector<FwdCase> cases() {
   c.causal = true; add(c);
   c = {}; c.name = "bf16_d40_v24_short_keys"; c.head_dim = 40; c.head_dim_v = 24; c.heads_q = 3; c.heads_kv = 3;
   c.seqlen_q = c.seqlen_k = 190; add(c);
+  c = {}; c.name = "f16_d192_large_scores_softcap"; c.dtype = DType::f16; c.head_dim = 192; c.seqlen_q = 130;
+  c.seqlen_k = 600; c.softcap = 30; c.qk_stddev = 3; add(c);
+  c = {}; c.name = "bf16_d176_v136_window_gqa"; c.head_dim = 176; c.head_dim_v = 136; c.heads_q = 4; c.heads_kv = 2;
+  c.seqlen_q = 250; c.seqlen_k = 300; c.window_left = 60; c.window_right = 20; add(c);
   c = {}; c.name = "bf16_d96_v256_large_scores"; c.head_dim = 96; c.head_dim_v = 256; c.seqlen_q = 130;
   c.seqlen_k = 600; c.qk_stddev = 3; add(c);
   return v;

@@ -882,7 +882,7 @@ Status launch(const BwdParams& p) {
 
 template <typename T>
 Status launch_head_dim(const BwdParams& p) {
-  switch (sm90_checks::head_dim_bucket(p.head_dim, p.head_dim_v)) {
+  switch (sm90_checks::head_dim_bucket(p.head_dim, p.head_dim_v, sm90_checks::Pass::backward)) {
     case 64: return launch<T, 64>(p);
     case 128: return launch<T, 128>(p);
     default: return launch<T, 256>(p);
@@ -894,7 +894,8 @@ Status launch_head_dim(const BwdParams& p) {
 Status sm90_backward_supports(const BwdParams& p) {
   Status common = sm90_checks::common(p);
   if (!common.ok()) return common;
-  if (p.deterministic && sm90_checks::head_dim_bucket(p.head_dim, p.head_dim_v) == 256)
+  const int bucket = sm90_checks::head_dim_bucket(p.head_dim, p.head_dim_v, sm90_checks::Pass::backward);
+  if (p.deterministic && bucket == 256)
     return Status::unsupported("cuda_sm90: the deterministic backward runs head dims up to 128 (" +
                                sm90_checks::head_dims_named(p) +
                                " runs the 256 kernel, which sums dQ with atomics; its deterministic mode runs on "

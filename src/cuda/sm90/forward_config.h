@@ -14,6 +14,8 @@
 //   hd 128: 128 x 176, 2 stages (32 KB + 2 * 88 KB = 208 KB) without a mask past 4k keys, 128 x 128 with 3
 //           stages (32 KB + 3 * 64 KB = 224 KB) up to 4k; 128 x 128 (32 KB + 2 * 64 KB = 160 KB) under a causal
 //           or window mask, where narrower key tiles waste less on the diagonal
+//   hd 192: 128 x 80, 2 stages: 48 KB + 2 * 60 KB = 168 KB; under a causal or window mask 128 x 64 (48 KB +
+//           2 * 48 KB = 144 KB)
 //   hd 256: 128 x 80, 2 stages: 64 KB + 2 * 80 KB = 224 KB; under a causal or window mask 128 x 64 (64 KB +
 //           2 * 64 KB = 192 KB)
 // Wider key tiles spread each tile's fixed costs (barrier waits, the O rescale, the warpgroup turn) over more
@@ -71,7 +73,8 @@ struct ForwardConfig {
   static constexpr int kStages = kStages_;
   // A single consumer warpgroup has no one to take turns with.
   static constexpr bool kTakeTurns = kIssue_ == IssueOrder::turns && kConsumerWarpgroups > 1;
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "sm90 forward: head dim 64, 128 or 256");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
+                "sm90 forward: head dim 64, 128, 192 or 256");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "sm90 forward: kBlockN a multiple of 16 (P V's k-steps)");
   static_assert(kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 3, "sm90 forward: 1 to 3 consumer warpgroups");
   static constexpr int kPipelines = kPipelines_;
@@ -169,6 +172,12 @@ template <>
 struct KernelPlan<128, true> : Plan<ForwardConfig<128, 128, 2, 2, IssueOrder::free>> {};
 // hd 256 under a mask: 64-key tiles waste less on the diagonal than 80-key ones; causal +10% / +5% / +4.5% / +2%
 // at 512 / 1k / 2k / 4k keys, level beyond (bench/results/hopper-forward.md, d6a87b5).
+// hd 192 (d or d_v in 129..192: DeepSeek's MLA 192 / 128 among them; support_checks.h): hd 256's tile set at
+// three quarters of its columns, which the 256 kernel spent on zeros (bench/results/head-dims.md).
+template <>
+struct KernelPlan<192, false> : Plan<ForwardConfig<192, 80, 2, 2>> {};
+template <>
+struct KernelPlan<192, true> : Plan<ForwardConfig<192, 64, 2, 2>> {};
 template <>
 struct KernelPlan<256, false> : Plan<ForwardConfig<256, 80, 2, 2>> {};
 template <>

@@ -1,6 +1,6 @@
 // Hopper forward: O = softmax(Q Kᵀ · scale) V and LSE, fp16/bf16 in, fp32 accumulation, for head dims d and d_v
-// that are multiples of 8 up to 256, in buckets of 64, 128, 256 (support_checks.h: columns past d / d_v are TMA's
-// zeros), with causal / sliding-window masks, softcap, ALiBi, GQA, varlen and arbitrary tails.
+// that are multiples of 8 up to 256, in buckets of 64, 128, 192, 256 (support_checks.h: columns past d / d_v are
+// TMA's zeros), with causal / sliding-window masks, softcap, ALiBi, GQA, varlen and arbitrary tails.
 //
 // Work: tiles of kBlockM = 64 · (consumer warpgroups) query rows of one (batch, head), numbered head-major
 // (forward_tiles.cuh). A CTA runs kPipelines independent pipelines (forward_config.h; one, or three at hd 64 on
@@ -303,6 +303,7 @@ Status launch_head_dim(const FwdParams& p, Sm90Grid grid) {
   switch (sm90_checks::head_dim_bucket(p.head_dim, p.head_dim_v)) {
     case 64: return launch_planned<T, 64>(p, grid);
     case 128: return launch_planned<T, 128>(p, grid);
+    case 192: return launch_planned<T, 192>(p, grid);
     default: return launch_planned<T, 256>(p, grid);  // sm90_forward_supports passed: the bucket is 256
   }
 }

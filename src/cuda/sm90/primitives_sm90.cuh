@@ -114,6 +114,13 @@ __device__ __forceinline__ void fence_registers(uint32_t (&r)[kN]) {
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" "}"
+#define FA_SM90_ACC_REGS_96 "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95" "}"
 #define FA_SM90_ACC_REGS_128 "{" \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
@@ -132,6 +139,7 @@ __device__ __forceinline__ void fence_registers(uint32_t (&r)[kN]) {
 #define FA_SM90_D64(d) FA_SM90_D32(d, 0), FA_SM90_D32(d, 32)
 #define FA_SM90_D40(d) FA_SM90_D32(d, 0), FA_SM90_D8(d, 32)
 #define FA_SM90_D88(d) FA_SM90_D32(d, 0), FA_SM90_D32(d, 32), FA_SM90_D8(d, 64), FA_SM90_D8(d, 72), FA_SM90_D8(d, 80)
+#define FA_SM90_D96(d) FA_SM90_D32(d, 0), FA_SM90_D32(d, 32), FA_SM90_D32(d, 64)
 #define FA_SM90_D128(d) FA_SM90_D32(d, 0), FA_SM90_D32(d, 32), FA_SM90_D32(d, 64), FA_SM90_D32(d, 96)
 
 // Operand numbers follow the accumulators: SS takes (desc_a, desc_b, accumulate, trans_b), RS takes
@@ -196,25 +204,30 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
 template <typename T, int N, int kTransB>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
                                          bool accumulate) {
-  static_assert(N == 64 || N == 128 || N == 256, "wgmma_rs: N must be 64, 128 or 256");
+  static_assert(N == 64 || N == 128 || N == 192 || N == 256, "wgmma_rs: N must be 64, 128, 192 or 256");
   const uint32_t acc = accumulate ? 1u : 0u;
 #define FA_SM90_RS_INS "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc), "n"(kTransB)
 #define FA_SM90_RS64(TYPE) \
   FA_SM90_WGMMA_RS("64", TYPE, FA_SM90_ACC_REGS_32, "{%32, %33, %34, %35}", "%36", "%37", "%38")
 #define FA_SM90_RS128(TYPE) \
   FA_SM90_WGMMA_RS("128", TYPE, FA_SM90_ACC_REGS_64, "{%64, %65, %66, %67}", "%68", "%69", "%70")
+#define FA_SM90_RS192(TYPE) \
+  FA_SM90_WGMMA_RS("192", TYPE, FA_SM90_ACC_REGS_96, "{%96, %97, %98, %99}", "%100", "%101", "%102")
 #define FA_SM90_RS256(TYPE) \
   FA_SM90_WGMMA_RS("256", TYPE, FA_SM90_ACC_REGS_128, "{%128, %129, %130, %131}", "%132", "%133", "%134")
   if constexpr (N == 64) {
     FA_SM90_ASM_FOR_TYPE(FA_SM90_RS64, FA_SM90_D32(d, 0), FA_SM90_RS_INS);
   } else if constexpr (N == 128) {
     FA_SM90_ASM_FOR_TYPE(FA_SM90_RS128, FA_SM90_D64(d), FA_SM90_RS_INS);
+  } else if constexpr (N == 192) {
+    FA_SM90_ASM_FOR_TYPE(FA_SM90_RS192, FA_SM90_D96(d), FA_SM90_RS_INS);
   } else {
     FA_SM90_ASM_FOR_TYPE(FA_SM90_RS256, FA_SM90_D128(d), FA_SM90_RS_INS);
   }
 #undef FA_SM90_RS_INS
 #undef FA_SM90_RS64
 #undef FA_SM90_RS128
+#undef FA_SM90_RS192
 #undef FA_SM90_RS256
 }
 

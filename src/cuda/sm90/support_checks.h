@@ -14,15 +14,19 @@ namespace flashattn::detail::sm90_checks {
 inline bool tma_stride_ok(int64_t elements) { return elements % 8 == 0; }
 inline bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0; }
 
-// Head dims run in three compiled buckets (64, 128, 256: the kernels' kHeadDim), d and d_v each up to the bucket
-// of the larger: the tensor maps' inner extents are the true d (Q, K) and d_v (V, dO), so TMA fills the columns
-// past them with zeros, the products see zeros there, and the stores stop at d / d_v. A multiple of 8 keeps every
-// 16-byte store run whole.
+// Head dims run in compiled buckets (the kernels' kHeadDim: 64, 128, 192 (forward only), 256), d and d_v each up
+// to the bucket of the larger: the tensor maps' inner extents are the true d (Q, K) and d_v (V, dO), so TMA fills
+// the columns past them with zeros, the products see zeros there, and the stores stop at d / d_v. A multiple of 8
+// keeps every 16-byte store run whole. 0: no bucket.
 constexpr int kHeadDimUnit = 8;
-inline int head_dim_bucket(int64_t head_dim, int64_t head_dim_v) {
+enum class Pass { forward, backward };
+inline int head_dim_bucket(int64_t head_dim, int64_t head_dim_v, Pass pass = Pass::forward) {
   const int64_t d = head_dim > head_dim_v ? head_dim : head_dim_v;
   if (head_dim % kHeadDimUnit != 0 || head_dim_v % kHeadDimUnit != 0 || d < 1) return 0;
-  return d <= 64 ? 64 : d <= 128 ? 128 : d <= 256 ? 256 : 0;
+  if (d <= 64) return 64;
+  if (d <= 128) return 128;
+  if (d <= 192 && pass == Pass::forward) return 192;
+  return d <= 256 ? 256 : 0;
 }
 inline std::string head_dims_named(const FwdParams& p) {
   return p.head_dim == p.head_dim_v ? "head dim " + std::to_string(p.head_dim)
