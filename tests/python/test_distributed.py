@@ -1,7 +1,7 @@
 """flashattn.distributed.ring_flash_attn_func: 2 and 4 processes (gloo) each holding a shard of the sequence give
 the output and gradients of single-process attention over the whole sequence, in both layouts, causal or not,
-with GQA, softcap, an explicit scale and d_v != d; the deterministic mode repeats bit for bit; bad arguments raise
-naming them. On a GPU the same runs with the processes sharing it (gloo, staged through host memory)."""
+with GQA, softcap, an explicit scale and d_v != d; the deterministic mode repeats bit for bit; under torch.compile
+the same as eager; bad arguments raise naming them. On a GPU the same runs with the processes sharing it (gloo, staged through host memory)."""
 import os
 import socket
 
@@ -56,6 +56,16 @@ def _worker(rank, world, port, device, dtype, out_dir):
                 out.backward(dout)
                 runs.append([t.detach().cpu() for t in (out, ql.grad, kl.grad, vl.grad)])
             results.append(runs)
+        # Under torch.compile (a graph break at the ring: its communication stays eager), output and gradients as
+        # eager (on the CPU; the CUDA run of this check is still to come).
+        case = CASES[2]
+        q, k, v, dout = (shard(t, rank, world, case[0]) for t in _problem(case, device, dtype))
+        ql, kl, vl = (t.clone().requires_grad_() for t in (q, k, v))
+        ring = lambda a, b, c: ring_flash_attn_func(a * 1.0, b, c, causal=True, layout=case[0],  # noqa: E731
+                                                    deterministic=True) * 2.0
+        out = (torch.compile(ring) if device == "cpu" else ring)(ql, kl, vl)
+        out.backward(dout)
+        results.append([[t.detach().cpu() for t in (out, ql.grad, kl.grad, vl.grad)]])
         errors = {}
         q, k, v, _ = _problem(CASES[0], device, dtype)
         for name, call in (
@@ -96,6 +106,12 @@ def _check(world, device, dtype, tmp_path, tol):
             for r in range(world):
                 first, again = per_rank[r]["results"][i]
                 assert all(torch.equal(a, b) for a, b in zip(first, again)), "deterministic mode differs"
+    compiled = [r["results"][len(CASES)][0] for r in per_rank]
+    for rank in range(world):
+        eager = per_rank[rank]["results"][2][0]
+        torch.testing.assert_close(compiled[rank][0], 2.0 * eager[0])
+        for g_compiled, g_eager in zip(compiled[rank][1:], eager[1:]):
+            torch.testing.assert_close(g_compiled, 2.0 * g_eager)
     errors = per_rank[0]["errors"]
     assert errors["window_size"][0] == "NotImplementedError" and "window_size" in errors["window_size"][1]
     for name in ("layout", "k", "q"):
