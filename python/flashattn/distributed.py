@@ -132,9 +132,9 @@ def _merge(out_acc: Tensor, lse_acc: Tensor, out: Tensor, lse: Tensor) -> None:
     lse_acc.copy_(new)
 
 
-def _forward_block(q, k, v, causal, options, backend):
-    ints, floats = options(causal)
-    return torch.ops.flashattn.attention_forward(q, k, v, None, None, None, ints, floats, backend)
+def _block_options(scale: float, softcap: float, deterministic: bool) -> dict:
+    """The operators' (int_options, float_options) of a block product, by whether it is causal."""
+    return {c: op_options(0, 0, scale, c, -1, -1, softcap, deterministic) for c in (False, True)}
 
 
 class _RingAttention(torch.autograd.Function):
@@ -142,10 +142,7 @@ class _RingAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, scale, causal, softcap, layout, group, deterministic, backend):
         ring = _Ring(group)
         rows = q.shape[1]
-
-        def options(block_causal):
-            return op_options(0, 0, scale, block_causal, -1, -1, softcap, deterministic)
-
+        options = _block_options(scale, softcap, deterministic)
         out_acc = torch.zeros(*q.shape[:3], v.shape[-1], dtype=torch.float32, device=q.device)
         lse_acc = torch.full((q.shape[0], q.shape[2], rows), float("-inf"), dtype=torch.float32, device=q.device)
         kv = [k, v]
@@ -153,7 +150,8 @@ class _RingAttention(torch.autograd.Function):
             pending = ring.start(kv) if step < ring.world - 1 else None
             src = (ring.rank - step) % ring.world
             for qs, ks, block_causal in _pieces(layout, causal, ring.rank, src, rows):
-                out, lse = _forward_block(q[:, qs], kv[0][:, ks], kv[1][:, ks], block_causal, options, backend)
+                out, lse = torch.ops.flashattn.attention_forward(q[:, qs], kv[0][:, ks], kv[1][:, ks], None, None,
+                                                                 None, *options[block_causal], backend)
                 _merge(out_acc[:, qs], lse_acc[:, :, qs], out, lse)
             if pending is not None:
                 kv = ring.finish(pending)
@@ -168,9 +166,7 @@ class _RingAttention(torch.autograd.Function):
         scale, causal, softcap, layout, group, deterministic, backend = ctx.settings
         ring = _Ring(group)
         rows = q.shape[1]
-        ints, floats = {}, {}
-        for c in (False, True):
-            ints[c], floats[c] = op_options(0, 0, scale, c, -1, -1, softcap, deterministic)
+        options = _block_options(scale, softcap, deterministic)
         dout = dout.contiguous()
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         kv = [k, v]
@@ -182,7 +178,7 @@ class _RingAttention(torch.autograd.Function):
             for qs, ks, block_causal in _pieces(layout, causal, ring.rank, src, rows):
                 bq, bk, bv = torch.ops.flashattn.attention_backward(
                     dout[:, qs], q[:, qs], kv[0][:, ks], kv[1][:, ks], out[:, qs], lse[:, :, qs].contiguous(),
-                    None, None, None, ints[block_causal], floats[block_causal], backend)
+                    None, None, None, *options[block_causal], backend)
                 dq[:, qs] += bq
                 dkv[0][:, ks] += bk
                 dkv[1][:, ks] += bv
