@@ -20,7 +20,7 @@ which brings them home); dQ stays local; every block's gradients come from flash
 global LSE and output, so they are exact. The order of additions is fixed: deterministic where the single-device
 backward is (deterministic=True). Memory per rank is O(s/P).
 
-Not supported yet (NotImplementedError): window_size other than (-1, -1), a varlen form, dropout, ALiBi.
+Not supported yet (NotImplementedError): window_size other than (-1, -1), a varlen form, dropout, ALiBi, float64.
 """
 
 from __future__ import annotations
@@ -207,6 +207,10 @@ def ring_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, 
                          f"k {list(k.shape)}, v {list(v.shape)}")
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"k: query heads ({q.shape[2]}) must be a multiple of KV heads ({k.shape[2]})")
+    if q.dtype == torch.float64:
+        # The CPU backends' fp64 backward recomputes each row's LSE from the keys it is given (the stored LSE is
+        # fp32), so a block's gradients would not use the global LSE.
+        raise NotImplementedError("q: float64 ring attention is not supported (fp16, bf16 and fp32 are)")
     layout = _check_layout(layout)
     if layout == "zigzag" and q.shape[1] % 2:
         raise ValueError(f"q: a zigzag shard holds two equal chunks, so its length must be even, got {q.shape[1]}")

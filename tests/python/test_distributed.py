@@ -73,6 +73,7 @@ def _worker(rank, world, port, device, dtype, out_dir):
             ("layout", lambda: ring_flash_attn_func(q, k, v, layout="spiral")),
             ("k", lambda: ring_flash_attn_func(q, k[:, :-1], v[:, :-1])),
             ("q", lambda: ring_flash_attn_func(q[:, :-1], k[:, :-1], v[:, :-1], layout="zigzag")),
+            ("float64", lambda: ring_flash_attn_func(q.double(), k.double(), v.double())),
         ):
             try:
                 call()
@@ -113,7 +114,8 @@ def _check(world, device, dtype, tmp_path, tol):
         for g_compiled, g_eager in zip(compiled[rank][1:], eager[1:]):
             torch.testing.assert_close(g_compiled, 2.0 * g_eager)
     errors = per_rank[0]["errors"]
-    assert errors["window_size"][0] == "NotImplementedError" and "window_size" in errors["window_size"][1]
+    for name in ("window_size", "float64"):
+        assert errors[name] is not None and errors[name][0] == "NotImplementedError" and name in errors[name][1]
     for name in ("layout", "k", "q"):
         assert errors[name] is not None and errors[name][0] == "ValueError" and name in errors[name][1], errors[name]
 
