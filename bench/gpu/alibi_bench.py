@@ -20,7 +20,7 @@ import flashattn
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_vs_torch import flops  # noqa: E402
-from recheck_cell import burst  # noqa: E402
+from recheck_cell import add_grid_options, burst  # noqa: E402
 
 
 def alibi_slopes(heads):
@@ -68,11 +68,7 @@ def cell(d, s, causal, repeats, seconds, sdpa_max, feature):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--hd", type=int, nargs="+", default=[64, 128, 256])
-    ap.add_argument("--seqlens", type=int, nargs="+", default=[2048, 8192])
-    ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--seconds", type=float, default=0.3)
+    add_grid_options(ap, hd=[64, 128, 256], seqlens=[2048, 8192], repeats=3, seconds=0.3)
     ap.add_argument("--sdpa-max", type=int, default=4096)
     ap.add_argument("--feature", choices=["alibi", "dropout"], default="alibi")
     a = ap.parse_args()

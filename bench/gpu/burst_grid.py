@@ -19,7 +19,7 @@ import flashattn
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_vs_torch import TORCH_BACKENDS, flops  # noqa: E402
-from recheck_cell import burst  # noqa: E402
+from recheck_cell import add_grid_options, burst  # noqa: E402
 
 
 def backward_cell(d, s, causal, repeats, seconds):
@@ -98,11 +98,7 @@ def cell(d, s, causal, repeats, seconds):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--hd", type=int, nargs="+", default=[64, 128, 256])
-    ap.add_argument("--seqlens", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
-    ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--seconds", type=float, default=1.0)
+    add_grid_options(ap, hd=[64, 128, 256], seqlens=[2048, 4096, 8192, 16384], repeats=3, seconds=1.0)
     ap.add_argument("--backward", action="store_true", help="time the backward (and the forward beside it)")
     args = ap.parse_args()
     if args.backward:

@@ -13,16 +13,12 @@ import flashattn
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_vs_torch import flops  # noqa: E402
-from recheck_cell import burst  # noqa: E402
+from recheck_cell import add_grid_options, burst  # noqa: E402
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--hd", type=int, nargs="+", default=[64, 128])
-    ap.add_argument("--seqlens", type=int, nargs="+", default=[2048, 16384])
-    ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--seconds", type=float, default=0.5)
+    add_grid_options(ap, hd=[64, 128], seqlens=[2048, 16384], repeats=2, seconds=0.5)
     args = ap.parse_args()
     print(f"backward TFLOP/s, bursts of ~{args.seconds:g} s, {args.repeats} alternating repeats "
           f"({torch.cuda.get_device_name()})")

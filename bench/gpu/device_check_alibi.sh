@@ -9,9 +9,7 @@ set -uo pipefail
 source bench/gpu/device_common.sh
 start_device_run /tmp/alibi-out
 t0=$(date +%s)
-build_tree . /tmp/build-alibi -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_PYTHON=ON -DFLASHATTN_BUILD_BENCH=OFF \
-  $prefix >> "$log" 2>&1
-echo "build rc=$? in $(( $(date +%s) - t0 )) s" >> "$log"
+build_python_tree /tmp/build-alibi
 t=/tmp/build-alibi/tests/flashattn_gpu_tests
 timeout 240 $t --gtest_filter='*GpuAlibi*' > "$OUT/tests.log" 2>&1
 echo "tests rc=$?" >> "$OUT/tests.log"
@@ -22,11 +20,7 @@ timeout 200 compute-sanitizer --tool memcheck $t --gtest_filter="$small" >> "$sa
 export PYTHONPATH=/tmp/build-alibi/python
 (cd /tmp && timeout 120 python3 -m pytest -q -p no:cacheprovider "$R/tests/python/test_alibi.py" "$R/tests/python/test_dropout.py" > "$OUT/pytest.log" 2>&1;
  echo "pytest rc=$?" >> "$OUT/pytest.log")
-if [ "${ALIBI_FULL:-1}" = 1 ]; then
-  timeout 300 $t --gtest_filter='-*GpuAlibi*' > "$OUT/full.log" 2>&1; echo "full rc=$?" >> "$OUT/full.log"
-  (cd /tmp && timeout 150 python3 -m pytest -q -p no:cacheprovider "$R/tests/python" -m cuda > "$OUT/pytest-cuda.log" 2>&1;
-   echo "pytest-cuda rc=$?" >> "$OUT/pytest-cuda.log")
-fi
+[ "${ALIBI_FULL:-1}" = 1 ] && run_rest_of_suite "$t" '*GpuAlibi*'
 bench_args=${ALIBI_BENCH-"--repeats 3 --seconds 0.3"}
 if [ -n "$bench_args" ]; then
   timeout 300 python3 bench/gpu/alibi_bench.py $bench_args > "$OUT/bench.md" 2> "$OUT/bench.err"

@@ -9,9 +9,7 @@ set -uo pipefail
 source bench/gpu/device_common.sh
 start_device_run /tmp/hd-out
 t0=$(date +%s)
-build_tree . /tmp/build-hd -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_PYTHON=ON -DFLASHATTN_BUILD_BENCH=OFF \
-  $prefix >> "$log" 2>&1
-echo "build rc=$? in $(( $(date +%s) - t0 )) s" >> "$log"
+build_python_tree /tmp/build-hd
 t=/tmp/build-hd/tests/flashattn_gpu_tests
 suites=${HD_FILTER:-'*Sm90Forward*:*GpuBackward*:*GpuAlibi*'}
 san=$OUT/sanitizer.log
@@ -23,11 +21,7 @@ if [ "${HD_SUITES:-1}" = 1 ]; then
     --gtest_filter="${HD_SANITIZE:-*Sm90Forward*d96_varlen*:*Sm90Forward*d192_v128_varlen*:*Sm90Forward*d40_v24*}" >> "$san" 2>&1
 fi
 export PYTHONPATH=/tmp/build-hd/python
-if [ "${HD_FULL:-0}" = 1 ]; then
-  timeout 300 $t --gtest_filter="-$suites" > "$OUT/full.log" 2>&1; echo "full rc=$? at $(( $(date +%s) - t0 )) s" >> "$OUT/full.log"
-  (cd /tmp && timeout 150 python3 -m pytest -q -p no:cacheprovider "$R/tests/python" -m cuda > "$OUT/pytest-cuda.log" 2>&1;
-   echo "pytest-cuda rc=$? at $(( $(date +%s) - t0 )) s" >> "$OUT/pytest-cuda.log")
-fi
+[ "${HD_FULL:-0}" = 1 ] && run_rest_of_suite "$t" "$suites"
 bench_args=${HD_BENCH-"--models"}
 if [ -n "$bench_args" ]; then
   timeout 240 python3 bench/gpu/head_dims_bench.py $bench_args > "$OUT/bench.md" 2> "$OUT/bench.err"

@@ -7,9 +7,7 @@ set -uo pipefail
 source bench/gpu/device_common.sh
 start_device_run /tmp/py-out
 t0=$(date +%s)
-build_tree . /tmp/build-py -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_PYTHON=ON -DFLASHATTN_BUILD_BENCH=OFF \
-  -DFLASHATTN_BUILD_TESTS=OFF -- _C >> "$log" 2>&1
-echo "build rc=$? in $(( $(date +%s) - t0 )) s" >> "$log"
+build_python_tree /tmp/build-py -DFLASHATTN_BUILD_TESTS=OFF -- _C
 export PYTHONPATH=/tmp/build-py/python
 (cd /tmp && timeout 240 python3 -m pytest -q -p no:cacheprovider -rs "$R/tests/python/test_transformers.py" \
    "$R/tests/python/test_bench.py" "$R/tests/python/test_distributed.py" ${PY_TESTS_K:+-k "$PY_TESTS_K"} > "$OUT/pytest.log" 2>&1;

@@ -38,3 +38,23 @@ start_device_run() {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$log" 2>&1
   prefix=$(gtest_prefix_flag)
 }
+
+# run_rest_of_suite BINARY FILTER: the GPU suite without FILTER's tests ($OUT/full.log), then every CUDA pytest
+# case ($OUT/pytest-cuda.log), with PYTHONPATH as the caller set it.
+run_rest_of_suite() {
+  timeout 300 "$1" --gtest_filter="-$2" > "$OUT/full.log" 2>&1
+  echo "full rc=$?" >> "$OUT/full.log"
+  (cd /tmp && timeout 150 python3 -m pytest -q -p no:cacheprovider "$R/tests/python" -m cuda > "$OUT/pytest-cuda.log" 2>&1
+   echo "pytest-cuda rc=$?" >> "$OUT/pytest-cuda.log")
+}
+
+# build_python_tree BUILD [cmake flags...] [-- targets...]: build_tree of this tree with the Python module (no CLI,
+# no benchmark programs) into BUILD, its exit code and time appended to $log.
+build_python_tree() {
+  local build=$1 start
+  shift
+  start=$(date +%s)
+  build_tree . "$build" -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_PYTHON=ON -DFLASHATTN_BUILD_BENCH=OFF $prefix "$@" \
+    >> "$log" 2>&1
+  echo "build rc=$? in $(( $(date +%s) - start )) s" >> "$log"
+}

@@ -17,7 +17,7 @@ import flashattn
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_vs_torch import TORCH_BACKENDS  # noqa: E402
-from recheck_cell import burst  # noqa: E402
+from recheck_cell import add_grid_options, burst  # noqa: E402
 
 # (label, batch, heads, seqlen, d, d_v, causal): the shapes the issue names.
 MODEL_SHAPES = [
@@ -82,11 +82,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", action="store_true", help="the issue's model shapes (with the sm80 column)")
     ap.add_argument("--grid", action="store_true", help="d = d_v in --hd over --seqlens, B·S = 16k, H·D = 2048")
-    ap.add_argument("--hd", type=int, nargs="+", default=[80, 96, 192])
-    ap.add_argument("--seqlens", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
-    ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--seconds", type=float, default=0.25)
+    add_grid_options(ap, hd=[80, 96, 192], seqlens=[2048, 4096, 8192, 16384], repeats=2, seconds=0.25)
     args = ap.parse_args()
     print(f"bf16 TFLOP/s, best of {args.repeats} alternating bursts of ~{args.seconds:g} s "
           f"({torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()})")

@@ -13,27 +13,24 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 import flashattn
+import flashattn.bench
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_vs_torch import TORCH_BACKENDS, flops, time_ours, time_torch  # noqa: E402
 
 
 def burst(fn, seconds):
-    """Seconds per launch, averaged over a burst of about `seconds` (its length set from 10 probe launches)."""
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    fn()
-    start.record()
-    for _ in range(10):
-        fn()
-    stop.record()
-    stop.synchronize()
-    launches = max(10, int(seconds / (start.elapsed_time(stop) * 1e-3 / 10)))
-    start.record()
-    for _ in range(launches):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) * 1e-3 / launches
+    """Seconds per launch, averaged over a burst of about `seconds` (flashattn.bench's timing rule)."""
+    return flashattn.bench.burst(fn, seconds, "cuda")
+
+
+def add_grid_options(ap, hd, seqlens, repeats, seconds):
+    """The options every burst benchmark shares: head dims, lengths, masks, alternating repeats, burst length."""
+    ap.add_argument("--hd", type=int, nargs="+", default=hd)
+    ap.add_argument("--seqlens", type=int, nargs="+", default=seqlens)
+    ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--repeats", type=int, default=repeats)
+    ap.add_argument("--seconds", type=float, default=seconds)
 
 
 def main():
