@@ -172,20 +172,29 @@ class _RingAttention(torch.autograd.Function):
         kv = [k, v]
         dkv = [torch.zeros(k.shape, dtype=torch.float32, device=k.device),
                torch.zeros(v.shape, dtype=torch.float32, device=v.device)]
+        pending_dkv = None
         for step in range(ring.world):
             pending_kv = ring.start(kv) if step < ring.world - 1 else None
             src = (ring.rank - step) % ring.world
+            block_grads = []
             for qs, ks, block_causal in _pieces(layout, causal, ring.rank, src, rows):
                 bq, bk, bv = torch.ops.flashattn.attention_backward(
                     dout[:, qs], q[:, qs], kv[0][:, ks], kv[1][:, ks], out[:, qs], lse[:, :, qs].contiguous(),
                     None, None, None, *options[block_causal], backend)
                 dq[:, qs] += bq
+                block_grads.append((ks, bk, bv))
+            # The block's accumulators travel while its gradients are computed: they arrive now, take this rank's
+            # part and move on (one hop more than K / V after the last step: home).
+            if pending_dkv is not None:
+                dkv = ring.finish(pending_dkv)
+            for ks, bk, bv in block_grads:
                 dkv[0][:, ks] += bk
                 dkv[1][:, ks] += bv
-            # The accumulators follow their block, and one hop more after the last step: home.
-            dkv = ring.finish(ring.start(dkv)) if ring.world > 1 else dkv
+            pending_dkv = ring.start(dkv) if ring.world > 1 else None
             if pending_kv is not None:
                 kv = ring.finish(pending_kv)
+        if pending_dkv is not None:
+            dkv = ring.finish(pending_dkv)
         return (dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)) + (None,) * 7
 
 
