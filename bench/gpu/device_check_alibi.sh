@@ -8,7 +8,6 @@
 set -uo pipefail
 source bench/gpu/device_common.sh
 start_device_run /tmp/alibi-out
-t0=$(date +%s)
 build_python_tree /tmp/build-alibi
 t=/tmp/build-alibi/tests/flashattn_gpu_tests
 timeout 240 $t --gtest_filter='*GpuAlibi*' > "$OUT/tests.log" 2>&1

@@ -9,7 +9,6 @@
 set -uo pipefail
 source bench/gpu/device_common.sh
 start_device_run /tmp/dec-out
-t0=$(date +%s)
 py=${DEC_PYTHON:-1}
 build_tree . /tmp/build-dec -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_PYTHON=$([ "$py" = 1 ] && echo ON || echo OFF) \
   -DFLASHATTN_BUILD_BENCH=OFF $prefix >> "$log" 2>&1

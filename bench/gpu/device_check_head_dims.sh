@@ -8,7 +8,6 @@
 set -uo pipefail
 source bench/gpu/device_common.sh
 start_device_run /tmp/hd-out
-t0=$(date +%s)
 build_python_tree /tmp/build-hd
 t=/tmp/build-hd/tests/flashattn_gpu_tests
 suites=${HD_FILTER:-'*Sm90Forward*:*GpuBackward*:*GpuAlibi*'}

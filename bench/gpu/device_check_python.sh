@@ -6,7 +6,6 @@
 set -uo pipefail
 source bench/gpu/device_common.sh
 start_device_run /tmp/py-out
-t0=$(date +%s)
 build_python_tree /tmp/build-py -DFLASHATTN_BUILD_TESTS=OFF -- _C
 export PYTHONPATH=/tmp/build-py/python
 (cd /tmp && timeout 240 python3 -m pytest -q -p no:cacheprovider -rs "$R/tests/python/test_transformers.py" \

@@ -29,8 +29,9 @@ copy_tree() {
 }
 
 # start_device_run DEFAULT_OUT: makes $OUT (DEFAULT_OUT unless set), starts $log (its build log) with the GPU's name
-# and clocks, and sets $R (the repository root) and $prefix (the googletest flag).
+# and clocks, and sets $R (the repository root), $prefix (the googletest flag) and $t0 (the start, in seconds).
 start_device_run() {
+  t0=$(date +%s)
   OUT=${OUT:-$1}
   mkdir -p "$OUT"
   log=$OUT/build.log

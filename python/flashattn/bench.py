@@ -102,8 +102,9 @@ def library_context(lib: str):
     return sdpa_kernel([backends[lib]])
 
 
-def _attention_calls(lib, cell, dtype, device):
-    """(forward, backward) callables of one library for one attention cell; raises if it cannot run it."""
+def _attention_call(lib, cell, dtype, device):
+    """What one library runs for one attention cell (its pass: the forward, or the backward over a saved forward);
+    raises if it cannot run it."""
     b, h, s, d, dv, causal = cell["b"], cell["h"], cell["s"], cell["d"], cell["dv"], cell["causal"]
     gen = torch.Generator(device="cpu").manual_seed(s * 7 + d)
     make = lambda *shape: torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
@@ -121,14 +122,14 @@ def _attention_calls(lib, cell, dtype, device):
             return run()
 
     forward()  # fails here for a shape the library does not run
-    backward = None
-    if cell["pass"] == "backward":
-        for t in (q, k, v):
-            t.requires_grad_()
-        out = run()
-        backward = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
-        backward()
-    return forward, backward
+    if cell["pass"] != "backward":
+        return forward
+    for t in (q, k, v):
+        t.requires_grad_()
+    out = run()
+    backward = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
+    backward()
+    return backward
 
 
 def _decode_call(lib, cell, dtype, device):
@@ -199,11 +200,8 @@ def run_cell(cell, libraries, dtype, device, repeats, seconds) -> dict:
     for lib in libraries:
         try:
             with library_context(lib):
-                if cell["pass"] == "decode":
-                    calls[lib] = _decode_call(lib, cell, dtype, device)
-                else:
-                    fwd, bwd = _attention_calls(lib, cell, dtype, device)
-                    calls[lib] = bwd if cell["pass"] == "backward" else fwd
+                call = _decode_call if cell["pass"] == "decode" else _attention_call
+                calls[lib] = call(lib, cell, dtype, device)
         except (RuntimeError, ValueError, NotImplementedError, TypeError) as e:
             skipped[lib] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     readings: Dict[str, List[float]] = {lib: [] for lib in calls}

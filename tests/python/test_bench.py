@@ -61,14 +61,14 @@ def test_shape_option_one_causal_setting_and_a_chosen_backend(capsys):
 
 
 def test_a_library_that_cannot_run_a_cell_is_reported(monkeypatch, capsys):
-    real = bench._attention_calls
+    real = bench._attention_call
 
     def refuse_sdpa(lib, cell, dtype, device):
         if lib == "sdpa":
             raise RuntimeError("no kernel for this shape")
         return real(lib, cell, dtype, device)
 
-    monkeypatch.setattr(bench, "_attention_calls", refuse_sdpa)
+    monkeypatch.setattr(bench, "_attention_call", refuse_sdpa)
     assert bench.main(["--device", "cpu", "--shape", "1,32,2,16", "--causal", "no", "--pass", "forward",
                        "--repeats", "1", "--seconds", "0.005", "--no-progress"]) == 0
     printed = capsys.readouterr().out

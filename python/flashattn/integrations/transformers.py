@@ -174,20 +174,23 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         padded = out.new_zeros(batch * s_q, heads, dv).index_copy(0, idx_q, out)
         return padded.view(batch, s_q, heads, dv), None
 
+    # Rows packing several sequences: transformers' cu_seq_lens_* / max_length_* keywords, or position_ids that
+    # restart within the row.
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is not None and cu_k is not None:
         max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
-        max_q = int(cu_q.diff().max()) if max_q is None else max_q
-        max_k = int(cu_k.diff().max()) if max_k is None else max_k
+        max_q = cu_q.diff().max() if max_q is None else max_q
+        max_k = cu_k.diff().max() if max_k is None else max_k
+        cu_q, cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
+    else:
+        cu_q = None
+        lens = _packed_lengths(kwargs.get("position_ids"), batch) if s_q == s_k else None
+        if lens is not None:
+            cu_q = cu_k = _cu_seqlens(lens)
+            max_q = max_k = lens.max()
+    if cu_q is not None:
         out = _varlen(q.reshape(-1, heads, q.shape[-1]), k.reshape(-1, k.shape[2], k.shape[-1]),
-                      v.reshape(-1, v.shape[2], dv), cu_q.to(torch.int32), cu_k.to(torch.int32), max_q, max_k, **kw)
-        return out.view(batch, -1, heads, dv), None
-
-    lens = _packed_lengths(kwargs.get("position_ids"), batch)
-    if lens is not None and s_q == s_k:
-        cu = _cu_seqlens(lens)
-        out = _varlen(q.reshape(-1, heads, q.shape[-1]), k.reshape(-1, k.shape[2], k.shape[-1]),
-                      v.reshape(-1, v.shape[2], dv), cu, cu, lens.max(), lens.max(), **kw)
+                      v.reshape(-1, v.shape[2], dv), cu_q, cu_k, max_q, max_k, **kw)
         return out.view(batch, -1, heads, dv), None
 
     return flash_attn_func(q, k, v, **kw), None

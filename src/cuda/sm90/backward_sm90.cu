@@ -1,7 +1,8 @@
 // Hopper backward: dQ, dK, dV of O = softmax(Q Kᵀ · scale) V from the forward's LSE, fp16/bf16 in, fp32
 // accumulation, for head dims d and d_v that are multiples of 8 up to 256, in buckets of 64, 128 and 256
-// (support_checks.h: columns past d / d_v are TMA's zeros and never written), with causal / sliding-window masks, softcap, ALiBi, GQA,
-// varlen and arbitrary tails. P is recomputed from the LSE tile by tile and never reaches global memory.
+// (support_checks.h: columns past d / d_v are TMA's zeros and never written), with causal / sliding-window masks,
+// softcap, ALiBi, GQA, varlen and arbitrary tails. P is recomputed from the LSE tile by tile and never reaches
+// global memory.
 //
 // Launch sequence on the call's stream (the row-wise preprocess is the sm80 backward's, backward_rows.cu):
 //   memset of the workspace; bwd_preprocess_kernel (D = rowsum(dO∘O), LSE·log2e); backward_kernel (below);
@@ -39,8 +40,8 @@
 //                Q/dO stage goes back to the producer once dV and dK have landed, before dQ is waited for.
 //                Epilogue: dK · scale and dV written as the dtype from registers.
 // Shared memory and register budgets: backward_config.h (114-226 KB; 240 registers per consumer thread).
-// Preconditions (sm90_backward_supports): compute capability 9.0, fp16/bf16, d and d_v multiples of 8 up to 256, Q, K, V, dO
-// strides multiples of 8 elements with 16-byte aligned bases (TMA), dK/dV with even strides and 4-byte aligned
+// Preconditions (sm90_backward_supports): compute capability 9.0, fp16/bf16, d and d_v multiples of 8 up to 256,
+// Q, K, V, dO strides multiples of 8 elements with 16-byte aligned bases (TMA), dK/dV with even strides and 4-byte aligned
 // bases; deterministic only up to head dim 128 (the 256 bucket sums dQ with atomics in any order).
 // Rows past a sequence's end are loaded (zeros past the tensor, the next sequence's rows in varlen) but masked
 // (P = 0) and never written.

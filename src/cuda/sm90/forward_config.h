@@ -170,14 +170,14 @@ struct KernelPlan<128, false>
     : Plan<ForwardConfig<128, 176, 2, 2, IssueOrder::free>, Hd128ShortKeysPlan, 4096> {};
 template <>
 struct KernelPlan<128, true> : Plan<ForwardConfig<128, 128, 2, 2, IssueOrder::free>> {};
-// hd 256 under a mask: 64-key tiles waste less on the diagonal than 80-key ones; causal +10% / +5% / +4.5% / +2%
-// at 512 / 1k / 2k / 4k keys, level beyond (bench/results/hopper-forward.md, d6a87b5).
 // hd 192 (d or d_v in 129..192: DeepSeek's MLA 192 / 128 among them; support_checks.h): hd 256's tile set at
 // three quarters of its columns, which the 256 kernel spent on zeros (bench/results/head-dims.md).
 template <>
 struct KernelPlan<192, false> : Plan<ForwardConfig<192, 80, 2, 2>> {};
 template <>
 struct KernelPlan<192, true> : Plan<ForwardConfig<192, 64, 2, 2>> {};
+// hd 256 under a mask: 64-key tiles waste less on the diagonal than 80-key ones; causal +10% / +5% / +4.5% / +2%
+// at 512 / 1k / 2k / 4k keys, level beyond (bench/results/hopper-forward.md, d6a87b5).
 template <>
 struct KernelPlan<256, false> : Plan<ForwardConfig<256, 80, 2, 2>> {};
 template <>

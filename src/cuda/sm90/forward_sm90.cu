@@ -30,8 +30,8 @@
 // Shared memory and tile sizes: forward_config.h (120 to 224 KB per CTA). Files: this one (kernel, host launcher,
 // support check), forward_tiles.cuh (arguments, shared-memory carve-up, a tile's work), forward_mainloop.cuh
 // (producer, consumer steps and their order, epilogue), primitives_sm90.cuh.
-// Preconditions (sm90_forward_supports): compute capability 9.0, fp16/bf16, d and d_v multiples of 8 up to 256, every
-// row/head/batch stride of Q, K, V, O a multiple of 8 elements and 16-byte aligned bases (TMA's rules).
+// Preconditions (sm90_forward_supports): compute capability 9.0, fp16/bf16, d and d_v multiples of 8 up to 256,
+// every row/head/batch stride of Q, K, V, O a multiple of 8 elements and 16-byte aligned bases (TMA's rules).
 // Rows past a sequence's end are loaded (zeros past the tensor, the next sequence's rows in varlen) but masked
 // as keys and never written as queries.
 #include <cuda.h>

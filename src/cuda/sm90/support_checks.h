@@ -44,7 +44,8 @@ inline Status common(const FwdParams& p) {
                                std::to_string(cc % 10));
   if (head_dim_bucket(p.head_dim, p.head_dim_v) == 0)
     return Status::unsupported("cuda_sm90: " + head_dims_named(p) +
-                               " (runs head_dim and head_dim_v that are multiples of 8 up to 256; cuda_sm80 runs the others)");
+                               " (runs head_dim and head_dim_v that are multiples of 8 up to 256; cuda_sm80 runs the "
+                               "others)");
   const int64_t kInt32Max = 2147483647;
   if (p.seqlen_q > kInt32Max || p.seqlen_k > kInt32Max || p.total_q > kInt32Max || p.total_k > kInt32Max)
     return Status::unsupported("cuda_sm90: sequence lengths past 2^31");
