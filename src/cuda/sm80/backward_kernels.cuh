@@ -1,6 +1,7 @@
 // The sm80 backward kernels (mma.sync m16n8k16 + ldmatrix + cp.async), one set per dtype x head-dim bucket.
 //
-//   bwd_preprocess_kernel  D[h][row] = Σ_c dO·O (fp32) and the LSE in log2 units, one warp per (row, head).
+//   bwd_preprocess_kernel  D[h][row] = Σ_c dO·O (fp32) and the LSE in log2 units, a group of threads per (row,
+//                          head) reading 16 bytes per access where aligned (backward_rows.cu picks the group).
 //   bwd_dkdv_kernel        one thread block per (key block of N keys, KV head, batch entry). K and V stay in
 //                          shared memory; the block loops over the query heads of its KV group and, for each,
 //                          over the query blocks of M rows that see any of its keys (MaskSpec::
@@ -234,11 +235,14 @@ __device__ __forceinline__ void store_acc(const float (&acc)[MI][NI][4], float m
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// The (query head h, query row r) that one warp of the row-wise kernels owns, with the row's batch entry b and
-// position i for addressing the tensors (padded: r = b * seqlen_q + i; varlen: r is the packed row, b = 0) and
-// its workspace row ws (ws_sequence_start; r itself when sequences are not realigned).
-struct WarpRow {
+// The (query head h, query row r) that one group of 2^group_log2 consecutive threads (at most a warp) of the
+// row-wise kernels owns, with the row's batch entry b and position i for addressing the tensors (padded:
+// r = b * seqlen_q + i; varlen: r is the packed row, b = 0) and its workspace row ws (ws_sequence_start; r itself
+// when sequences are not realigned). lane: the thread's index in its group; mask: the group's lanes in the warp
+// (a group leaves or stays as a whole, so its shuffles name only its own lanes).
+struct RowGroup {
   int h, lane;
+  unsigned mask;
   int64_t r, b, i, ws;
 };
 // The batch entry whose packed rows hold row r: the last b with cu[b] <= r (empty entries share a start).
@@ -253,12 +257,14 @@ __device__ __forceinline__ int batch_of_packed_row(const int32_t* cu, int batch,
   }
   return lo;
 }
-__device__ __forceinline__ bool warp_row(const BwdKernelArgs& a, WarpRow* w) {
-  const int64_t warp_id = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  if (warp_id >= a.rows_q * a.heads_q) return false;
-  w->lane = threadIdx.x & 31;
-  w->h = int(warp_id % a.heads_q);
-  w->r = warp_id / a.heads_q;
+__device__ __forceinline__ bool row_group(const BwdKernelArgs& a, int group_log2, RowGroup* w) {
+  const int64_t group_id = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> group_log2;
+  if (group_id >= a.rows_q * a.heads_q) return false;
+  const int group = 1 << group_log2;
+  w->lane = threadIdx.x & (group - 1);
+  w->mask = group == 32 ? 0xffffffffu : ((1u << group) - 1) << ((threadIdx.x & 31) & ~(group - 1));
+  w->h = int(group_id % a.heads_q);
+  w->r = group_id / a.heads_q;
   w->b = a.cu_seqlens_q ? 0 : w->r / a.seqlen_q;
   w->i = a.cu_seqlens_q ? w->r : w->r % a.seqlen_q;
   w->ws = w->r;
@@ -273,18 +279,40 @@ __device__ __forceinline__ bool warp_row(const BwdKernelArgs& a, WarpRow* w) {
   return true;
 }
 
+// The row-wise kernels move kRowChunk consecutive elements (16 bytes of T) per thread and access where the
+// launcher found every base and stride 16-byte aligned and the row length a multiple of it (vec_rows), else one
+// element per thread and access.
+constexpr int kRowChunk = 8;
+
+// Σ x·y over 8 elements of T packed in 16 bytes each.
 template <typename T>
-__global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdKernelArgs a) {
-  WarpRow w;
-  if (!warp_row(a, &w)) return;
-  const int h = w.h, lane = w.lane;
+__device__ __forceinline__ float dot_chunk(const uint4& x, const uint4& y) {
+  const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+  float acc = 0.f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 a = unpack_pair<T>(xs[k]), b = unpack_pair<T>(ys[k]);
+    acc = fmaf(a.x, b.x, fmaf(a.y, b.y, acc));
+  }
+  return acc;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdKernelArgs a, int group_log2, bool vec_rows) {
+  RowGroup w;
+  if (!row_group(a, group_log2, &w)) return;
+  const int h = w.h, lane = w.lane, group = 1 << group_log2;
   const int64_t r = w.ws, b = w.b, i = w.i;
   const T* o = static_cast<const T*>(a.o) + b * a.o_batch_stride + i * a.o_row_stride + h * a.o_head_stride;
   const T* d = static_cast<const T*>(a.dout) + b * a.do_batch_stride + i * a.do_row_stride + h * a.do_head_stride;
   float acc = 0.f;
-  for (int c = lane; c < a.head_dim_v; c += 32) acc += float(o[c]) * float(d[c]);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (vec_rows) {
+    for (int c = kRowChunk * lane; c < a.head_dim_v; c += kRowChunk * group)
+      acc += dot_chunk<T>(*reinterpret_cast<const uint4*>(o + c), *reinterpret_cast<const uint4*>(d + c));
+  } else {
+    for (int c = lane; c < a.head_dim_v; c += group) acc += float(o[c]) * float(d[c]);
+  }
+  for (int off = group / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(w.mask, acc, off);
   if (lane == 0) {
     a.dsum[h * a.ws_head_stride + r] = acc;
     const float lse = a.lse[b * a.lse_batch_stride + h * a.lse_head_stride + i];
@@ -293,14 +321,23 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdKernelArgs
 }
 
 template <typename T>
-__global__ void __launch_bounds__(256) bwd_dq_convert_kernel(const BwdKernelArgs a) {
-  WarpRow w;
-  if (!warp_row(a, &w)) return;
-  const int h = w.h, lane = w.lane;
+__global__ void __launch_bounds__(256) bwd_dq_convert_kernel(const BwdKernelArgs a, int group_log2, bool vec_rows) {
+  RowGroup w;
+  if (!row_group(a, group_log2, &w)) return;
+  const int h = w.h, lane = w.lane, group = 1 << group_log2;
   const int64_t r = w.ws, b = w.b, i = w.i;
   T* dq = static_cast<T*>(a.dq) + b * a.dq_batch_stride + i * a.dq_row_stride + h * a.dq_head_stride;
   const float* src = a.dq_accum + (h * a.ws_head_stride + r) * a.dq_accum_ld;
-  for (int c = lane; c < a.head_dim; c += 32) dq[c] = to_elem<T>(src[c] * a.scale);
+  if (vec_rows) {
+    for (int c = kRowChunk * lane; c < a.head_dim; c += kRowChunk * group) {
+      const float4 lo = *reinterpret_cast<const float4*>(src + c), hi = *reinterpret_cast<const float4*>(src + c + 4);
+      *reinterpret_cast<uint4*>(dq + c) =
+          make_uint4(pack_pair<T>(lo.x * a.scale, lo.y * a.scale), pack_pair<T>(lo.z * a.scale, lo.w * a.scale),
+                     pack_pair<T>(hi.x * a.scale, hi.y * a.scale), pack_pair<T>(hi.z * a.scale, hi.w * a.scale));
+    }
+  } else {
+    for (int c = lane; c < a.head_dim; c += group) dq[c] = to_elem<T>(src[c] * a.scale);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -1,7 +1,11 @@
 // Host launchers of the backward's row-wise kernels (bwd_preprocess_kernel, bwd_dq_convert_kernel in
 // backward_kernels.cuh), shared by the sm80 backward and the Hopper backward, which runs the same preprocess
-// and conversion around its own main kernel. One warp per (query row, query head); nothing to do for no rows.
+// and conversion around its own main kernel. A group of threads per (query row, query head) (RowLaunch); nothing
+// to do for no rows.
 #include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
 
 #include "cuda/check.h"
 #include "cuda/sm80/backward_launch.cuh"
@@ -12,41 +16,62 @@ namespace {
 
 constexpr int kRowThreads = 256;
 
-unsigned blocks_for_row_warps(int64_t warps) { return unsigned((warps * 32 + kRowThreads - 1) / kRowThreads); }
+bool aligned16(const void* ptr, std::initializer_list<int64_t> strides) {
+  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
+  for (int64_t s : strides)
+    if (s % cuda::sm80::kRowChunk != 0) return false;
+  return true;
+}
 
-template <template <typename> class Launch>
-Status for_dtype(DType dtype, const cuda::sm80::BwdKernelArgs& a, cudaStream_t stream) {
-  const int64_t row_warps = a.rows_q * a.heads_q;
-  if (row_warps == 0) return Status::success();
-  if (dtype == DType::f16)
-    Launch<__half>::run(a, blocks_for_row_warps(row_warps), stream);
-  else
-    Launch<__nv_bfloat16>::run(a, blocks_for_row_warps(row_warps), stream);
+// How the row-wise kernels cover a row of `cols` elements: 16-byte chunks where vec_rows, one per thread of a
+// group of the fewest threads (a power of two, at most a warp) that covers the row in one pass; else one
+// element per access, a warp per row.
+struct RowLaunch {
+  int group_log2;
+  bool vec_rows;
+  RowLaunch(int64_t cols, bool vec) : group_log2(5), vec_rows(vec && cols % cuda::sm80::kRowChunk == 0) {
+    if (!vec_rows) return;
+    group_log2 = 0;
+    while (group_log2 < 5 && (int64_t(cuda::sm80::kRowChunk) << group_log2) < cols) ++group_log2;
+  }
+  unsigned blocks(const cuda::sm80::BwdKernelArgs& a) const {
+    const int64_t threads = (a.rows_q * a.heads_q) << group_log2;
+    return unsigned((threads + kRowThreads - 1) / kRowThreads);
+  }
+};
+
+template <typename T>
+void preprocess(const cuda::sm80::BwdKernelArgs& a, cudaStream_t s) {
+  const RowLaunch l(a.head_dim_v, aligned16(a.o, {a.o_batch_stride, a.o_row_stride, a.o_head_stride}) &&
+                                      aligned16(a.dout, {a.do_batch_stride, a.do_row_stride, a.do_head_stride}));
+  cuda::sm80::bwd_preprocess_kernel<T><<<l.blocks(a), kRowThreads, 0, s>>>(a, l.group_log2, l.vec_rows);
+}
+
+template <typename T>
+void dq_convert(const cuda::sm80::BwdKernelArgs& a, cudaStream_t s) {
+  const RowLaunch l(a.head_dim, aligned16(a.dq, {a.dq_batch_stride, a.dq_row_stride, a.dq_head_stride}) &&
+                                    reinterpret_cast<uintptr_t>(a.dq_accum) % 16 == 0 &&
+                                    a.dq_accum_ld % 4 == 0);
+  cuda::sm80::bwd_dq_convert_kernel<T><<<l.blocks(a), kRowThreads, 0, s>>>(a, l.group_log2, l.vec_rows);
+}
+
+Status for_dtype(DType dtype, const cuda::sm80::BwdKernelArgs& a, cudaStream_t stream,
+                 void (*half_launch)(const cuda::sm80::BwdKernelArgs&, cudaStream_t),
+                 void (*bf16_launch)(const cuda::sm80::BwdKernelArgs&, cudaStream_t)) {
+  if (a.rows_q * a.heads_q == 0) return Status::success();
+  (dtype == DType::f16 ? half_launch : bf16_launch)(a, stream);
   FA_CUDA_TRY(cudaGetLastError());
   return Status::success();
 }
 
-template <typename T>
-struct Preprocess {
-  static void run(const cuda::sm80::BwdKernelArgs& a, unsigned blocks, cudaStream_t s) {
-    cuda::sm80::bwd_preprocess_kernel<T><<<blocks, kRowThreads, 0, s>>>(a);
-  }
-};
-template <typename T>
-struct DqConvert {
-  static void run(const cuda::sm80::BwdKernelArgs& a, unsigned blocks, cudaStream_t s) {
-    cuda::sm80::bwd_dq_convert_kernel<T><<<blocks, kRowThreads, 0, s>>>(a);
-  }
-};
-
 }  // namespace
 
 Status sm80_backward_preprocess(const cuda::sm80::BwdKernelArgs& a, DType dtype, cudaStream_t stream) {
-  return for_dtype<Preprocess>(dtype, a, stream);
+  return for_dtype(dtype, a, stream, preprocess<__half>, preprocess<__nv_bfloat16>);
 }
 
 Status sm80_backward_dq_convert(const cuda::sm80::BwdKernelArgs& a, DType dtype, cudaStream_t stream) {
-  return for_dtype<DqConvert>(dtype, a, stream);
+  return for_dtype(dtype, a, stream, dq_convert<__half>, dq_convert<__nv_bfloat16>);
 }
 
 }  // namespace flashattn::detail

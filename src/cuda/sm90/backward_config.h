@@ -2,8 +2,9 @@
 //
 // A CTA owns kBlockN = 128 keys of one (batch, KV head): two consumer warpgroups of 64 keys each (the M of one
 // wgmma) hold their keys' dK and dV in registers for the CTA's lifetime, while kBlockM = 64-row blocks of Q, dO
-// and their LSE and D stream through a kStages-deep ring for every query head of the KV group.
-//   hd  64: K, V 16 KB each; Q, dO 2 stages x 8 KB each; dSᵀ 2 x 16 KB; LSE, D 1 KB; dQ stages 2 x 8 KB: 114 KB.
+// (128 at hd 64) and their LSE and D stream through a kStages-deep ring for every query head of the KV group.
+//   hd  64: K, V 16 KB each; Q, dO 2 stages x 16 KB each (128 rows); dSᵀ 2 x 32 KB; LSE, D 2 KB; dQ stages
+//           2 x 16 KB: 195 KB.
 //   hd 128: K, V 32 KB each; Q, dO 2 x 16 KB each; dSᵀ 2 x 16 KB; LSE, D 1 KB; dQ stages 2 x 16 KB: 193 KB.
 // dQ = dS K (64 x hd per query block) is split between the consumer warpgroups by columns: each takes hd / 2
 // columns over all 128 keys (both warpgroups' dSᵀ needed, one named barrier), so each dQ element gets one
@@ -14,8 +15,8 @@
 // global memory with one bulk reduce-add (TMA), instead of each consumer thread sending 8-16 small vector
 // atomics per block; dq_accum keeps the same fragment order, tile by tile (dq_convert_fragments_kernel undoes
 // it). hd 256 has no shared memory left for the stages and keeps the atomics into a row-major dq_accum.
-// kBlockM = 128 at hd 64 was tried first: Sᵀ, dPᵀ and their fragments did not fit beside dK and dV (ptxas
-// serialised the wgmmas and spilled 136 bytes).
+// kBlockM = 128 at hd 64 in the order that overlaps dS with dV (kScoresBeforeDv false) did not fit: Sᵀ, dPᵀ and
+// their fragments beside dK and dV made ptxas serialise the wgmmas and spill 136 bytes.
 // Registers per consumer thread at hd 128: dK and dV 64 each, Sᵀ and dPᵀ 32 each, dQ 32: 224 of the 240 a
 // consumer gets (2 consumers: 128 * 24 + 256 * 240 = 64512 of 65536).
 // hd 256 (kColumnSplit): dK and dV of 64 keys at 256 columns would take 256 registers per thread of one
@@ -39,7 +40,14 @@ struct BackwardConfig {
   static constexpr bool kColumnSplit = kHeadDim == 256;
   static constexpr int kBlockN = kColumnSplit ? kWgmmaRows : kConsumerWarpgroups * kWgmmaRows;  // keys per CTA
   static constexpr int kOutCols = kColumnSplit ? kHeadDim / kConsumerWarpgroups : kHeadDim;  // dK, dV columns per warpgroup
-  static constexpr int kBlockM = 64;                                  // queries per streamed block
+  // Queries per streamed block: 128 at hd 64, where a 64-row block's Sᵀ and dPᵀ (wgmma N = 64, 4 k-steps)
+  // leave the tensor pipe idle between barriers; 64 elsewhere (registers).
+  static constexpr int kBlockM = kHeadDim == 64 ? kConsumerWarpgroups * kWgmmaRows : kWgmmaRows;
+  // The order of one query block's steps. false: dV is issued as soon as Pᵀ is in registers and dSᵀ is computed
+  // while it runs. true (FlashAttention-3's order): Pᵀ and dSᵀ are both finished before dV and dK are issued, so
+  // the fp32 scores are dead when dV's operands go in; 128-row blocks fit in registers only this way (Sᵀ, dPᵀ
+  // 64 each, dK, dV 32 each at hd 64: 192 at the peak instead of 256).
+  static constexpr bool kScoresBeforeDv = kBlockM > kWgmmaRows;
   static constexpr int kStages = 2;
   static constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
   static constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpgroupThreads / 32;
@@ -51,10 +59,15 @@ struct BackwardConfig {
   // dQ's split (above): each consumer warpgroup's columns, computed in kDqPieces pieces of kDqTileCols (at
   // hd 256 one 64 x 128 accumulator beside dK and dV made ptxas serialise every wgmma; two 64 x 64 pieces, each
   // summed into dq_accum before the next, fit).
-  static constexpr int kDqTileCols = kHeadDim == 256 ? 64 : kHeadDim / kConsumerWarpgroups;
-  static constexpr int kDqPieces = kHeadDim / kConsumerWarpgroups / kDqTileCols;
+  // With 128-row blocks (kDqSplitRows) the split is by query rows instead: each warpgroup kWgmmaRows rows, every
+  // column (N = 64 at hd 64 rather than two products of N = 32), reading only its own half of dSᵀ.
+  static constexpr bool kDqSplitRows = kBlockM == kConsumerWarpgroups * kWgmmaRows;
+  static constexpr int kDqTileCols =
+      kDqSplitRows ? kHeadDim : (kHeadDim == 256 ? 64 : kHeadDim / kConsumerWarpgroups);
+  static constexpr int kDqPieces = kDqSplitRows ? 1 : kHeadDim / kConsumerWarpgroups / kDqTileCols;
   static constexpr bool kDqThroughSmem = !kColumnSplit;
-  static constexpr int kDqStageBytes = kDqThroughSmem ? kBlockM * kDqTileCols * 4 : 0;  // one warpgroup's dQ piece
+  // One warpgroup's dQ piece: kWgmmaRows x kDqTileCols floats.
+  static constexpr int kDqStageBytes = kDqThroughSmem ? kWgmmaRows * kDqTileCols * 4 : 0;
   // Rows of the workspace arrays at which every sequence starts: a whole query block for the fragment-ordered
   // tiles of dq_accum, else 4 (TMA's 16-byte alignment of the LSE and D boxes).
   static constexpr int kWsAlign = kDqThroughSmem ? kBlockM : 4;

@@ -14,8 +14,8 @@
 // backward_kernel: one CTA per (block of kBlockN = 128 keys (64 at hd 256), KV head, batch entry); key blocks with
 // the most visible queries (the first, under a causal mask) are launched first, except in the deterministic mode
 // under a mask with a right edge (dq_turn). It loops over the query heads of its KV group and, for each, over the
-// query blocks of kBlockM rows that see any of its keys (MaskSpec::query_range_for_keys), so dK and dV of a KV head
-// sum over its query heads in registers, without atomics.
+// query blocks of kBlockM rows (64; 128 at hd 64) that see any of its keys (MaskSpec::query_range_for_keys), so dK
+// and dV of a KV head sum over its query heads in registers, without atomics.
 // Warp roles (384 threads):
 //   warpgroup 0  producer: gives registers away (setmaxnreg); one thread loads K and V once, then streams each
 //                query block's Q, dO (128-byte swizzled panels) and LSE·log2e, D (fp32 rows) through a
@@ -31,15 +31,17 @@
 //                                                    ALiBi's bias in log2 units, softcap and ALiBi template flags)
 //                  dV += Pᵀ dO                      (wgmma RS: Pᵀ from registers, dO N-major from the ring)
 //                  dSᵀ = Pᵀ∘(dPᵀ − D) [∘(1 − tanh²) with softcap] -> registers and shared memory (swizzled)
+//                                                   (while dV runs; at hd 64, kScoresBeforeDv, before dV is issued)
 //                  dK += dSᵀ Q                      (wgmma RS)
 //                  named barrier: both warpgroups' dSᵀ are in shared memory
-//                  dQ columns = dS K                (wgmma SS, dS read M-major from dSᵀ; each warpgroup half of
-//                                                    the columns) -> the warpgroup's dQ stage in shared memory
-//                                                    (hd 64, 128), or fp32 vector atomics into dq_accum (hd 256)
+//                  dQ piece = dS K                  (wgmma SS, dS read M-major from dSᵀ; each warpgroup half of
+//                                                    the columns, or at hd 64 (128-row blocks) half of the rows)
+//                                                    -> the warpgroup's dQ stage in shared memory (hd 64, 128), or
+//                                                    fp32 vector atomics into dq_accum (hd 256)
 //                dSᵀ is double-buffered, so one barrier per query block orders its writes and reads. The block's
 //                Q/dO stage goes back to the producer once dV and dK have landed, before dQ is waited for.
 //                Epilogue: dK · scale and dV written as the dtype from registers.
-// Shared memory and register budgets: backward_config.h (114-226 KB; 240 registers per consumer thread).
+// Shared memory and register budgets: backward_config.h (193-226 KB; 240 registers per consumer thread).
 // Preconditions (sm90_backward_supports): compute capability 9.0, fp16/bf16, d and d_v multiples of 8 up to 256,
 // Q, K, V, dO strides multiples of 8 elements with 16-byte aligned bases (TMA), dK/dV with even strides and 4-byte aligned
 // bases; deterministic only up to head dim 128 (the 256 bucket sums dQ with atomics in any order).
@@ -400,9 +402,10 @@ struct BackwardConsumer {
   // (primitives_sm90.cuh's accumulator_to_a_fragment, one pair at a time).
   __device__ static uint32_t& slot(Fragments& f, int j, int r) { return f[j / 2][(j % 2) * 2 + r]; }
 
-  // Pᵀ from Sᵀ in place (p, or p·(1 − tanh²) under softcap: the factor dS needs), and its 16-bit fragments.
+  // Pᵀ from Sᵀ in place (p, or p·(1 − tanh²) under softcap: the factor dS needs), and its 16-bit fragments
+  // (kPack; without softcap score_grads can pack them from s instead, as the fp32 values die).
   // ALiBi's bias (slope2 in log2 units per key of distance) is folded into the LSE it subtracts.
-  template <bool kSoftcap, bool kAlibi>
+  template <bool kSoftcap, bool kAlibi, bool kPack>
   __device__ void probabilities(Scores& s, Fragments& pf, const float* lse_log2, int m, bool masked,
                                 float alibi_slope2) const {
     // Row r's distance from query 8j + 2·quad + e of the block is alibi_base[r] + 8j + e (common/alibi.h).
@@ -436,15 +439,17 @@ struct BackwardConsumer {
           if (masked && (query < query_lo[r] || query >= query_hi[r])) p[e] = 0.f;
           x = kSoftcap ? p[e] * dscale : p[e];
         }
-        slot(pf, j, r) = pack_pair<T>(p[0], p[1]);
+        if constexpr (kPack) slot(pf, j, r) = pack_pair<T>(p[0], p[1]);
       }
     }
   }
 
   // dSᵀ = Pᵀ∘(dPᵀ − D) into fragments and into the shared dSᵀ buffer (queries contiguous, 128-byte swizzled:
-  // the M-major A operand of dQ = dS K).
+  // the M-major A operand of dQ = dS K). kPackP: also Pᵀ's fragments from pd (Pᵀ itself without softcap), in the
+  // same pass, so that each pair of fp32 scores dies where its two 16-bit values are made.
+  template <bool kPackP = false>
   __device__ void score_grads(const Scores& pd, const Scores& dp, Fragments& dsf, const float* dsum,
-                              uint8_t* ds_tile) const {
+                              uint8_t* ds_tile, Fragments* pf = nullptr) const {
 #pragma unroll
     for (int j = 0; j < kM / 8; ++j) {
       const int col = 8 * j + 2 * quad;
@@ -454,20 +459,25 @@ struct BackwardConsumer {
         const int i = 4 * j + 2 * r;
         const uint32_t bits = pack_pair<T>(pd[i] * (dp[i] - d.x), pd[i + 1] * (dp[i + 1] - d.y));
         slot(dsf, j, r) = bits;
+        if constexpr (kPackP) slot(*pf, j, r) = pack_pair<T>(pd[i], pd[i + 1]);
         *reinterpret_cast<uint32_t*>(ds_tile + swizzled_offset(key_local[r], col, kN)) = bits;
       }
     }
   }
 
-  // This warpgroup's 64 x kDqTileCols piece of dQ = dS K: its columns over every key of the block (both
-  // warpgroups' dSᵀ rows in the shared tile, or its own copy of all of them under kColumnSplit).
-  __device__ int dq_col0(int piece) const { return (wg * Cfg::kDqPieces + piece) * Cfg::kDqTileCols; }
+  // This warpgroup's 64 x kDqTileCols piece of dQ = dS K over every key of the block (both warpgroups' dSᵀ rows
+  // in the shared tile, or its own copy of all of them under kColumnSplit): its columns, or under kDqSplitRows
+  // its 64 query rows (one 64-query panel of dSᵀ) and every column.
+  __device__ int dq_col0(int piece) const {
+    return Cfg::kDqSplitRows ? 0 : (wg * Cfg::kDqPieces + piece) * Cfg::kDqTileCols;
+  }
+  __device__ int dq_row0() const { return Cfg::kDqSplitRows ? wg * kWgmmaRows : 0; }
 
   __device__ void issue_dq(float (&dq)[Cfg::kDqTileCols / 2], const uint8_t* ds_tile, int piece = 0) const {
-    // dS (queries x keys) is stored as dSᵀ, queries contiguous: M-major, one 64-query panel. K's columns are N:
+    // dS (queries x keys) is stored as dSᵀ, queries contiguous: M-major, one 64-query panel per 64 queries. K's columns are N:
     // N-major, one panel per 64 columns of head dim (a 32-column piece starts 64 bytes into its panel's rows;
     // the swizzle applies to the address, as for the K-major k-steps). Both step 16 keys = 16 rows per k-step.
-    const uint32_t a_addr = smem_address(ds_tile);
+    const uint32_t a_addr = smem_address(ds_tile) + (dq_row0() / kPanelCols) * kN * kSwizzleBytes;
     const uint32_t b_addr = smem_address(sm.k()) + (dq_col0(piece) / kPanelCols) * kN * kSwizzleBytes +
                             (dq_col0(piece) % kPanelCols) * Cfg::kElemBytes;
 #pragma unroll
@@ -482,7 +492,7 @@ struct BackwardConsumer {
                                 int piece = 0) const {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int query = m * kM + 16 * warp + lane / 4 + 8 * r;
+      const int query = m * kM + dq_row0() + 16 * warp + lane / 4 + 8 * r;
       const bool inside = query < w.seqlen_q;
       float* dst = head_rows + int64_t(query) * kD + dq_col0(piece) + 2 * quad;
 #pragma unroll
@@ -526,15 +536,22 @@ struct BackwardConsumer {
     wgmma_wait<1>();  // Sᵀ has landed; dPᵀ may still run
     fence_registers(s);
     Fragments pf;
-    probabilities<kSoftcap, kAlibi>(s, pf, sm.lse_log2(stage), m, needs_mask(m), alibi_slope2);
-    wgmma_fence();
-    issue_accumulate(dv, pf, do_tile);
-    wgmma_wait<1>();  // dPᵀ has landed; dV may still run
-    fence_registers(dp);
+    if constexpr (Cfg::kScoresBeforeDv) {
+      probabilities<kSoftcap, kAlibi, kSoftcap>(s, pf, sm.lse_log2(stage), m, needs_mask(m), alibi_slope2);
+      wgmma_wait<0>();
+      fence_registers(dp);
+    } else {
+      probabilities<kSoftcap, kAlibi, true>(s, pf, sm.lse_log2(stage), m, needs_mask(m), alibi_slope2);
+      wgmma_fence();
+      issue_accumulate(dv, pf, do_tile);
+      wgmma_wait<1>();  // dPᵀ has landed; dV may still run
+      fence_registers(dp);
+    }
     Fragments dsf;
     uint8_t* ds_tile = sm.ds(ds_buffer, wg);
-    score_grads(s, dp, dsf, sm.dsum(stage), ds_tile);
+    score_grads<Cfg::kScoresBeforeDv && !kSoftcap>(s, dp, dsf, sm.dsum(stage), ds_tile, &pf);
     wgmma_fence();
+    if constexpr (Cfg::kScoresBeforeDv) issue_accumulate(dv, pf, do_tile);
     issue_accumulate(dk, dsf, q_tile);
     fence_async_shared();
     if constexpr (Cfg::kColumnSplit) {
@@ -674,13 +691,18 @@ struct DqConvertArgs {
   int batch, seqlen_q;
   int head_dim;     // dQ's columns (at most the bucket's)
   float scale;      // softmax_scale
-  bool pair_stores;  // dq's base and strides allow 4-byte stores of element pairs
+  bool pair_stores;   // dq's base and strides allow 4-byte stores of element pairs
+  bool chunk_stores;  // ... and 16-byte stores of 8 elements (head_dim a multiple of 8)
 };
 
 // dQ = dq_accum · scale as the dtype, from kDqThroughSmem's fragment-ordered tiles (write_dq): one CTA per
 // (query block of the workspace, query head), a thread per fragment slot of the consumer warpgroups; thread t's
-// float4 k of piece p holds rows 16 (t / 32) + (t % 32) / 4 (+ 8) at columns p kDqTileCols + 8 k + 2 (t % 4)
-// (+ 1), as in the wgmma accumulator. A block past its sequence's last row (the slack between sequences) writes
+// float4 k of piece p holds rows r0 + 16 (t / 32) + (t % 32) / 4 (+ 8) at columns c0 + 8 k + 2 (t % 4) (+ 1), as
+// in the wgmma accumulator, where piece p starts at row r0 = 64 p, column c0 = 0 under kDqSplitRows, else at
+// row 0, column p kDqTileCols. With chunk_stores the quad's four threads swap their pairs (quad_transpose) over
+// two float4s k, k + 1 so that each thread stores 16 bytes: 8 consecutive columns of one row (the 4-byte pair
+// stores ran at a third of HBM speed: 182 us against cuDNN's 56 for its own conversion at hd 128, 2k,
+// bench/results/hopper-backward.md). A block past its sequence's last row (the slack between sequences) writes
 // nothing.
 template <typename T, typename Cfg>
 __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel(const DqConvertArgs a) {
@@ -703,14 +725,32 @@ __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel
   T* dq = static_cast<T*>(a.dq) + (a.cu_seqlens_q ? row0 * a.dq_row_stride : int64_t(b) * a.dq_batch_stride) +
           int64_t(head) * a.dq_head_stride;
   const float* tile = a.dq_accum + (int64_t(head) * a.ws_head_stride + ws_row) * Cfg::kHeadDim;
-  const int t = threadIdx.x, row_in_block = 16 * (t / 32) + (t % 32) / 4;
+  const int t = threadIdx.x, quad = t % 4;
+  static_assert(Cfg::kDqTileCols % 16 == 0, "dq_convert_fragments_kernel: float4s in pairs");
 #pragma unroll
   for (int piece = 0; piece < Cfg::kConsumerWarpgroups; ++piece) {
+    const int row_in_block = (Cfg::kDqSplitRows ? piece * kWgmmaRows : 0) + 16 * (t / 32) + (t % 32) / 4;
+    const int col0 = Cfg::kDqSplitRows ? 0 : piece * Cfg::kDqTileCols;
+    const float4* stage = reinterpret_cast<const float4*>(tile + piece * (Cfg::kDqStageBytes / 4));
+    if (a.chunk_stores) {
+#pragma unroll
+      for (int k = 0; k < Cfg::kDqTileCols / 8; k += 2) {
+        const float4 v0 = stage[k * kWarpgroupThreads + t], v1 = stage[(k + 1) * kWarpgroupThreads + t];
+        // Word c: float4 k + c / 2, row half c % 2; after the transpose, this thread's chunk c = quad.
+        uint32_t words[4] = {pack_pair<T>(v0.x * a.scale, v0.y * a.scale), pack_pair<T>(v0.z * a.scale, v0.w * a.scale),
+                             pack_pair<T>(v1.x * a.scale, v1.y * a.scale), pack_pair<T>(v1.z * a.scale, v1.w * a.scale)};
+        quad_transpose(words, quad);
+        const int col = col0 + 8 * (k + quad / 2);
+        const int64_t i = i0 + row_in_block + 8 * (quad % 2);
+        if (col < a.head_dim && i < len)
+          *reinterpret_cast<uint4*>(dq + i * a.dq_row_stride + col) = make_uint4(words[0], words[1], words[2], words[3]);
+      }
+      continue;
+    }
 #pragma unroll
     for (int k = 0; k < Cfg::kDqTileCols / 8; ++k) {
-      const float4* stage = reinterpret_cast<const float4*>(tile + piece * (Cfg::kDqStageBytes / 4));
       const float4 v = stage[k * kWarpgroupThreads + t];
-      const int col = piece * Cfg::kDqTileCols + 8 * k + 2 * (t % 4);
+      const int col = col0 + 8 * k + 2 * (t % 4);
       if (col >= a.head_dim) continue;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -868,6 +908,8 @@ Status launch(const BwdParams& p) {
       c.scale = rows.scale;
       c.pair_stores = aligned(p.dq, 4) && p.dq_row_stride % 2 == 0 && p.dq_head_stride % 2 == 0 &&
                       (varlen || p.dq_batch_stride % 2 == 0);
+      c.chunk_stores = aligned(p.dq, 16) && tma_stride_ok(p.dq_row_stride) && tma_stride_ok(p.dq_head_stride) &&
+                       (varlen || tma_stride_ok(p.dq_batch_stride)) && p.head_dim % 8 == 0;
       const dim3 grid(unsigned(ws_head_stride / Cfg::kBlockM), unsigned(p.heads_q));
       cuda::sm90::dq_convert_fragments_kernel<T, Cfg><<<grid, cuda::sm90::kWarpgroupThreads, 0, stream>>>(c);
       FA_CUDA_TRY(cudaGetLastError());
