@@ -20,7 +20,11 @@ which brings them home); dQ stays local; every block's gradients come from flash
 global LSE and output, so they are exact. The order of additions is fixed: deterministic where the single-device
 backward is (deterministic=True). Memory per rank is O(s/P).
 
-Not supported yet (NotImplementedError): window_size other than (-1, -1), a varlen form, dropout, ALiBi, float64.
+Varlen (ring_flash_attn_varlen_func, shard_varlen / unshard_varlen): a packed batch whose every sequence is sharded
+as above (zigzag: each sequence's two chunks), [total/P, h, d] per rank with the parts' cu_seqlens; a zigzag chunk
+of every sequence is gathered by index into one varlen call.
+
+Not supported yet (NotImplementedError): window_size other than (-1, -1), dropout, ALiBi, float64.
 """
 
 from __future__ import annotations
@@ -31,9 +35,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ._ops import INT32_MAX, check_flag, check_softcap, op_options, resolve_scale
+from ._ops import INT32_MAX, check_flag, check_integer, check_softcap, op_options, resolve_scale
 
-__all__ = ["ring_flash_attn_func", "shard", "unshard", "LAYOUTS"]
+__all__ = ["ring_flash_attn_func", "ring_flash_attn_varlen_func", "shard", "unshard", "shard_varlen",
+           "unshard_varlen", "LAYOUTS"]
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -70,22 +75,110 @@ def unshard(shards: Sequence[Tensor], layout: str = "contiguous", dim: int = 1) 
     return torch.cat([halves[r][0] for r in range(world)] + [halves[r][1] for r in reversed(range(world))], dim=dim)
 
 
-def _pieces(layout: str, causal: bool, rank: int, src: int, rows: int) -> List[Tuple[slice, slice, bool]]:
-    """The products of this rank's queries with the K/V block of rank `src`: (query rows, key rows, causal), empty
-    when the block is invisible."""
-    everything = slice(0, rows)
+def _check_global_cu(cu_seqlens, parts: int, layout: str) -> List[int]:
+    if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
+        raise ValueError("cu_seqlens: expected a rank-1 tensor of batch + 1 >= 1 cumulative lengths")
+    cu = cu_seqlens.tolist()
+    lengths = [b - a for a, b in zip(cu[:-1], cu[1:])]
+    if cu[0] != 0 or any(n < 0 for n in lengths):
+        raise ValueError("cu_seqlens: must start at 0 and be non-decreasing")
+    if any(n % parts for n in lengths):
+        raise ValueError(f"cu_seqlens: every sequence's length must be a multiple of {parts} for the {layout} layout, "
+                         f"got {lengths[:8]}{'...' if len(lengths) > 8 else ''}")
+    return cu
+
+
+def shard_varlen(x: Tensor, cu_seqlens: Tensor, rank: int, world: int, layout: str = "contiguous",
+                 dim: int = 0) -> Tuple[Tensor, Tensor]:
+    """Rank `rank`'s part of the packed batch x (the sequences of cu_seqlens along `dim`), each sequence sharded as
+    shard() shards one, and the cumulative lengths of the parts (int32, on cu_seqlens' device): a copy."""
+    _check_layout(layout)
+    if not 0 <= rank < world:
+        raise ValueError(f"rank: must be in [0, {world}), got {rank}")
+    cu = _check_global_cu(cu_seqlens, 2 * world if layout == "zigzag" else world, layout)
+    if cu[-1] != x.shape[dim]:
+        raise ValueError(f"x: {x.shape[dim]} rows along dim {dim}, cu_seqlens ends at {cu[-1]}")
+    parts = [shard(x.narrow(dim, a, b - a), rank, world, layout, dim) for a, b in zip(cu[:-1], cu[1:])]
+    local = torch.tensor([n // world for n in cu], dtype=torch.int32, device=cu_seqlens.device)
+    return (torch.cat(parts, dim=dim) if parts else x.narrow(dim, 0, 0).clone()), local
+
+
+def unshard_varlen(shards: Sequence[Tensor], cu_seqlens: Tensor, layout: str = "contiguous", dim: int = 0) -> Tensor:
+    """The packed batch from every rank's shard_varlen part (in rank order), cu_seqlens the whole sequences'
+    cumulative lengths: the inverse of shard_varlen."""
+    _check_layout(layout)
+    world = len(shards)
+    cu = _check_global_cu(cu_seqlens, 2 * world if layout == "zigzag" else world, layout)
+    local = [n // world for n in cu]
+    seqs = [unshard([s.narrow(dim, a, b - a) for s in shards], layout, dim) for a, b in zip(local[:-1], local[1:])]
+    return torch.cat(seqs, dim=dim) if seqs else shards[0].narrow(dim, 0, 0).clone()
+
+
+def _pieces(layout: str, causal: bool, rank: int, src: int) -> List[Tuple[str, str, bool]]:
+    """The products of this rank's queries with the K/V block of rank `src`: (query part, key part, causal), each
+    part "all" of the shard's rows or the "first" / "second" of its two zigzag chunks; empty when the block is
+    invisible."""
     if not causal:
-        return [(everything, everything, False)]
+        return [("all", "all", False)]
     if src == rank:
-        return [(everything, everything, True)]  # within a shard global order is local order, in both layouts
+        return [("all", "all", True)]  # within a shard global order is local order, in both layouts
     if layout == "contiguous":
-        return [(everything, everything, False)] if src < rank else []
-    half = rows // 2
+        return [("all", "all", False)] if src < rank else []
     # zigzag: shards hold chunks (r, 2P-1-r). An earlier src's first chunk precedes both of ours and its second
     # follows both; a later src's chunks both lie between our two.
     if src < rank:
-        return [(everything, slice(0, half), False)]
-    return [(slice(half, rows), everything, False)]
+        return [("all", "first", False)]
+    return [("second", "all", False)]
+
+
+class _Geometry:
+    """Where a shard's parts lie in its tensors. Padded [b, s/P, h, d]: the token dimension is 1 and a part is a
+    slice of it. Varlen [total/P, h, d] (every sequence sharded alike): the token dimension is 0, and a zigzag
+    chunk of every sequence is an index over the packed rows, with its own cu_seqlens (half of the shard's) and
+    max_seqlen. The LSE's token dimension is the last in both ([b, h, s/P], [h, total/P])."""
+
+    def __init__(self, rows: int, cu_seqlens: Optional[Tensor] = None, lengths: Optional[List[int]] = None,
+                 max_seqlen: int = 0):
+        self.dim = 0 if cu_seqlens is not None else 1
+        self.parts = {"all": (slice(0, rows), cu_seqlens, max_seqlen)}
+        if cu_seqlens is None:
+            self.parts["first"] = (slice(0, rows // 2), None, 0)
+            self.parts["second"] = (slice(rows // 2, rows), None, 0)
+        elif lengths is not None:  # zigzag: each sequence's two chunks
+            starts = [0]
+            for n in lengths:
+                starts.append(starts[-1] + n)
+            device = cu_seqlens.device
+            first = [torch.arange(a, a + n // 2) for a, n in zip(starts, lengths)]
+            second = [torch.arange(a + n // 2, a + n) for a, n in zip(starts, lengths)]
+            half_cu = torch.div(cu_seqlens, 2, rounding_mode="floor")
+            for name, idx in (("first", first), ("second", second)):
+                rows_idx = torch.cat(idx).to(device) if idx else torch.zeros(0, dtype=torch.long, device=device)
+                self.parts[name] = (rows_idx, half_cu, max_seqlen // 2)
+
+    def take(self, t: Tensor, part: str, dim: Optional[int] = None) -> Tensor:
+        rows = self.parts[part][0]
+        dim = self.dim if dim is None else dim
+        if isinstance(rows, slice):
+            return t.narrow(dim, rows.start, rows.stop - rows.start)
+        return t.index_select(dim, rows)
+
+    def put(self, t: Tensor, part: str, value: Tensor, dim: Optional[int] = None, add: bool = False) -> None:
+        rows = self.parts[part][0]
+        dim = self.dim if dim is None else dim
+        if isinstance(rows, slice):
+            view = t.narrow(dim, rows.start, rows.stop - rows.start)
+            view.add_(value) if add else view.copy_(value)
+        elif add:
+            t.index_add_(dim, rows, value)
+        else:
+            t.index_copy_(dim, rows, value)
+
+    def options(self, q_part: str, k_part: str, scale: float, causal: bool, softcap: float, deterministic: bool):
+        """The block product's (cu_seqlens_q, cu_seqlens_k, int_options, float_options)."""
+        _, cu_q, max_q = self.parts[q_part]
+        _, cu_k, max_k = self.parts[k_part]
+        return (cu_q, cu_k) + op_options(max_q, max_k, scale, causal, -1, -1, softcap, deterministic)
 
 
 # ---- the ring ----
@@ -121,52 +214,48 @@ class _Ring:
         return [t.to(d, non_blocking=True) for t, d in zip(recvs, devices)]
 
 
-def _merge(out_acc: Tensor, lse_acc: Tensor, out: Tensor, lse: Tensor) -> None:
-    """out_acc / lse_acc (fp32, [b, n, h, d] / [b, h, n] views) become the attention over both key sets: the
-    partial results weighted by exp(lse - lse_new). Rows that saw no key on one side (lse -inf) take the other."""
-    new = torch.logaddexp(lse_acc, lse)
+def _merge(geo: _Geometry, part: str, out_acc: Tensor, lse_acc: Tensor, out: Tensor, lse: Tensor) -> None:
+    """The rows `part` of out_acc / lse_acc (fp32) become the attention over both key sets: the partial results
+    weighted by exp(lse - lse_new). Rows that saw no key on one side (lse -inf) take the other."""
+    acc_out, acc_lse = geo.take(out_acc, part), geo.take(lse_acc, part, dim=-1)
+    new = torch.logaddexp(acc_lse, lse)
     finite = torch.isfinite(new)
-    w_acc = torch.where(finite, torch.exp(lse_acc - new), 0.0).transpose(1, 2).unsqueeze(-1)
-    w_new = torch.where(finite, torch.exp(lse - new), 0.0).transpose(1, 2).unsqueeze(-1)
-    out_acc.mul_(w_acc).add_(out.float() * w_new)
-    lse_acc.copy_(new)
-
-
-def _block_options(scale: float, softcap: float, deterministic: bool) -> dict:
-    """The operators' (int_options, float_options) of a block product, by whether it is causal."""
-    return {c: op_options(0, 0, scale, c, -1, -1, softcap, deterministic) for c in (False, True)}
+    w_acc = torch.where(finite, torch.exp(acc_lse - new), 0.0).transpose(-1, -2).unsqueeze(-1)
+    w_new = torch.where(finite, torch.exp(lse - new), 0.0).transpose(-1, -2).unsqueeze(-1)
+    geo.put(out_acc, part, acc_out * w_acc + out.float() * w_new)
+    geo.put(lse_acc, part, new, dim=-1)
 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal, softcap, layout, group, deterministic, backend):
+    def forward(ctx, q, k, v, geo, scale, causal, softcap, layout, group, deterministic, backend):
         ring = _Ring(group)
-        rows = q.shape[1]
-        options = _block_options(scale, softcap, deterministic)
-        out_acc = torch.zeros(*q.shape[:3], v.shape[-1], dtype=torch.float32, device=q.device)
-        lse_acc = torch.full((q.shape[0], q.shape[2], rows), float("-inf"), dtype=torch.float32, device=q.device)
+        out_acc = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float32, device=q.device)
+        lse_shape = (q.shape[1], q.shape[0]) if geo.dim == 0 else (q.shape[0], q.shape[2], q.shape[1])
+        lse_acc = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device)
         kv = [k, v]
         for step in range(ring.world):
             pending = ring.start(kv) if step < ring.world - 1 else None
             src = (ring.rank - step) % ring.world
-            for qs, ks, block_causal in _pieces(layout, causal, ring.rank, src, rows):
-                out, lse = torch.ops.flashattn.attention_forward(q[:, qs], kv[0][:, ks], kv[1][:, ks], None, None,
-                                                                 None, *options[block_causal], backend)
-                _merge(out_acc[:, qs], lse_acc[:, :, qs], out, lse)
+            for qp, kp, block_causal in _pieces(layout, causal, ring.rank, src):
+                cu_q, cu_k, int_options, float_options = geo.options(qp, kp, scale, block_causal, softcap,
+                                                                     deterministic)
+                out, lse = torch.ops.flashattn.attention_forward(
+                    geo.take(q, qp), geo.take(kv[0], kp), geo.take(kv[1], kp), cu_q, cu_k, None, int_options,
+                    float_options, backend)
+                _merge(geo, qp, out_acc, lse_acc, out, lse)
             if pending is not None:
                 kv = ring.finish(pending)
         out = out_acc.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse_acc)
-        ctx.settings = (scale, causal, softcap, layout, group, deterministic, backend)
+        ctx.settings = (geo, scale, causal, softcap, layout, group, deterministic, backend)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        scale, causal, softcap, layout, group, deterministic, backend = ctx.settings
+        geo, scale, causal, softcap, layout, group, deterministic, backend = ctx.settings
         ring = _Ring(group)
-        rows = q.shape[1]
-        options = _block_options(scale, softcap, deterministic)
         dout = dout.contiguous()
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         kv = [k, v]
@@ -177,25 +266,50 @@ class _RingAttention(torch.autograd.Function):
             pending_kv = ring.start(kv) if step < ring.world - 1 else None
             src = (ring.rank - step) % ring.world
             block_grads = []
-            for qs, ks, block_causal in _pieces(layout, causal, ring.rank, src, rows):
+            for qp, kp, block_causal in _pieces(layout, causal, ring.rank, src):
+                cu_q, cu_k, int_options, float_options = geo.options(qp, kp, scale, block_causal, softcap,
+                                                                     deterministic)
                 bq, bk, bv = torch.ops.flashattn.attention_backward(
-                    dout[:, qs], q[:, qs], kv[0][:, ks], kv[1][:, ks], out[:, qs], lse[:, :, qs].contiguous(),
-                    None, None, None, *options[block_causal], backend)
-                dq[:, qs] += bq
-                block_grads.append((ks, bk, bv))
+                    geo.take(dout, qp), geo.take(q, qp), geo.take(kv[0], kp), geo.take(kv[1], kp),
+                    geo.take(out, qp), geo.take(lse, qp, dim=-1).contiguous(), cu_q, cu_k, None, int_options,
+                    float_options, backend)
+                geo.put(dq, qp, bq.float(), add=True)
+                block_grads.append((kp, bk, bv))
             # The block's accumulators travel while its gradients are computed: they arrive now, take this rank's
             # part and move on (one hop more than K / V after the last step: home).
             if pending_dkv is not None:
                 dkv = ring.finish(pending_dkv)
-            for ks, bk, bv in block_grads:
-                dkv[0][:, ks] += bk
-                dkv[1][:, ks] += bv
+            for kp, bk, bv in block_grads:
+                geo.put(dkv[0], kp, bk.float(), add=True)
+                geo.put(dkv[1], kp, bv.float(), add=True)
             pending_dkv = ring.start(dkv) if ring.world > 1 else None
             if pending_kv is not None:
                 kv = ring.finish(pending_kv)
         if pending_dkv is not None:
             dkv = ring.finish(pending_dkv)
-        return (dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)) + (None,) * 7
+        return (dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)) + (None,) * 8
+
+
+def _check_common(q, k, v, rank_dims: int, shape_name: str, window_size) -> None:
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("group: torch.distributed is not initialised (init_process_group first)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != rank_dims:
+            raise ValueError(f"{name}: expected {shape_name}, got shape {list(t.shape)}")
+    tokens = rank_dims - 3
+    if k.shape[:tokens + 2] != v.shape[:tokens + 2] or k.shape[:tokens + 1] != q.shape[:tokens + 1]:
+        raise ValueError(f"k, v: every rank holds as many keys as queries of the same batch: q {list(q.shape)}, "
+                         f"k {list(k.shape)}, v {list(v.shape)}")
+    if q.shape[-2] % k.shape[-2]:
+        raise ValueError(f"k: query heads ({q.shape[-2]}) must be a multiple of KV heads ({k.shape[-2]})")
+    if q.dtype == torch.float64:
+        # The CPU backends' fp64 backward recomputes each row's LSE from the keys it is given (the stored LSE is
+        # fp32), so a block's gradients would not use the global LSE.
+        raise NotImplementedError("q: float64 ring attention is not supported (fp16, bf16 and fp32 are)")
+    if tuple(window_size) != (-1, -1):
+        raise NotImplementedError("window_size: ring attention with a sliding window is not supported yet")
 
 
 @torch.compiler.disable
@@ -204,31 +318,55 @@ def ring_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, 
                          group=None, *, deterministic: bool = False, backend: str = "auto") -> Tensor:
     """Attention over the sequence whose shards the ranks of `group` (default: the world) hold; returns this rank's
     rows of the output, [b, s/P, h_q, d_v]. Arguments as flash_attn_func's; layout "contiguous" or "zigzag"."""
-    if not dist.is_available() or not dist.is_initialized():
-        raise ValueError("group: torch.distributed is not initialised (init_process_group first)")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name}: expected [batch, seqlen / ranks, heads, head_dim], got shape {list(t.shape)}")
-    if k.shape[:3] != v.shape[:3] or k.shape[0] != q.shape[0] or k.shape[1] != q.shape[1]:
-        raise ValueError(f"k, v: every rank holds as many keys as queries of the same batch: q {list(q.shape)}, "
-                         f"k {list(k.shape)}, v {list(v.shape)}")
-    if q.shape[2] % k.shape[2]:
-        raise ValueError(f"k: query heads ({q.shape[2]}) must be a multiple of KV heads ({k.shape[2]})")
-    if q.dtype == torch.float64:
-        # The CPU backends' fp64 backward recomputes each row's LSE from the keys it is given (the stored LSE is
-        # fp32), so a block's gradients would not use the global LSE.
-        raise NotImplementedError("q: float64 ring attention is not supported (fp16, bf16 and fp32 are)")
+    _check_common(q, k, v, 4, "[batch, seqlen / ranks, heads, head_dim]", window_size)
     layout = _check_layout(layout)
     if layout == "zigzag" and q.shape[1] % 2:
         raise ValueError(f"q: a zigzag shard holds two equal chunks, so its length must be even, got {q.shape[1]}")
-    if tuple(window_size) != (-1, -1):
-        raise NotImplementedError("window_size: ring attention with a sliding window is not supported yet")
     if q.shape[1] > INT32_MAX:
         raise ValueError(f"q: shard length {q.shape[1]} past 2^31")
     causal = check_flag("causal", causal)
     deterministic = check_flag("deterministic", deterministic)
     scale = resolve_scale(softmax_scale, q.shape[-1])
     softcap = check_softcap(softcap)
-    return _RingAttention.apply(q, k, v, scale, causal, softcap, layout, group, deterministic, str(backend))
+    return _RingAttention.apply(q, k, v, _Geometry(q.shape[1]), scale, causal, softcap, layout, group, deterministic,
+                                str(backend))
+
+
+@torch.compiler.disable
+def ring_flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int,
+                                causal: bool = False, softmax_scale: Optional[float] = None,
+                                window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                                layout: str = "contiguous", group=None, *, deterministic: bool = False,
+                                backend: str = "auto") -> Tensor:
+    """The varlen form: a packed batch of sequences, each sharded across the ranks of `group` alike (shard_varlen:
+    rank r holds part r (contiguous) or chunks r and 2P−1−r (zigzag) of every sequence). q [total/P, h_q, d],
+    k, v [total/P, h_kv, d(_v)]: this rank's rows; cu_seqlens int32 (batch + 1,), the cumulative lengths of this
+    rank's parts (the same on every rank: checked), max_seqlen their maximum. Returns this rank's rows of the
+    output, [total/P, h_q, d_v]. Reads cu_seqlens on the host (one synchronisation per call)."""
+    _check_common(q, k, v, 3, "[total / ranks, heads, head_dim]", window_size)
+    layout = _check_layout(layout)
+    if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or \
+            cu_seqlens.numel() < 1:
+        raise ValueError("cu_seqlens: expected an int32 tensor of batch + 1 >= 1 entries")
+    if cu_seqlens.device != q.device:
+        raise ValueError(f"cu_seqlens: on {cu_seqlens.device}, q on {q.device}")
+    cu = cu_seqlens.tolist()
+    lengths = [b - a for a, b in zip(cu[:-1], cu[1:])]
+    if cu[0] != 0 or any(n < 0 for n in lengths) or cu[-1] != q.shape[0]:
+        raise ValueError(f"cu_seqlens: must start at 0, be non-decreasing and end at q's {q.shape[0]} rows, got "
+                         f"{cu[:8]}{'...' if len(cu) > 8 else ''}")
+    if layout == "zigzag" and any(n % 2 for n in lengths):
+        raise ValueError("cu_seqlens: a zigzag shard holds two equal chunks of every sequence, so every length "
+                         f"must be even, got {lengths[:8]}{'...' if len(lengths) > 8 else ''}")
+    max_seqlen = check_integer("max_seqlen", max_seqlen, max(lengths, default=0), INT32_MAX)
+    every = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, cu, group=group)
+    if any(other != cu for other in every):
+        raise ValueError("cu_seqlens: differs between the ranks; every rank must hold the same share of every "
+                         "sequence (shard_varlen)")
+    causal = check_flag("causal", causal)
+    deterministic = check_flag("deterministic", deterministic)
+    scale = resolve_scale(softmax_scale, q.shape[-1])
+    softcap = check_softcap(softcap)
+    geo = _Geometry(q.shape[0], cu_seqlens, lengths if layout == "zigzag" else None, max_seqlen)
+    return _RingAttention.apply(q, k, v, geo, scale, causal, softcap, layout, group, deterministic, str(backend))

@@ -1,7 +1,7 @@
-"""flashattn.distributed.ring_flash_attn_func: 2 and 4 processes (gloo) each holding a shard of the sequence give
-the output and gradients of single-process attention over the whole sequence, in both layouts, causal or not,
-with GQA, softcap, an explicit scale and d_v != d; the deterministic mode repeats bit for bit; under torch.compile
-the same as eager; bad arguments raise naming them. On a GPU the same runs with the processes sharing it (gloo, staged through host memory)."""
+"""flashattn.distributed.ring_flash_attn_func and its varlen form: 2 and 4 processes (gloo) each holding a shard of
+the sequence (of every sequence of a packed batch) give the output and gradients of single-process attention over
+the whole sequence, in both layouts, causal or not, with GQA, softcap, an explicit scale and d_v != d; the
+deterministic mode repeats bit for bit; under torch.compile the same as eager; bad arguments raise naming them. On a GPU the same runs with the processes sharing it (gloo, staged through host memory)."""
 import os
 import socket
 
@@ -11,7 +11,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import flashattn
-from flashattn.distributed import ring_flash_attn_func, shard, unshard
+from flashattn.distributed import (ring_flash_attn_func, ring_flash_attn_varlen_func, shard, shard_varlen, unshard,
+                                   unshard_varlen)
 
 # (layout, causal, heads_q, heads_kv, d, d_v, softcap, softmax_scale)
 CASES = [
@@ -22,6 +23,14 @@ CASES = [
     ("zigzag", True, 6, 2, 24, 16, 3.0, None),
 ]
 SEQLEN, BATCH = 48, 2  # 48 tokens: 2 and 4 ranks, both layouts
+# Varlen: a packed batch with an empty sequence; every length a multiple of 8 (2 and 4 ranks, both layouts).
+VARLEN_LENS = [16, 40, 0, 24]
+VARLEN_CASES = [
+    ("contiguous", True, 4, 2, 32, 32, 0.0, None),
+    ("zigzag", True, 4, 1, 16, 24, 0.0, None),
+    ("zigzag", False, 2, 2, 32, 32, 4.0, 0.3),
+    ("contiguous", False, 6, 3, 24, 16, 0.0, None),
+]
 
 
 def _free_port() -> int:
@@ -38,6 +47,59 @@ def _problem(case, device, dtype):
     v = torch.randn(BATCH, SEQLEN, hkv, dv, generator=gen)
     dout = torch.randn(BATCH, SEQLEN, hq, dv, generator=gen)
     return [t.to(device=device, dtype=dtype) for t in (q, k, v, dout)]
+
+
+def _varlen_problem(case, device, dtype):
+    layout, causal, hq, hkv, d, dv, softcap, scale = case
+    gen = torch.Generator().manual_seed(100 + VARLEN_CASES.index(case))
+    total = sum(VARLEN_LENS)
+    q = torch.randn(total, hq, d, generator=gen)
+    k = torch.randn(total, hkv, d, generator=gen)
+    v = torch.randn(total, hkv, dv, generator=gen)
+    dout = torch.randn(total, hq, dv, generator=gen)
+    cu = torch.tensor([0] + list(torch.tensor(VARLEN_LENS).cumsum(0).tolist()), dtype=torch.int32, device=device)
+    return [t.to(device=device, dtype=dtype) for t in (q, k, v, dout)], cu
+
+
+def _varlen_runs(rank, world, device, dtype):
+    results = []
+    for case in VARLEN_CASES:
+        layout, causal, _, _, _, _, softcap, scale = case
+        tensors, cu = _varlen_problem(case, device, dtype)
+        local = [shard_varlen(t, cu, rank, world, layout) for t in tensors]
+        (q, cu_local), (k, _), (v, _), (dout, _) = local
+        max_local = max(VARLEN_LENS) // world
+        ql, kl, vl = (t.clone().requires_grad_() for t in (q, k, v))
+        out = ring_flash_attn_varlen_func(ql, kl, vl, cu_local, max_local, causal=causal, softmax_scale=scale,
+                                          softcap=softcap, layout=layout, deterministic=True)
+        out.backward(dout)
+        results.append([t.detach().cpu() for t in (out, ql.grad, kl.grad, vl.grad)])
+    return results
+
+
+def _varlen_errors(rank, world, device, dtype):
+    (q, k, v, _), cu = _varlen_problem(VARLEN_CASES[0], device, dtype)
+    q, cu_local = shard_varlen(q, cu, rank, world)
+    k, _ = shard_varlen(k, cu, rank, world)
+    v, _ = shard_varlen(v, cu, rank, world)
+    odd = cu_local.clone()
+    odd[1] += 1  # sequence 0 one row longer, sequence 1 one shorter: odd lengths
+    other = cu_local.clone() if rank == 0 else cu_local.flip(0).neg().add(cu_local[-1])
+    errors = {}
+    for name, call in (
+        ("cu_seqlens dtype", lambda: ring_flash_attn_varlen_func(q, k, v, cu_local.long(), 64)),
+        ("cu_seqlens end", lambda: ring_flash_attn_varlen_func(q[:-2], k[:-2], v[:-2], cu_local, 64)),
+        ("cu_seqlens odd", lambda: ring_flash_attn_varlen_func(q, k, v, odd, 64, layout="zigzag")),
+        ("cu_seqlens ranks", lambda: ring_flash_attn_varlen_func(q, k, v, other, 64)),
+        ("max_seqlen", lambda: ring_flash_attn_varlen_func(q, k, v, cu_local, 1)),
+        ("window_size", lambda: ring_flash_attn_varlen_func(q, k, v, cu_local, 64, window_size=(2, 2))),
+    ):
+        try:
+            call()
+            errors[name] = None
+        except (ValueError, NotImplementedError, TypeError) as e:
+            errors[name] = (type(e).__name__, str(e))
+    return errors
 
 
 def _worker(rank, world, port, device, dtype, out_dir):
@@ -80,7 +142,10 @@ def _worker(rank, world, port, device, dtype, out_dir):
                 errors[name] = None
             except (ValueError, NotImplementedError, TypeError) as e:
                 errors[name] = (type(e).__name__, str(e))
-        torch.save(dict(results=results, errors=errors), os.path.join(out_dir, f"rank{rank}.pt"))
+        varlen = _varlen_runs(rank, world, device, dtype)
+        varlen_errors = _varlen_errors(rank, world, device, dtype)
+        torch.save(dict(results=results, errors=errors, varlen=varlen, varlen_errors=varlen_errors),
+                   os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -118,6 +183,27 @@ def _check(world, device, dtype, tmp_path, tol):
         assert errors[name] is not None and errors[name][0] == "NotImplementedError" and name in errors[name][1]
     for name in ("layout", "k", "q"):
         assert errors[name] is not None and errors[name][0] == "ValueError" and name in errors[name][1], errors[name]
+    for i, case in enumerate(VARLEN_CASES):
+        layout, causal, _, _, _, _, softcap, scale = case
+        tensors, cu = _varlen_problem(case, device, dtype)
+        q, k, v, dout = (t.requires_grad_() if j < 3 else t for j, t in enumerate(tensors))
+        want = flashattn.flash_attn_varlen_func(q, k, v, cu, cu, max(VARLEN_LENS), max(VARLEN_LENS), causal=causal,
+                                                softmax_scale=scale, softcap=softcap)
+        want.backward(dout)
+        wants = [want.detach().cpu(), q.grad.cpu(), k.grad.cpu(), v.grad.cpu()]
+        got = [unshard_varlen([per_rank[r]["varlen"][i][j] for r in range(world)], cu.cpu(), layout)
+               for j in range(4)]
+        for name, g, w in zip(("out", "dq", "dk", "dv"), got, wants):
+            err = (g.double() - w.double()).norm() / w.double().norm()
+            assert err < tol, f"varlen {case} over {world} ranks: {name} relative error {err:.2e}"
+    for r in range(world):
+        errors = per_rank[r]["varlen_errors"]
+        for name, kind in (("cu_seqlens dtype", "ValueError"), ("cu_seqlens end", "ValueError"),
+                           ("cu_seqlens odd", "ValueError"), ("cu_seqlens ranks", "ValueError"),
+                           ("max_seqlen", "ValueError"), ("window_size", "NotImplementedError")):
+            assert errors[name] is not None and errors[name][0] == kind, (name, errors[name])
+            assert name.split()[0] in errors[name][1], (name, errors[name])
+        assert "differs between the ranks" in errors["cu_seqlens ranks"][1]
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -131,6 +217,25 @@ def test_ring_matches_single_process_cuda(world, tmp_path):
     if not (flashattn.built_with_cuda and torch.cuda.is_available()):
         pytest.skip("needs a CUDA device and a build with the CUDA kernels")
     _check(world, "cuda", torch.bfloat16, tmp_path, 2e-2)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_shard_and_unshard_varlen(layout):
+    cu = torch.tensor([0, 12, 12, 36], dtype=torch.int32)
+    x = torch.arange(36 * 2).reshape(36, 2)
+    parts = [shard_varlen(x, cu, r, 3, layout) for r in range(3)]
+    if layout == "zigzag":
+        with pytest.raises(ValueError, match="multiple of 6"):
+            shard_varlen(x, torch.tensor([0, 8, 8, 36], dtype=torch.int32), 0, 3, layout)
+    for local, local_cu in parts:
+        assert local_cu.tolist() == [0, 4, 4, 12] and local.shape == (12, 2)
+    if layout == "zigzag":
+        # Sequence 0 (rows 0-11, chunks of 2): rank 0 holds chunks 0 and 5; sequence 2 (rows 12-35, chunks of 4).
+        assert parts[0][0][:4, 0].tolist() == [0, 2, 20, 22]
+        assert parts[0][0][4:, 0].tolist() == [24, 26, 28, 30, 64, 66, 68, 70]
+    assert torch.equal(unshard_varlen([p[0] for p in parts], cu, layout), x)
+    with pytest.raises(ValueError, match="cu_seqlens ends at"):
+        shard_varlen(x[:-1], cu, 0, 3, layout)
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
