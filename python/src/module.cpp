@@ -354,7 +354,7 @@ NB_MODULE(_C, m) {
       "driver (like torch.cuda.empty_cache()).");
   m.def("version", &flashattn::version, "The library version.");
   m.def("cpu_isa", &flashattn::cpu_isa,
-        "The instruction-set level the CPU kernels run at: avx512, avx2 or baseline (chosen from the CPU once, "
+        "The instruction-set level the CPU kernels run at: avx512_bf16, avx512, avx2 or baseline (chosen from the CPU once, "
         "capped by the environment variable FLASHATTN_CPU_ISA), native in a FLASHATTN_NATIVE build.");
   m.attr("__version__") = flashattn::version();
 }

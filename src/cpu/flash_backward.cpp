@@ -141,8 +141,10 @@ struct BackwardScratch {
   AlignedBuffer<Acc> q, dout, dq, lse2, dsum;  // query side of one head
   AlignedBuffer<Acc> dk, dv;                   // dK / dV of one key chunk
   AlignedBuffer<Acc> kt, vt, krow, s, prob, ds, keep, m, l;  // keep: dropout's factors Z of a tile
-  // Row strides of Q, dO and the K rows: micro-kernel B operands, padded (tile_config.h).
-  int64_t ldq, lddo, ldk;
+  // bf16 with pair products (kBf16PairProducts): Q and dO of one head, K and V of a key block, in pairs.
+  AlignedBuffer<uint32_t> q_pairs, dout_pairs, k_pairs, v_pairs;
+  // Row strides of Q, dO and the K rows: micro-kernel B operands, padded (tile_config.h); of the pairs.
+  int64_t ldq, lddo, ldk, ldq_pairs, lddo_pairs;
 
   BackwardScratch(const BwdParams& p) {
     using C = CpuTiles<Acc>;
@@ -163,8 +165,26 @@ struct BackwardScratch {
     for (auto* b : {&s, &prob, &ds, &keep}) b->resize(C::kBlockQ * C::kBlockK);
     m.resize(C::kBlockQ);
     l.resize(C::kBlockQ);
+    ldq_pairs = (p.head_dim + 1) / 2;
+    lddo_pairs = (p.head_dim_v + 1) / 2;
+    if (kBf16PairProducts && p.dtype == DType::bf16) {
+      q_pairs.resize(rows * ldq_pairs);
+      dout_pairs.resize(rows * lddo_pairs);
+      k_pairs.resize(ldq_pairs * C::kBlockK);
+      v_pairs.resize(lddo_pairs * C::kBlockK);
+    }
   }
 };
+
+// The scores' transforms after the product: softcap, then the mask on partial tiles (masked entries -inf).
+template <typename Acc>
+void finish_scores(const ScoreTransform<Acc>& score, const MaskSpec& mask, int64_t i0, int64_t nq, int64_t j0,
+                   int64_t nk, Acc* s) {
+  constexpr int64_t kBk = CpuTiles<Acc>::kBlockK;
+  const int64_t nkp = round_up(nk, CpuTiles<Acc>::kVec);
+  score.apply_softcap(s, kBk, nq, nkp);
+  if (!mask.tile_fully_visible(i0, i0 + nq, j0, j0 + nk)) mask_query_major(mask, s, kBk, i0, nq, j0, nkp);
+}
 
 // S (nq x nkp, query-major, log2 units) for queries i0.. against the key tile in w.kt; masked entries -inf.
 template <typename Acc>
@@ -173,8 +193,21 @@ void score_tile(const ScoreTransform<Acc>& score, const MaskSpec& mask, const Ac
   constexpr int64_t kBk = CpuTiles<Acc>::kBlockK;
   const int64_t nkp = round_up(nk, CpuTiles<Acc>::kVec);
   gemm<Acc>(nq, nkp, d, q, ldq, 1, kt, kBk, s, kBk, GemmMode::overwrite);
-  score.apply_softcap(s, kBk, nq, nkp);
-  if (!mask.tile_fully_visible(i0, i0 + nq, j0, j0 + nk)) mask_query_major(mask, s, kBk, i0, nq, j0, nkp);
+  finish_scores(score, mask, i0, nq, j0, nk, s);
+}
+
+// score_tile from bf16 pairs (kBf16PairProducts; Acc = float): S = Q·Kᵀ of the inputs' own values, then the
+// scale that the fp32 path folds into Kᵀ.
+template <typename Acc>
+void score_tile_pairs(const ScoreTransform<Acc>& score, const MaskSpec& mask, const uint32_t* q_pairs,
+                      int64_t ldq_pairs, int64_t d_pairs, const uint32_t* k_pairs, int64_t i0, int64_t nq, int64_t j0,
+                      int64_t nk, Acc* s) {
+  constexpr int64_t kBk = CpuTiles<Acc>::kBlockK;
+  const int64_t nkp = round_up(nk, CpuTiles<Acc>::kVec);
+  gemm_bf16_pairs(nq, nkp, d_pairs, q_pairs, ldq_pairs, k_pairs, kBk, s, kBk);
+  for (int64_t r = 0; r < nq; ++r)
+    for (int64_t j = 0; j < nkp; ++j) s[r * kBk + j] *= score.qk_scale;
+  finish_scores(score, mask, i0, nq, j0, nk, s);
 }
 
 // fp64 only: each row's LSE (log2 units) recomputed in fp64 by a forward-style sweep without the P·V product.
@@ -218,6 +251,9 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
                    Acc* dq_partial, Acc* dkv_partial) {
   using C = CpuTiles<Acc>;
   constexpr int64_t kBq = C::kBlockQ, kBk = C::kBlockK;
+  // bf16 on a level with pair dot products: S = Q·Kᵀ and dP = dO·Vᵀ, whose operands are the inputs themselves,
+  // run on them (micro_gemm.h, gemm_bf16_pairs); the other three products take P and dS, which are fp32.
+  constexpr bool kPairs = std::is_same_v<T, bfloat16_t> && kBf16PairProducts;
   const int64_t d = p.head_dim, dv = p.head_dim_v;
   const int64_t dp = round_up(d, C::kVec), dvp = round_up(dv, C::kVec);
   const SequenceExtent ext = sequence_extent(p, t.batch);
@@ -250,6 +286,10 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
     const auto dov = grad_out_view<const T>(p, ext, t.batch, h);
     load_rows(qv.row(qlo), qv.row_stride, rows, d, q, ldq);
     load_rows(dov.row(qlo), dov.row_stride, rows, dv, dout, lddo);
+    if constexpr (kPairs) {
+      load_row_pairs(qv.row(qlo), qv.row_stride, rows, d, w.q_pairs.data(), w.ldq_pairs);
+      load_row_pairs(dov.row(qlo), dov.row_stride, rows, dv, w.dout_pairs.data(), w.lddo_pairs);
+    }
     for (int64_t i = 0; i < rows; ++i) {
       const T* o_row = ov.row(qlo + i);
       const Acc* do_row = dout + i * lddo;
@@ -270,8 +310,13 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
 
     for (int64_t j0 = kc0; j0 < kc1; j0 += kBk) {
       const int64_t nk = std::min(kBk, kc1 - j0), nkp = round_up(nk, C::kVec);
-      load_transposed(k.row(j0), k.row_stride, nk, d, w.kt.data(), kBk, nkp, score.qk_scale);
-      load_transposed(v.row(j0), v.row_stride, nk, dv, w.vt.data(), kBk, nkp);
+      if constexpr (kPairs) {
+        load_transposed_pairs(k.row(j0), k.row_stride, nk, d, w.k_pairs.data(), kBk, nkp);
+        load_transposed_pairs(v.row(j0), v.row_stride, nk, dv, w.v_pairs.data(), kBk, nkp);
+      } else {
+        load_transposed(k.row(j0), k.row_stride, nk, d, w.kt.data(), kBk, nkp, score.qk_scale);
+        load_transposed(v.row(j0), v.row_stride, nk, dv, w.vt.data(), kBk, nkp);
+      }
       const RowTile<Acc> krow = rows_as_acc<Acc>(k.row(j0), k.row_stride, nk, d, w.ldk, w.krow.data());
       Acc* dk_blk = dk_acc + (j0 - kc0) * dp;
       Acc* dv_blk = dv_acc + (j0 - kc0) * dvp;
@@ -279,7 +324,12 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
       mask.query_range_for_keys(j0, j0 + nk, &ilo, &ihi);
       for (int64_t i0 = ilo; i0 < ihi; i0 += kBq) {
         const int64_t nq = std::min(kBq, ihi - i0), r0 = i0 - qlo;
-        score_tile(score, mask, q + r0 * ldq, ldq, d, w.kt.data(), i0, nq, j0, nk, s);
+        if constexpr (kPairs) {
+          score_tile_pairs(score, mask, w.q_pairs.data() + r0 * w.ldq_pairs, w.ldq_pairs, w.ldq_pairs,
+                           w.k_pairs.data(), i0, nq, j0, nk, s);
+        } else {
+          score_tile(score, mask, q + r0 * ldq, ldq, d, w.kt.data(), i0, nq, j0, nk, s);
+        }
         for (int64_t r = 0; r < nq; ++r) {
           const Acc* sr = s + r * kBk;
           Acc* pr = prob + r * kBk;
@@ -291,7 +341,12 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
             for (int64_t j = 0; j < nkp; ++j) pr[j] = exp2_approx(sr[j] - lse_r);
           }
         }
-        gemm<Acc>(nq, nkp, dv, dout + r0 * lddo, lddo, 1, w.vt.data(), kBk, ds, kBk, GemmMode::overwrite);  // dP
+        if constexpr (kPairs) {  // dP
+          gemm_bf16_pairs(nq, nkp, w.lddo_pairs, w.dout_pairs.data() + r0 * w.lddo_pairs, w.lddo_pairs,
+                          w.v_pairs.data(), kBk, ds, kBk);
+        } else {
+          gemm<Acc>(nq, nkp, dv, dout + r0 * lddo, lddo, 1, w.vt.data(), kBk, ds, kBk, GemmMode::overwrite);
+        }
         Acc* z = w.keep.data();
         if (dropout.active()) dropout.factors_query_major(z, kBk, i0, nq, j0, nk, nkp, keep_scale);
         for (int64_t r = 0; r < nq; ++r) {

@@ -58,10 +58,12 @@ struct ForwardScratch {
   AlignedBuffer<Acc> qt, k, v, s, o;
   AlignedBuffer<Acc> m, l, alpha, offset, tile_max;
 
+  // bf16 with pair products (kBf16PairProducts): Qᵀ of the task and K of a tile, in pairs.
+  AlignedBuffer<uint32_t> qt_pairs, k_pairs;
   // Row strides: Qᵀ, V and the score tile (read as P) are micro-kernel B / A operands, padded (tile_config.h).
   int64_t ldq, ldv, lds;
 
-  ForwardScratch(int64_t block_q, int64_t d, int64_t dvp) {
+  ForwardScratch(int64_t block_q, int64_t d, int64_t dvp, bool pairs) {
     using C = CpuTiles<Acc>;
     ldq = lds = b_operand_ld(block_q, sizeof(Acc));
     ldv = b_operand_ld(dvp, sizeof(Acc));
@@ -71,6 +73,10 @@ struct ForwardScratch {
     s.resize(C::kBlockK * lds);
     o.resize(block_q * dvp);
     for (auto* b : {&m, &l, &alpha, &offset, &tile_max}) b->resize(block_q);
+    if (pairs) {
+      qt_pairs.resize((d + 1) / 2 * ldq);
+      k_pairs.resize(C::kBlockK * ((d + 1) / 2));
+    }
   }
 };
 
@@ -84,7 +90,10 @@ void forward_task(const FwdParams& p, int64_t block_q, const QueryBlockTask& t, 
   using C = CpuTiles<Acc>;
   constexpr int64_t kBk = C::kBlockK;
   constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
-  const int64_t d = p.head_dim, dv = p.head_dim_v, dvp = round_up(dv, C::kVec);
+  // bf16 on a level with pair dot products: Sᵀ = K·Qᵀ runs on the inputs' own values (micro_gemm.h,
+  // gemm_bf16_pairs), and the scale the fp32 path folds into Qᵀ is applied to the scores.
+  constexpr bool kPairs = std::is_same_v<T, bfloat16_t> && kBf16PairProducts;
+  const int64_t d = p.head_dim, dv = p.head_dim_v, dvp = round_up(dv, C::kVec), d_pairs = (d + 1) / 2;
   const SequenceExtent ext = sequence_extent(p, t.batch);
   const int64_t hk = t.head / (p.heads_q / p.heads_kv);
   const auto q = query_view<const T>(p, p.q, ext, t.batch, t.head);
@@ -98,7 +107,10 @@ void forward_task(const FwdParams& p, int64_t block_q, const QueryBlockTask& t, 
 
   const int64_t i0 = t.row0, nq = std::min(block_q, ext.len_q - i0), nqp = round_up(nq, C::kVec);
   const int64_t ldq = w.ldq, lds = w.lds;
-  load_transposed(q.row(i0), q.row_stride, nq, d, w.qt.data(), ldq, nqp, score.qk_scale);
+  if constexpr (kPairs)
+    load_transposed_pairs(q.row(i0), q.row_stride, nq, d, w.qt_pairs.data(), ldq, nqp);
+  else
+    load_transposed(q.row(i0), q.row_stride, nq, d, w.qt.data(), ldq, nqp, score.qk_scale);
   Acc *m = w.m.data(), *l = w.l.data(), *alpha = w.alpha.data(), *off = w.offset.data(), *tmax = w.tile_max.data();
   for (int64_t i = 0; i < nqp; ++i) m[i] = kNegInf, l[i] = Acc(0);
   std::fill(w.o.data(), w.o.data() + nq * dvp, Acc(0));
@@ -108,7 +120,11 @@ void forward_task(const FwdParams& p, int64_t block_q, const QueryBlockTask& t, 
   Acc* s = w.s.data();
   for (int64_t j0 = key_lo; j0 < key_hi; j0 += kBk) {
     const int64_t nk = std::min(kBk, key_hi - j0);
-    const RowTile<Acc> kt = rows_as_acc<Acc>(k.row(j0), k.row_stride, nk, d, d, w.k.data());
+    RowTile<Acc> kt{};
+    if constexpr (kPairs)
+      load_row_pairs(k.row(j0), k.row_stride, nk, d, w.k_pairs.data(), d_pairs);
+    else
+      kt = rows_as_acc<Acc>(k.row(j0), k.row_stride, nk, d, d, w.k.data());
     const RowTile<Acc> vt = rows_as_acc<Acc>(v.row(j0), v.row_stride, nk, dv, w.ldv, w.v.data());
 
     // Only the block's queries that see some key of this tile, whole vectors of them: under a causal or
@@ -122,7 +138,13 @@ void forward_task(const FwdParams& p, int64_t block_q, const QueryBlockTask& t, 
     Acc* sc = s + c0;
 
     // Sᵀ (nk x [c0, c1), key-major) in log2 units.
-    gemm<Acc>(nk, c1 - c0, d, kt.data, kt.ld, 1, w.qt.data() + c0, ldq, sc, lds, GemmMode::overwrite);
+    if constexpr (kPairs) {
+      gemm_bf16_pairs(nk, c1 - c0, d_pairs, w.k_pairs.data(), d_pairs, w.qt_pairs.data() + c0, ldq, sc, lds);
+      for (int64_t j = 0; j < nk; ++j)
+        for (int64_t i = 0; i < c1 - c0; ++i) sc[j * lds + i] *= score.qk_scale;
+    } else {
+      gemm<Acc>(nk, c1 - c0, d, kt.data, kt.ld, 1, w.qt.data() + c0, ldq, sc, lds, GemmMode::overwrite);
+    }
     score.apply_softcap(sc, lds, nk, c1 - c0);
     if (alibi.active()) alibi.add_key_major(sc, lds, j0, nk, i0 + c0, c1 - c0);
     if (!mask.tile_fully_visible(i0 + c0, i0 + c0 + rows, j0, j0 + nk)) mask_key_major(mask, sc, lds, j0, nk, i0 + c0, c1 - c0);
@@ -209,7 +231,8 @@ Status forward_typed(const FwdParams& p) {
   const int64_t n = int64_t(tasks.size());
 #pragma omp parallel num_threads(threads) if (n > 1)
   {
-    ForwardScratch<Acc> scratch(block_q, p.head_dim, round_up(p.head_dim_v, CpuTiles<Acc>::kVec));
+    ForwardScratch<Acc> scratch(block_q, p.head_dim, round_up(p.head_dim_v, CpuTiles<Acc>::kVec),
+                                kBf16PairProducts && std::is_same_v<T, bfloat16_t>);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < n; ++t) forward_task<T, Acc>(p, block_q, tasks[size_t(t)], scratch);
   }

@@ -1,8 +1,9 @@
 // Run-time choice of the CPU flash kernels' instruction-set level. The kernels (flash_forward.cpp,
 // flash_backward.cpp) are compiled once per level the build lists (CMakeLists.txt: baseline x86-64, AVX2 + FMA
-// (x86-64-v3), AVX-512 (x86-64-v4); or one -march=native copy with FLASHATTN_NATIVE), each in its own namespace.
-// This file, compiled for the baseline, picks the best level the CPU supports once, capped by the environment
-// variable FLASHATTN_CPU_ISA (baseline, avx2, avx512) so that tests and measurements can run the lower ones.
+// (x86-64-v3), AVX-512 (x86-64-v4), AVX-512 with BF16 dot products; or one -march=native copy with
+// FLASHATTN_NATIVE), each in its own namespace. This file, compiled for the baseline, picks the best level the CPU
+// supports once, capped by the environment variable FLASHATTN_CPU_ISA (baseline, avx2, avx512, avx512_bf16) so
+// that tests and measurements can run the lower ones.
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -28,6 +29,9 @@ FA_DECLARE_LEVEL(isa_avx2_fma)
 #endif
 #if defined(FLASHATTN_CPU_LEVEL_AVX512)
 FA_DECLARE_LEVEL(isa_avx512)
+#endif
+#if defined(FLASHATTN_CPU_LEVEL_AVX512_BF16)
+FA_DECLARE_LEVEL(isa_avx512_bf16)
 #endif
 #undef FA_DECLARE_LEVEL
 
@@ -55,6 +59,10 @@ constexpr Level kLevels[] = {
 #if defined(FLASHATTN_CPU_LEVEL_AVX512)
     {"avx512", isa_avx512::flash_forward_kernels, isa_avx512::flash_backward_kernels,
      [] { return __builtin_cpu_supports("x86-64-v4") > 0; }},
+#endif
+#if defined(FLASHATTN_CPU_LEVEL_AVX512_BF16)
+    {"avx512_bf16", isa_avx512_bf16::flash_forward_kernels, isa_avx512_bf16::flash_backward_kernels,
+     [] { return __builtin_cpu_supports("x86-64-v4") > 0 && __builtin_cpu_supports("avx512bf16") > 0; }},
 #endif
 };
 

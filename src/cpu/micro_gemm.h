@@ -18,6 +18,10 @@
 #include <cstring>
 #include <utility>
 
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
 #include "cpu/tile_config.h"
 
 #define FA_PRAGMA(x) _Pragma(#x)
@@ -162,6 +166,79 @@ void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t a_rs, int64_t a_k
       return gemm_impl::gemm_mode<T, GemmMode::scale_add>(M, N, K, a, a_rs, a_ks, b, ldb, c, ldc, row_scale);
   }
 }
+
+#if defined(__AVX512BF16__) && defined(__GNUC__)
+// C (M x N, fp32) = A B for bf16 A (M x 2 K2) and B (2 K2 x N) stored in pairs (tile_io.h, bf16_pair): word
+// a[r * a_rs + k2] holds A(r, 2 k2) and A(r, 2 k2 + 1); row k2 of B (b + k2 * ldb, N words) holds, per column n,
+// B(2 k2, n) and B(2 k2 + 1, n). One vdpbf16ps multiplies 16 columns by both elements of a pair: the products of
+// two bf16 are exact in fp32, so C is the fp32 product of the same values up to the order of its additions (and
+// subnormal terms flushed to zero), at twice the fp32 FMA's rate (bench/results/cpu.md). N a multiple of 16.
+constexpr bool kBf16PairProducts = true;
+
+template <int MR, int NV>
+void micro_tile_bf16_pairs(int64_t K2, const uint32_t* __restrict a, int64_t a_rs, const uint32_t* __restrict b,
+                           int64_t ldb, float* __restrict c, int64_t ldc) {
+  __m512 acc[MR][NV];
+  FA_UNROLL(8)
+  for (int r = 0; r < MR; ++r) {
+    FA_UNROLL(8)
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  for (int64_t k2 = 0; k2 < K2; ++k2) {
+    __m512bh bk[NV];
+    FA_UNROLL(8)
+    for (int v = 0; v < NV; ++v) bk[v] = (__m512bh)_mm512_loadu_si512(b + k2 * ldb + 16 * v);
+    FA_UNROLL(8)
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh ar = (__m512bh)_mm512_set1_epi32(int(a[r * a_rs + k2]));
+      FA_UNROLL(8)
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], ar, bk[v]);
+    }
+  }
+  FA_UNROLL(8)
+  for (int r = 0; r < MR; ++r) {
+    FA_UNROLL(8)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
+  }
+}
+
+namespace gemm_impl {
+using PairTileFn = void (*)(int64_t, const uint32_t*, int64_t, const uint32_t*, int64_t, float*, int64_t);
+
+struct PairTileTable {
+  static constexpr int kRows = CpuTiles<float>::kMicroRows;
+  static constexpr int kVecs = CpuTiles<float>::kMicroVecs;
+  PairTileFn fn[kRows][kVecs] = {};
+  template <int MR, int... NVs>
+  constexpr void fill_row(std::integer_sequence<int, NVs...>) {
+    ((fn[MR - 1][NVs] = &micro_tile_bf16_pairs<MR, NVs + 1>), ...);
+  }
+  template <int... MRs>
+  constexpr explicit PairTileTable(std::integer_sequence<int, MRs...>) {
+    (fill_row<MRs + 1>(std::make_integer_sequence<int, kVecs>{}), ...);
+  }
+};
+}  // namespace gemm_impl
+
+inline void gemm_bf16_pairs(int64_t M, int64_t N, int64_t K2, const uint32_t* a, int64_t a_rs, const uint32_t* b,
+                            int64_t ldb, float* c, int64_t ldc) {
+  constexpr int MR = CpuTiles<float>::kMicroRows, NR = CpuTiles<float>::kMicroCols;
+  static_assert(CpuTiles<float>::kVec == 16, "gemm_bf16_pairs: 16 fp32 columns per vector");
+  static const gemm_impl::PairTileTable table(std::make_integer_sequence<int, MR>{});
+  for (int64_t n0 = 0; n0 < N; n0 += NR) {
+    const int nv = int((N - n0 < NR ? N - n0 : NR) / 16);
+    for (int64_t m0 = 0; m0 < M; m0 += MR) {
+      const int mr = int(M - m0 < MR ? M - m0 : MR);
+      table.fn[mr - 1][nv - 1](K2, a + m0 * a_rs, a_rs, b + n0, ldb, c + m0 * ldc + n0, ldc);
+    }
+  }
+}
+#else
+constexpr bool kBf16PairProducts = false;
+// Declared for the kernels' `if constexpr (kBf16PairProducts)` branches, which this level never instantiates.
+void gemm_bf16_pairs(int64_t M, int64_t N, int64_t K2, const uint32_t* a, int64_t a_rs, const uint32_t* b,
+                     int64_t ldb, float* c, int64_t ldc);
+#endif
 
 }  // namespace FLASHATTN_CPU_ISA
 }  // namespace flashattn::detail

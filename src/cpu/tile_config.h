@@ -20,6 +20,8 @@
 // object when it is linked: CMakeLists.txt.)
 // A build may name it (the -march=native kernels: isa_native).
 #if defined(FLASHATTN_CPU_ISA)
+#elif defined(__AVX512F__) && defined(__AVX512BF16__)
+#define FLASHATTN_CPU_ISA isa_avx512_bf16
 #elif defined(__AVX512F__)
 #define FLASHATTN_CPU_ISA isa_avx512
 #elif defined(__AVX2__) && defined(__FMA__)

@@ -37,6 +37,37 @@ void load_transposed(const T* src, int64_t src_rs, int64_t rows, int64_t cols, A
     for (int64_t r = rows; r < padded_rows; ++r) dst[c * ld + r] = Acc(0);
 }
 
+// bf16 in pairs, the operand of the pair dot products (micro_gemm.h, gemm_bf16_pairs): elements 2c and 2c + 1 of a
+// row in one 32-bit word, the first in the low half; a missing last element of an odd row is 0.
+inline uint32_t bf16_pair(const bfloat16_t* row, int64_t c2, int64_t cols) {
+  const uint32_t lo = row[2 * c2].bits, hi = 2 * c2 + 1 < cols ? row[2 * c2 + 1].bits : 0u;
+  return lo | (hi << 16);
+}
+
+// dst[r * ld + c2] = the pair (c2) of row r, for c2 < ceil(cols / 2); zero for the rest of ld.
+inline void load_row_pairs(const bfloat16_t* src, int64_t src_rs, int64_t rows, int64_t cols, uint32_t* dst,
+                           int64_t ld) {
+  const int64_t pairs = (cols + 1) / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const bfloat16_t* s = src + r * src_rs;
+    uint32_t* d = dst + r * ld;
+    for (int64_t c2 = 0; c2 < pairs; ++c2) d[c2] = bf16_pair(s, c2, cols);
+    for (int64_t c2 = pairs; c2 < ld; ++c2) d[c2] = 0u;
+  }
+}
+
+// Transposed: dst[c2 * ld + r] = the pair (c2) of row r for r < rows; columns rows <= r < padded_rows are zero.
+inline void load_transposed_pairs(const bfloat16_t* src, int64_t src_rs, int64_t rows, int64_t cols, uint32_t* dst,
+                                  int64_t ld, int64_t padded_rows) {
+  const int64_t pairs = (cols + 1) / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const bfloat16_t* s = src + r * src_rs;
+    for (int64_t c2 = 0; c2 < pairs; ++c2) dst[c2 * ld + r] = bf16_pair(s, c2, cols);
+  }
+  for (int64_t c2 = 0; c2 < pairs; ++c2)
+    for (int64_t r = rows; r < padded_rows; ++r) dst[c2 * ld + r] = 0u;
+}
+
 // dst[r * dst_rs + c] = narrow(src[r * ld + c] * row_scale[r]) for c < cols (row_scale may be null: 1).
 template <typename T, typename Acc>
 void store_rows(const Acc* src, int64_t ld, int64_t rows, int64_t cols, T* dst, int64_t dst_rs,

@@ -495,12 +495,16 @@ TEST(Validation, RandomMutationsNeverCrashNorWrite) {
 // supports (the suite runs once per level with it set: tests/CMakeLists.txt).
 TEST(CpuIsa, LevelIsNamedAndTheCapApplies) {
   const std::string level = flashattn::cpu_isa();
-  EXPECT_TRUE(level == "baseline" || level == "avx2" || level == "avx512" || level == "native") << level;
+  EXPECT_TRUE(level == "baseline" || level == "avx2" || level == "avx512" || level == "avx512_bf16" ||
+              level == "native")
+      << level;
   const char* cap = std::getenv("FLASHATTN_CPU_ISA");
   if (cap == nullptr || *cap == '\0') return;
   const std::string want = cap;
   const bool supported = want == "baseline" || (want == "avx2" && __builtin_cpu_supports("x86-64-v3")) ||
-                         (want == "avx512" && __builtin_cpu_supports("x86-64-v4"));
+                         (want == "avx512" && __builtin_cpu_supports("x86-64-v4")) ||
+                         (want == "avx512_bf16" && __builtin_cpu_supports("x86-64-v4") &&
+                          __builtin_cpu_supports("avx512bf16"));
   if (supported) {
     EXPECT_EQ(level, want);
   } else {
