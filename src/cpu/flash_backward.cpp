@@ -6,6 +6,8 @@
 //   dV += (P ∘ Z)ᵀ dO,    dK += dSᵀ Q,    dQ += dS K
 // (Z: dropout's factors, 1 / (1 - p) where kept and 0 where dropped, regenerated from the seed; 1 without dropout)
 // five register-blocked products per tile (micro_gemm.h), the transposed uses of P and dS read through strides.
+// bf16 at the avx512_bf16 level: S and dP, whose operands are the inputs themselves, on AVX-512 BF16 pair dot
+// products (gemm_bf16_pairs: exact products, fp32 sums), the other three in fp32 as at every level.
 //
 // Work split, chosen so that the result is bitwise identical whatever the number of threads: a task owns one
 // (batch, KV head), or a fixed part of it when there are fewer than kBackwardMinTasks such units:

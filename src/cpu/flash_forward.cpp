@@ -20,6 +20,9 @@
 // (converted for fp16 / bf16) as rows into the thread's tile buffers once per tile. Within a tile, the products
 // and the softmax cover only the queries that see some key of it (half of a diagonal tile under causal).
 //
+// bf16 at the avx512_bf16 level: Sᵀ = K · Qᵀ on AVX-512 BF16 pair dot products (gemm_bf16_pairs) from the
+// inputs' own values, the scale applied to the scores; P V in fp32 as at every level.
+//
 // Extra memory: per thread, Qᵀ, K, V, Sᵀ and O tiles, O(block_q·kBlockK + (block_q + kBlockK)·(d + d_v))
 // elements, independent of the sequence lengths; plus the task list, O(batch · heads · s_q / block_q).
 // Preconditions: params validated (make_forward_params); CPU tensors.
