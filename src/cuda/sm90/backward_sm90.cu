@@ -474,9 +474,10 @@ struct BackwardConsumer {
   __device__ int dq_row0() const { return Cfg::kDqSplitRows ? wg * kWgmmaRows : 0; }
 
   __device__ void issue_dq(float (&dq)[Cfg::kDqTileCols / 2], const uint8_t* ds_tile, int piece = 0) const {
-    // dS (queries x keys) is stored as dSᵀ, queries contiguous: M-major, one 64-query panel per 64 queries. K's columns are N:
-    // N-major, one panel per 64 columns of head dim (a 32-column piece starts 64 bytes into its panel's rows;
-    // the swizzle applies to the address, as for the K-major k-steps). Both step 16 keys = 16 rows per k-step.
+    // dS (queries x keys) is stored as dSᵀ, queries contiguous: M-major, one 64-query panel per 64 queries. K's
+    // columns are N: N-major, one panel per 64 columns of head dim (a 32-column piece starts 64 bytes into its
+    // panel's rows; the swizzle applies to the address, as for the K-major k-steps). Both step 16 keys = 16 rows
+    // per k-step.
     const uint32_t a_addr = smem_address(ds_tile) + (dq_row0() / kPanelCols) * kN * kSwizzleBytes;
     const uint32_t b_addr = smem_address(sm.k()) + (dq_col0(piece) / kPanelCols) * kN * kSwizzleBytes +
                             (dq_col0(piece) % kPanelCols) * Cfg::kElemBytes;
@@ -737,13 +738,15 @@ __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel
       for (int k = 0; k < Cfg::kDqTileCols / 8; k += 2) {
         const float4 v0 = stage[k * kWarpgroupThreads + t], v1 = stage[(k + 1) * kWarpgroupThreads + t];
         // Word c: float4 k + c / 2, row half c % 2; after the transpose, this thread's chunk c = quad.
-        uint32_t words[4] = {pack_pair<T>(v0.x * a.scale, v0.y * a.scale), pack_pair<T>(v0.z * a.scale, v0.w * a.scale),
-                             pack_pair<T>(v1.x * a.scale, v1.y * a.scale), pack_pair<T>(v1.z * a.scale, v1.w * a.scale)};
+        uint32_t words[4] = {
+            pack_pair<T>(v0.x * a.scale, v0.y * a.scale), pack_pair<T>(v0.z * a.scale, v0.w * a.scale),
+            pack_pair<T>(v1.x * a.scale, v1.y * a.scale), pack_pair<T>(v1.z * a.scale, v1.w * a.scale)};
         quad_transpose(words, quad);
         const int col = col0 + 8 * (k + quad / 2);
         const int64_t i = i0 + row_in_block + 8 * (quad % 2);
         if (col < a.head_dim && i < len)
-          *reinterpret_cast<uint4*>(dq + i * a.dq_row_stride + col) = make_uint4(words[0], words[1], words[2], words[3]);
+          *reinterpret_cast<uint4*>(dq + i * a.dq_row_stride + col) =
+              make_uint4(words[0], words[1], words[2], words[3]);
       }
       continue;
     }
