@@ -24,7 +24,10 @@ Varlen (ring_flash_attn_varlen_func, shard_varlen / unshard_varlen): a packed ba
 as above (zigzag: each sequence's two chunks), [total/P, h, d] per rank with the parts' cu_seqlens; a zigzag chunk
 of every sequence is gathered by index into one varlen call.
 
-Not supported yet (NotImplementedError): window_size other than (-1, -1), dropout, ALiBi, float64.
+Sliding windows (window_size, padded shards): each pair of chunks that sees anything runs over the rows and keys
+that do, with the window the kernels' bottom-right aligned mask needs there.
+
+Not supported yet (NotImplementedError): window_size in the varlen form, dropout, ALiBi, float64.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ._ops import INT32_MAX, check_flag, check_integer, check_softcap, op_options, resolve_scale
+from .flash_attn_interface import _window
 
 __all__ = ["ring_flash_attn_func", "ring_flash_attn_varlen_func", "shard", "unshard", "shard_varlen",
            "unshard_varlen", "LAYOUTS"]
@@ -114,21 +118,70 @@ def unshard_varlen(shards: Sequence[Tensor], cu_seqlens: Tensor, layout: str = "
     return torch.cat(seqs, dim=dim) if seqs else shards[0].narrow(dim, 0, 0).clone()
 
 
-def _pieces(layout: str, causal: bool, rank: int, src: int) -> List[Tuple[str, str, bool]]:
-    """The products of this rank's queries with the K/V block of rank `src`: (query part, key part, causal), each
-    part "all" of the shard's rows or the "first" / "second" of its two zigzag chunks; empty when the block is
-    invisible."""
+Piece = Tuple[object, object, bool, int, int]  # (query part, key part, causal, window_left, window_right)
+
+
+def _pieces(layout: str, causal: bool, rank: int, src: int) -> List[Piece]:
+    """The products of this rank's queries with the K/V block of rank `src` without a window: (query part, key
+    part, causal, -1, -1), each part "all" of the shard's rows or the "first" / "second" of its two zigzag chunks;
+    empty when the block is invisible."""
     if not causal:
-        return [("all", "all", False)]
+        return [("all", "all", False, -1, -1)]
     if src == rank:
-        return [("all", "all", True)]  # within a shard global order is local order, in both layouts
+        return [("all", "all", True, -1, -1)]  # within a shard global order is local order, in both layouts
     if layout == "contiguous":
-        return [("all", "all", False)] if src < rank else []
+        return [("all", "all", False, -1, -1)] if src < rank else []
     # zigzag: shards hold chunks (r, 2P-1-r). An earlier src's first chunk precedes both of ours and its second
     # follows both; a later src's chunks both lie between our two.
     if src < rank:
-        return [("all", "first", False)]
-    return [("second", "all", False)]
+        return [("all", "first", False, -1, -1)]
+    return [("second", "all", False, -1, -1)]
+
+
+def _chunks(layout: str, rank: int, world: int, rows: int) -> List[Tuple[int, int, int]]:
+    """The whole-sequence chunks a shard of `rows` tokens holds: (first token in the sequence, first local row,
+    length)."""
+    if layout == "contiguous":
+        return [(rank * rows, 0, rows)]
+    half = rows // 2
+    return [(rank * half, 0, half), ((2 * world - 1 - rank) * half, half, half)]
+
+
+def _band(q_start: int, k_start: int, n: int, causal: bool, left: int, right: int):
+    """Queries q_start + i against keys k_start + j (i, j < n) under a sliding window (left, right; -1 unbounded;
+    causal: right at most 0): the tightest rows [r0, r1) and keys [c0, c1) holding every visible pair, and the
+    window that the kernels' bottom-right aligned mask needs on that rectangle to see exactly those pairs; None
+    when no pair is visible. The rectangle's last row sees its last key, so the kernels' diagonal lies inside the
+    band and both edges are >= 0 (or unbounded)."""
+    right = 0 if causal else right
+    delta = q_start - k_start  # row i sees keys j in [i + delta - left, i + delta + right]
+    r0 = 0 if right < 0 else max(0, -delta - right)
+    r1 = n if left < 0 else min(n, n - delta + left)
+    if r0 >= r1:
+        return None
+    c0 = 0 if left < 0 else max(0, r0 + delta - left)
+    c1 = n if right < 0 else min(n, r1 + delta + right)
+    if c0 >= c1:
+        return None
+    rows, keys = r1 - r0, c1 - c0
+    shift, offset = keys - rows, delta + r0 - c0
+    w_left = -1 if left < 0 or shift - offset + left >= keys - 1 else shift - offset + left
+    w_right = -1 if right < 0 or offset + right - shift >= rows - 1 else offset + right - shift
+    return r0, r1, c0, c1, w_left, w_right
+
+
+def _window_pieces(layout: str, causal: bool, window: Tuple[int, int], rank: int, src: int, world: int,
+                   rows: int) -> List[Piece]:
+    """_pieces under a sliding window (padded shards): one product per pair of chunks that sees anything, over the
+    rows and keys that do, with the window the kernels need there (_band)."""
+    pieces = []
+    for q_start, q_row, n in _chunks(layout, rank, world, rows):
+        for k_start, k_row, _ in _chunks(layout, src, world, rows):
+            band = _band(q_start, k_start, n, causal, *window)
+            if band is not None:
+                r0, r1, c0, c1, w_left, w_right = band
+                pieces.append((slice(q_row + r0, q_row + r1), slice(k_row + c0, k_row + c1), False, w_left, w_right))
+    return pieces
 
 
 class _Geometry:
@@ -140,6 +193,7 @@ class _Geometry:
     def __init__(self, rows: int, cu_seqlens: Optional[Tensor] = None, lengths: Optional[List[int]] = None,
                  max_seqlen: int = 0):
         self.dim = 0 if cu_seqlens is not None else 1
+        self.rows = rows
         self.parts = {"all": (slice(0, rows), cu_seqlens, max_seqlen)}
         if cu_seqlens is None:
             self.parts["first"] = (slice(0, rows // 2), None, 0)
@@ -156,15 +210,18 @@ class _Geometry:
                 rows_idx = torch.cat(idx).to(device) if idx else torch.zeros(0, dtype=torch.long, device=device)
                 self.parts[name] = (rows_idx, half_cu, max_seqlen // 2)
 
-    def take(self, t: Tensor, part: str, dim: Optional[int] = None) -> Tensor:
-        rows = self.parts[part][0]
+    def _rows(self, part):
+        return part if isinstance(part, slice) else self.parts[part][0]
+
+    def take(self, t: Tensor, part, dim: Optional[int] = None) -> Tensor:
+        rows = self._rows(part)
         dim = self.dim if dim is None else dim
         if isinstance(rows, slice):
             return t.narrow(dim, rows.start, rows.stop - rows.start)
         return t.index_select(dim, rows)
 
-    def put(self, t: Tensor, part: str, value: Tensor, dim: Optional[int] = None, add: bool = False) -> None:
-        rows = self.parts[part][0]
+    def put(self, t: Tensor, part, value: Tensor, dim: Optional[int] = None, add: bool = False) -> None:
+        rows = self._rows(part)
         dim = self.dim if dim is None else dim
         if isinstance(rows, slice):
             view = t.narrow(dim, rows.start, rows.stop - rows.start)
@@ -174,11 +231,13 @@ class _Geometry:
         else:
             t.index_copy_(dim, rows, value)
 
-    def options(self, q_part: str, k_part: str, scale: float, causal: bool, softcap: float, deterministic: bool):
-        """The block product's (cu_seqlens_q, cu_seqlens_k, int_options, float_options)."""
-        _, cu_q, max_q = self.parts[q_part]
-        _, cu_k, max_k = self.parts[k_part]
-        return (cu_q, cu_k) + op_options(max_q, max_k, scale, causal, -1, -1, softcap, deterministic)
+    def options(self, piece: Piece, scale: float, softcap: float, deterministic: bool):
+        """The block product's (cu_seqlens_q, cu_seqlens_k, int_options, float_options). A part given as a slice
+        (padded shards under a window) has no cu_seqlens."""
+        q_part, k_part, causal, left, right = piece
+        _, cu_q, max_q = (None, None, 0) if isinstance(q_part, slice) else self.parts[q_part]
+        _, cu_k, max_k = (None, None, 0) if isinstance(k_part, slice) else self.parts[k_part]
+        return (cu_q, cu_k) + op_options(max_q, max_k, scale, causal, left, right, softcap, deterministic)
 
 
 # ---- the ring ----
@@ -214,7 +273,14 @@ class _Ring:
         return [t.to(d, non_blocking=True) for t, d in zip(recvs, devices)]
 
 
-def _merge(geo: _Geometry, part: str, out_acc: Tensor, lse_acc: Tensor, out: Tensor, lse: Tensor) -> None:
+def _block_pieces(geo: _Geometry, layout: str, causal: bool, window: Tuple[int, int], ring: "_Ring",
+                  src: int) -> List[Piece]:
+    if window == (-1, -1):
+        return _pieces(layout, causal, ring.rank, src)
+    return _window_pieces(layout, causal, window, ring.rank, src, ring.world, geo.rows)
+
+
+def _merge(geo: _Geometry, part, out_acc: Tensor, lse_acc: Tensor, out: Tensor, lse: Tensor) -> None:
     """The rows `part` of out_acc / lse_acc (fp32) become the attention over both key sets: the partial results
     weighted by exp(lse - lse_new). Rows that saw no key on one side (lse -inf) take the other."""
     acc_out, acc_lse = geo.take(out_acc, part), geo.take(lse_acc, part, dim=-1)
@@ -228,7 +294,7 @@ def _merge(geo: _Geometry, part: str, out_acc: Tensor, lse_acc: Tensor, out: Ten
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, geo, scale, causal, softcap, layout, group, deterministic, backend):
+    def forward(ctx, q, k, v, geo, scale, causal, window, softcap, layout, group, deterministic, backend):
         ring = _Ring(group)
         out_acc = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float32, device=q.device)
         lse_shape = (q.shape[1], q.shape[0]) if geo.dim == 0 else (q.shape[0], q.shape[2], q.shape[1])
@@ -237,9 +303,9 @@ class _RingAttention(torch.autograd.Function):
         for step in range(ring.world):
             pending = ring.start(kv) if step < ring.world - 1 else None
             src = (ring.rank - step) % ring.world
-            for qp, kp, block_causal in _pieces(layout, causal, ring.rank, src):
-                cu_q, cu_k, int_options, float_options = geo.options(qp, kp, scale, block_causal, softcap,
-                                                                     deterministic)
+            for piece in _block_pieces(geo, layout, causal, window, ring, src):
+                qp, kp = piece[:2]
+                cu_q, cu_k, int_options, float_options = geo.options(piece, scale, softcap, deterministic)
                 out, lse = torch.ops.flashattn.attention_forward(
                     geo.take(q, qp), geo.take(kv[0], kp), geo.take(kv[1], kp), cu_q, cu_k, None, int_options,
                     float_options, backend)
@@ -248,13 +314,13 @@ class _RingAttention(torch.autograd.Function):
                 kv = ring.finish(pending)
         out = out_acc.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse_acc)
-        ctx.settings = (geo, scale, causal, softcap, layout, group, deterministic, backend)
+        ctx.settings = (geo, scale, causal, window, softcap, layout, group, deterministic, backend)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        geo, scale, causal, softcap, layout, group, deterministic, backend = ctx.settings
+        geo, scale, causal, window, softcap, layout, group, deterministic, backend = ctx.settings
         ring = _Ring(group)
         dout = dout.contiguous()
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -266,9 +332,9 @@ class _RingAttention(torch.autograd.Function):
             pending_kv = ring.start(kv) if step < ring.world - 1 else None
             src = (ring.rank - step) % ring.world
             block_grads = []
-            for qp, kp, block_causal in _pieces(layout, causal, ring.rank, src):
-                cu_q, cu_k, int_options, float_options = geo.options(qp, kp, scale, block_causal, softcap,
-                                                                     deterministic)
+            for piece in _block_pieces(geo, layout, causal, window, ring, src):
+                qp, kp = piece[:2]
+                cu_q, cu_k, int_options, float_options = geo.options(piece, scale, softcap, deterministic)
                 bq, bk, bv = torch.ops.flashattn.attention_backward(
                     geo.take(dout, qp), geo.take(q, qp), geo.take(kv[0], kp), geo.take(kv[1], kp),
                     geo.take(out, qp), geo.take(lse, qp, dim=-1).contiguous(), cu_q, cu_k, None, int_options,
@@ -287,10 +353,10 @@ class _RingAttention(torch.autograd.Function):
                 kv = ring.finish(pending_kv)
         if pending_dkv is not None:
             dkv = ring.finish(pending_dkv)
-        return (dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)) + (None,) * 8
+        return (dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)) + (None,) * 9
 
 
-def _check_common(q, k, v, rank_dims: int, shape_name: str, window_size) -> None:
+def _check_common(q, k, v, rank_dims: int, shape_name: str) -> None:
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("group: torch.distributed is not initialised (init_process_group first)")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -308,8 +374,6 @@ def _check_common(q, k, v, rank_dims: int, shape_name: str, window_size) -> None
         # The CPU backends' fp64 backward recomputes each row's LSE from the keys it is given (the stored LSE is
         # fp32), so a block's gradients would not use the global LSE.
         raise NotImplementedError("q: float64 ring attention is not supported (fp16, bf16 and fp32 are)")
-    if tuple(window_size) != (-1, -1):
-        raise NotImplementedError("window_size: ring attention with a sliding window is not supported yet")
 
 
 @torch.compiler.disable
@@ -318,7 +382,8 @@ def ring_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, 
                          group=None, *, deterministic: bool = False, backend: str = "auto") -> Tensor:
     """Attention over the sequence whose shards the ranks of `group` (default: the world) hold; returns this rank's
     rows of the output, [b, s/P, h_q, d_v]. Arguments as flash_attn_func's; layout "contiguous" or "zigzag"."""
-    _check_common(q, k, v, 4, "[batch, seqlen / ranks, heads, head_dim]", window_size)
+    _check_common(q, k, v, 4, "[batch, seqlen / ranks, heads, head_dim]")
+    window = _window(window_size)
     layout = _check_layout(layout)
     if layout == "zigzag" and q.shape[1] % 2:
         raise ValueError(f"q: a zigzag shard holds two equal chunks, so its length must be even, got {q.shape[1]}")
@@ -328,8 +393,8 @@ def ring_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, 
     deterministic = check_flag("deterministic", deterministic)
     scale = resolve_scale(softmax_scale, q.shape[-1])
     softcap = check_softcap(softcap)
-    return _RingAttention.apply(q, k, v, _Geometry(q.shape[1]), scale, causal, softcap, layout, group, deterministic,
-                                str(backend))
+    return _RingAttention.apply(q, k, v, _Geometry(q.shape[1]), scale, causal, window, softcap, layout, group,
+                                deterministic, str(backend))
 
 
 @torch.compiler.disable
@@ -343,7 +408,10 @@ def ring_flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Ten
     k, v [total/P, h_kv, d(_v)]: this rank's rows; cu_seqlens int32 (batch + 1,), the cumulative lengths of this
     rank's parts (the same on every rank: checked), max_seqlen their maximum. Returns this rank's rows of the
     output, [total/P, h_q, d_v]. Reads cu_seqlens on the host (one synchronisation per call)."""
-    _check_common(q, k, v, 3, "[total / ranks, heads, head_dim]", window_size)
+    _check_common(q, k, v, 3, "[total / ranks, heads, head_dim]")
+    if _window(window_size) != (-1, -1):
+        raise NotImplementedError("window_size: the varlen ring with a sliding window is not supported yet (the "
+                                  "padded form, ring_flash_attn_func, takes one)")
     layout = _check_layout(layout)
     if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or \
             cu_seqlens.numel() < 1:
@@ -369,4 +437,5 @@ def ring_flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Ten
     scale = resolve_scale(softmax_scale, q.shape[-1])
     softcap = check_softcap(softcap)
     geo = _Geometry(q.shape[0], cu_seqlens, lengths if layout == "zigzag" else None, max_seqlen)
-    return _RingAttention.apply(q, k, v, geo, scale, causal, softcap, layout, group, deterministic, str(backend))
+    return _RingAttention.apply(q, k, v, geo, scale, causal, (-1, -1), softcap, layout, group, deterministic,
+                                str(backend))

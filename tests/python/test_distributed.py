@@ -1,7 +1,7 @@
 """flashattn.distributed.ring_flash_attn_func and its varlen form: 2 and 4 processes (gloo) each holding a shard of
 the sequence (of every sequence of a packed batch) give the output and gradients of single-process attention over
-the whole sequence, in both layouts, causal or not, with GQA, softcap, an explicit scale and d_v != d; the
-deterministic mode repeats bit for bit; under torch.compile the same as eager; bad arguments raise naming them. On a GPU the same runs with the processes sharing it (gloo, staged through host memory)."""
+the whole sequence, in both layouts, causal or not, with GQA, softcap, an explicit scale, d_v != d and sliding
+windows (padded form); the deterministic mode repeats bit for bit; under torch.compile the same as eager; bad arguments raise naming them. On a GPU the same runs with the processes sharing it (gloo, staged through host memory)."""
 import os
 import socket
 
@@ -11,8 +11,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import flashattn
-from flashattn.distributed import (ring_flash_attn_func, ring_flash_attn_varlen_func, shard, shard_varlen, unshard,
-                                   unshard_varlen)
+from flashattn.distributed import (_band, ring_flash_attn_func, ring_flash_attn_varlen_func, shard, shard_varlen,
+                                   unshard, unshard_varlen)
 
 # (layout, causal, heads_q, heads_kv, d, d_v, softcap, softmax_scale)
 CASES = [
@@ -23,6 +23,16 @@ CASES = [
     ("zigzag", True, 6, 2, 24, 16, 3.0, None),
 ]
 SEQLEN, BATCH = 48, 2  # 48 tokens: 2 and 4 ranks, both layouts
+# Sliding windows (padded form): (layout, causal, window_size); 4 query heads over 2 KV heads, d 32. Windows
+# shorter than a shard, spanning several shards, one-sided and two-sided.
+WINDOW_CASES = [
+    ("zigzag", True, (7, 0)),
+    ("contiguous", True, (30, -1)),
+    ("contiguous", False, (5, 3)),
+    ("zigzag", False, (20, -1)),
+    ("zigzag", False, (-1, 6)),
+    ("contiguous", False, (0, 0)),
+]
 # Varlen: a packed batch with an empty sequence; every length a multiple of 8 (2 and 4 ranks, both layouts).
 VARLEN_LENS = [16, 40, 0, 24]
 VARLEN_CASES = [
@@ -131,7 +141,7 @@ def _worker(rank, world, port, device, dtype, out_dir):
         errors = {}
         q, k, v, _ = _problem(CASES[0], device, dtype)
         for name, call in (
-            ("window_size", lambda: ring_flash_attn_func(q, k, v, window_size=(4, 0))),
+            ("window_size", lambda: ring_flash_attn_func(q, k, v, window_size=(4, 0, 1))),
             ("layout", lambda: ring_flash_attn_func(q, k, v, layout="spiral")),
             ("k", lambda: ring_flash_attn_func(q, k[:, :-1], v[:, :-1])),
             ("q", lambda: ring_flash_attn_func(q[:, :-1], k[:, :-1], v[:, :-1], layout="zigzag")),
@@ -142,9 +152,16 @@ def _worker(rank, world, port, device, dtype, out_dir):
                 errors[name] = None
             except (ValueError, NotImplementedError, TypeError) as e:
                 errors[name] = (type(e).__name__, str(e))
+        windowed = []
+        for i, (layout, causal, window) in enumerate(WINDOW_CASES):
+            q, k, v, dout = (shard(t, rank, world, layout) for t in _problem(CASES[1], device, dtype))
+            ql, kl, vl = (t.clone().requires_grad_() for t in (q, k, v))
+            out = ring_flash_attn_func(ql, kl, vl, causal=causal, window_size=window, layout=layout)
+            out.backward(dout)
+            windowed.append([t.detach().cpu() for t in (out, ql.grad, kl.grad, vl.grad)])
         varlen = _varlen_runs(rank, world, device, dtype)
         varlen_errors = _varlen_errors(rank, world, device, dtype)
-        torch.save(dict(results=results, errors=errors, varlen=varlen, varlen_errors=varlen_errors),
+        torch.save(dict(results=results, errors=errors, windowed=windowed, varlen=varlen, varlen_errors=varlen_errors),
                    os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -179,10 +196,19 @@ def _check(world, device, dtype, tmp_path, tol):
         for g_compiled, g_eager in zip(compiled[rank][1:], eager[1:]):
             torch.testing.assert_close(g_compiled, 2.0 * g_eager)
     errors = per_rank[0]["errors"]
-    for name in ("window_size", "float64"):
+    for name in ("float64",):
         assert errors[name] is not None and errors[name][0] == "NotImplementedError" and name in errors[name][1]
-    for name in ("layout", "k", "q"):
+    for name in ("layout", "k", "q", "window_size"):
         assert errors[name] is not None and errors[name][0] == "ValueError" and name in errors[name][1], errors[name]
+    for i, (layout, causal, window) in enumerate(WINDOW_CASES):
+        q, k, v, dout = (t.requires_grad_() if j < 3 else t for j, t in enumerate(_problem(CASES[1], device, dtype)))
+        want = flashattn.flash_attn_func(q, k, v, causal=causal, window_size=window)
+        want.backward(dout)
+        wants = [want.detach().cpu(), q.grad.cpu(), k.grad.cpu(), v.grad.cpu()]
+        got = [unshard([per_rank[r]["windowed"][i][j] for r in range(world)], layout) for j in range(4)]
+        for name, g, w in zip(("out", "dq", "dk", "dv"), got, wants):
+            err = (g.double() - w.double()).norm() / w.double().norm()
+            assert err < tol, f"window {window} {layout} causal={causal} over {world} ranks: {name} error {err:.2e}"
     for i, case in enumerate(VARLEN_CASES):
         layout, causal, _, _, _, _, softcap, scale = case
         tensors, cu = _varlen_problem(case, device, dtype)
@@ -217,6 +243,30 @@ def test_ring_matches_single_process_cuda(world, tmp_path):
     if not (flashattn.built_with_cuda and torch.cuda.is_available()):
         pytest.skip("needs a CUDA device and a build with the CUDA kernels")
     _check(world, "cuda", torch.bfloat16, tmp_path, 2e-2)
+
+
+def test_band_is_the_window_on_the_tightest_rectangle():
+    """_band: the rectangle and window it gives, under the kernels' bottom-right aligned mask, see exactly the pairs
+    the sliding window sees between two chunks of the whole sequence (brute force over random offsets and windows)."""
+    import random
+    rng = random.Random(0)
+    for _ in range(3000):
+        n = rng.randint(1, 9)
+        q0, k0 = rng.randint(0, 4) * n, rng.randint(0, 4) * n
+        causal = rng.random() < 0.4
+        left, right = (rng.choice([-1, rng.randint(0, 3 * n)]) for _ in range(2))
+        r_eff = 0 if causal else right
+        want = {(i, j) for i in range(n) for j in range(n)
+                if (left < 0 or k0 + j >= q0 + i - left) and (r_eff < 0 or k0 + j <= q0 + i + r_eff)}
+        band = _band(q0, k0, n, causal, left, right)
+        got = set()
+        if band is not None:
+            r0, r1, c0, c1, w_left, w_right = band
+            assert w_left >= -1 and w_right >= -1
+            shift = (c1 - c0) - (r1 - r0)
+            got = {(i + r0, j + c0) for i in range(r1 - r0) for j in range(c1 - c0)
+                   if (w_left < 0 or j >= i + shift - w_left) and (w_right < 0 or j <= i + shift + w_right)}
+        assert got == want, (n, q0, k0, causal, left, right, band)
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
