@@ -190,7 +190,7 @@ class _Geometry:
     chunk of every sequence is an index over the packed rows, with its own cu_seqlens (half of the shard's) and
     max_seqlen. The LSE's token dimension is the last in both ([b, h, s/P], [h, total/P])."""
 
-    def __init__(self, rows: int, cu_seqlens: Optional[Tensor] = None, lengths: Optional[List[int]] = None,
+    def __init__(self, rows: int, cu_seqlens: Optional[Tensor] = None, zigzag_cu: Optional[List[int]] = None,
                  max_seqlen: int = 0):
         self.dim = 0 if cu_seqlens is not None else 1
         self.rows = rows
@@ -198,13 +198,11 @@ class _Geometry:
         if cu_seqlens is None:
             self.parts["first"] = (slice(0, rows // 2), None, 0)
             self.parts["second"] = (slice(rows // 2, rows), None, 0)
-        elif lengths is not None:  # zigzag: each sequence's two chunks
-            starts = [0]
-            for n in lengths:
-                starts.append(starts[-1] + n)
+        elif zigzag_cu is not None:  # zigzag: each sequence's two chunks (zigzag_cu: cu_seqlens on the host)
             device = cu_seqlens.device
-            first = [torch.arange(a, a + n // 2) for a, n in zip(starts, lengths)]
-            second = [torch.arange(a + n // 2, a + n) for a, n in zip(starts, lengths)]
+            bounds = list(zip(zigzag_cu[:-1], zigzag_cu[1:]))
+            first = [torch.arange(a, (a + b) // 2) for a, b in bounds]
+            second = [torch.arange((a + b) // 2, b) for a, b in bounds]
             half_cu = torch.div(cu_seqlens, 2, rounding_mode="floor")
             for name, idx in (("first", first), ("second", second)):
                 rows_idx = torch.cat(idx).to(device) if idx else torch.zeros(0, dtype=torch.long, device=device)
@@ -273,7 +271,7 @@ class _Ring:
         return [t.to(d, non_blocking=True) for t, d in zip(recvs, devices)]
 
 
-def _block_pieces(geo: _Geometry, layout: str, causal: bool, window: Tuple[int, int], ring: "_Ring",
+def _block_pieces(geo: _Geometry, layout: str, causal: bool, window: Tuple[int, int], ring: _Ring,
                   src: int) -> List[Piece]:
     if window == (-1, -1):
         return _pieces(layout, causal, ring.rank, src)
@@ -436,6 +434,6 @@ def ring_flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Ten
     deterministic = check_flag("deterministic", deterministic)
     scale = resolve_scale(softmax_scale, q.shape[-1])
     softcap = check_softcap(softcap)
-    geo = _Geometry(q.shape[0], cu_seqlens, lengths if layout == "zigzag" else None, max_seqlen)
+    geo = _Geometry(q.shape[0], cu_seqlens, cu if layout == "zigzag" else None, max_seqlen)
     return _RingAttention.apply(q, k, v, geo, scale, causal, (-1, -1), softcap, layout, group, deterministic,
                                 str(backend))

@@ -206,9 +206,7 @@ void score_tile_pairs(const ScoreTransform<Acc>& score, const MaskSpec& mask, co
                       int64_t nk, Acc* s) {
   constexpr int64_t kBk = CpuTiles<Acc>::kBlockK;
   const int64_t nkp = round_up(nk, CpuTiles<Acc>::kVec);
-  gemm_bf16_pairs(nq, nkp, d_pairs, q_pairs, ldq_pairs, k_pairs, kBk, s, kBk);
-  for (int64_t r = 0; r < nq; ++r)
-    for (int64_t j = 0; j < nkp; ++j) s[r * kBk + j] *= score.qk_scale;
+  gemm_bf16_pairs(nq, nkp, d_pairs, q_pairs, ldq_pairs, k_pairs, kBk, s, kBk, score.qk_scale);
   finish_scores(score, mask, i0, nq, j0, nk, s);
 }
 

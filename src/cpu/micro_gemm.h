@@ -168,7 +168,7 @@ void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t a_rs, int64_t a_k
 }
 
 #if defined(__AVX512BF16__) && defined(__GNUC__)
-// C (M x N, fp32) = A B for bf16 A (M x 2 K2) and B (2 K2 x N) stored in pairs (tile_io.h, bf16_pair): word
+// C (M x N, fp32) = scale · A B for bf16 A (M x 2 K2) and B (2 K2 x N) stored in pairs (tile_io.h, bf16_pair): word
 // a[r * a_rs + k2] holds A(r, 2 k2) and A(r, 2 k2 + 1); row k2 of B (b + k2 * ldb, N words) holds, per column n,
 // B(2 k2, n) and B(2 k2 + 1, n). One vdpbf16ps multiplies 16 columns by both elements of a pair: the products of
 // two bf16 are exact in fp32, so C is the fp32 product of the same values up to the order of its additions (and
@@ -177,7 +177,7 @@ constexpr bool kBf16PairProducts = true;
 
 template <int MR, int NV>
 void micro_tile_bf16_pairs(int64_t K2, const uint32_t* __restrict a, int64_t a_rs, const uint32_t* __restrict b,
-                           int64_t ldb, float* __restrict c, int64_t ldc) {
+                           int64_t ldb, float* __restrict c, int64_t ldc, float scale) {
   __m512 acc[MR][NV];
   FA_UNROLL(8)
   for (int r = 0; r < MR; ++r) {
@@ -195,15 +195,16 @@ void micro_tile_bf16_pairs(int64_t K2, const uint32_t* __restrict a, int64_t a_r
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], ar, bk[v]);
     }
   }
+  const __m512 s = _mm512_set1_ps(scale);
   FA_UNROLL(8)
   for (int r = 0; r < MR; ++r) {
     FA_UNROLL(8)
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, _mm512_mul_ps(acc[r][v], s));
   }
 }
 
 namespace gemm_impl {
-using PairTileFn = void (*)(int64_t, const uint32_t*, int64_t, const uint32_t*, int64_t, float*, int64_t);
+using PairTileFn = void (*)(int64_t, const uint32_t*, int64_t, const uint32_t*, int64_t, float*, int64_t, float);
 
 struct PairTileTable {
   static constexpr int kRows = CpuTiles<float>::kMicroRows;
@@ -221,7 +222,7 @@ struct PairTileTable {
 }  // namespace gemm_impl
 
 inline void gemm_bf16_pairs(int64_t M, int64_t N, int64_t K2, const uint32_t* a, int64_t a_rs, const uint32_t* b,
-                            int64_t ldb, float* c, int64_t ldc) {
+                            int64_t ldb, float* c, int64_t ldc, float scale = 1.f) {
   constexpr int MR = CpuTiles<float>::kMicroRows, NR = CpuTiles<float>::kMicroCols;
   static_assert(CpuTiles<float>::kVec == 16, "gemm_bf16_pairs: 16 fp32 columns per vector");
   static const gemm_impl::PairTileTable table(std::make_integer_sequence<int, MR>{});
@@ -229,7 +230,7 @@ inline void gemm_bf16_pairs(int64_t M, int64_t N, int64_t K2, const uint32_t* a,
     const int nv = int((N - n0 < NR ? N - n0 : NR) / 16);
     for (int64_t m0 = 0; m0 < M; m0 += MR) {
       const int mr = int(M - m0 < MR ? M - m0 : MR);
-      table.fn[mr - 1][nv - 1](K2, a + m0 * a_rs, a_rs, b + n0, ldb, c + m0 * ldc + n0, ldc);
+      table.fn[mr - 1][nv - 1](K2, a + m0 * a_rs, a_rs, b + n0, ldb, c + m0 * ldc + n0, ldc, scale);
     }
   }
 }
@@ -237,7 +238,7 @@ inline void gemm_bf16_pairs(int64_t M, int64_t N, int64_t K2, const uint32_t* a,
 constexpr bool kBf16PairProducts = false;
 // Declared for the kernels' `if constexpr (kBf16PairProducts)` branches, which this level never instantiates.
 void gemm_bf16_pairs(int64_t M, int64_t N, int64_t K2, const uint32_t* a, int64_t a_rs, const uint32_t* b,
-                     int64_t ldb, float* c, int64_t ldc);
+                     int64_t ldb, float* c, int64_t ldc, float scale = 1.f);
 #endif
 
 }  // namespace FLASHATTN_CPU_ISA

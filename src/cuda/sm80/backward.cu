@@ -64,6 +64,8 @@ BwdKernelArgs sm80_backward_args(const BwdParams& p) {
   a.vec_k = aligned(p.k, 16, e, {p.k_batch_stride, p.k_row_stride, p.k_head_stride});
   a.vec_v = aligned(p.v, 16, e, {p.v_batch_stride, p.v_row_stride, p.v_head_stride});
   a.vec_do = aligned(p.dout, 16, e, {p.do_batch_stride, p.do_row_stride, p.do_head_stride});
+  a.vec_o = aligned(p.o, 16, e, {p.o_batch_stride, p.o_row_stride, p.o_head_stride});
+  a.vec_dq = aligned(p.dq, 16, e, {p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride});
   a.pair_dq = aligned(p.dq, 4, e, {p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride});
   a.pair_dk = aligned(p.dk, 4, e, {p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride});
   a.pair_dv = aligned(p.dv, 4, e, {p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride});

@@ -63,9 +63,10 @@ struct BwdKernelArgs {
   bool accumulate_dq;  // false in deterministic mode: the dQ pass recomputes instead
   int stages;          // pipeline depth of the streamed tiles (Q/dO or K/V): 1 or 2
 
-  // 16-byte alignment of pointer and every stride (cp.async path) per input; 4-byte pairs for outputs.
-  bool vec_q, vec_k, vec_v, vec_do;
-  bool pair_dq, pair_dk, pair_dv;
+  // 16-byte alignment of pointer and every stride (cp.async path; O: the preprocess's 16-byte loads) per input;
+  // 4-byte pairs for outputs, and 16-byte chunks of dQ (the row-wise conversion).
+  bool vec_q, vec_k, vec_v, vec_do, vec_o;
+  bool pair_dq, pair_dk, pair_dv, vec_dq;
 };
 
 // First workspace row of batch entry b whose rows start at row `start` of the tensors (packed or b * seqlen_q):

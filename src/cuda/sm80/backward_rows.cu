@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <initializer_list>
 
 #include "cuda/check.h"
 #include "cuda/sm80/backward_launch.cuh"
@@ -15,13 +14,6 @@ namespace flashattn::detail {
 namespace {
 
 constexpr int kRowThreads = 256;
-
-bool aligned16(const void* ptr, std::initializer_list<int64_t> strides) {
-  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
-  for (int64_t s : strides)
-    if (s % cuda::sm80::kRowChunk != 0) return false;
-  return true;
-}
 
 // How the row-wise kernels cover a row of `cols` elements: 16-byte chunks where vec_rows, one per thread of a
 // group of the fewest threads (a power of two, at most a warp) that covers the row in one pass; else one
@@ -42,15 +34,13 @@ struct RowLaunch {
 
 template <typename T>
 void preprocess(const cuda::sm80::BwdKernelArgs& a, cudaStream_t s) {
-  const RowLaunch l(a.head_dim_v, aligned16(a.o, {a.o_batch_stride, a.o_row_stride, a.o_head_stride}) &&
-                                      aligned16(a.dout, {a.do_batch_stride, a.do_row_stride, a.do_head_stride}));
+  const RowLaunch l(a.head_dim_v, a.vec_o && a.vec_do);
   cuda::sm80::bwd_preprocess_kernel<T><<<l.blocks(a), kRowThreads, 0, s>>>(a, l.group_log2, l.vec_rows);
 }
 
 template <typename T>
 void dq_convert(const cuda::sm80::BwdKernelArgs& a, cudaStream_t s) {
-  const RowLaunch l(a.head_dim, aligned16(a.dq, {a.dq_batch_stride, a.dq_row_stride, a.dq_head_stride}) &&
-                                    reinterpret_cast<uintptr_t>(a.dq_accum) % 16 == 0 &&
+  const RowLaunch l(a.head_dim, a.vec_dq && reinterpret_cast<uintptr_t>(a.dq_accum) % 16 == 0 &&
                                     a.dq_accum_ld % 4 == 0);
   cuda::sm80::bwd_dq_convert_kernel<T><<<l.blocks(a), kRowThreads, 0, s>>>(a, l.group_log2, l.vec_rows);
 }
