@@ -75,6 +75,9 @@ def cell(b, ctx, s_q, args, gen):
     seqlens = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
     fns = {}
     fns["ours dense"] = lambda: flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens)
+    for splits in args.splits:
+        fns[f"ours dense, {splits} splits"] = (lambda splits=splits: flashattn.flash_attn_with_kvcache(
+            q, k, v, cache_seqlens=seqlens, num_splits=splits))
     for page in args.pages:
         if ctx % page:
             continue
@@ -116,7 +119,9 @@ def main():
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 128])
     ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384, 131072])
     ap.add_argument("--s-q", type=int, nargs="+", default=[1])
-    ap.add_argument("--pages", type=int, nargs="+", default=[16, 256])
+    ap.add_argument("--pages", type=int, nargs="*", default=[16, 256])
+    ap.add_argument("--splits", type=int, nargs="*", default=[],
+                    help="also time the dense cache with these fixed split counts (default: our heuristic only)")
     ap.add_argument("--max-kv-gb", type=float, default=40.0, help="skip cells whose K+V exceed this")
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--reps", type=int, default=10)

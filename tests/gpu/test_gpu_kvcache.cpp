@@ -82,6 +82,34 @@ std::vector<GpuKVParam> gpu_grid() {
     s.seed = 100 + uint64_t(splits);
     out.push_back({s, Backend::cuda_sm90});
   }
+  // Packed rows past one m16 tile (s_q x group > 16) over caches large enough for the 64-row plan
+  // (decode_launch.cuh decode_tall_rows; each case is at or above its threshold): one partial block, several blocks, exactly one, one row into
+  // the second warp; pages of powers of two and not (3, 48: the division path), leftpads off the page grid,
+  // every head-dim bucket.
+  auto tall = [&](KVCaseSpec s, uint64_t seed) {
+    s.seed = 200 + seed;
+    out.push_back({s, Backend::cuda_sm90});
+  };
+  {
+    KVCaseSpec s;
+    s.h_q = 32, s.h_kv = 8, s.d = 128, s.d_v = 128, s.s_q = 16, s.page_size = 16, s.capacity = 4096;
+    s.causal = true, s.full = true;
+    tall(s, 1);
+    s.d = 256, s.d_v = 256, s.h_q = 8, s.h_kv = 4, s.s_q = 20, s.page_size = 48, s.capacity = 12288, s.full = false;
+    s.window_left = 30, s.window_right = 0, s.num_splits = 3;
+    tall(s, 2);
+    s = KVCaseSpec{};
+    s.h_q = 16, s.h_kv = 1, s.s_q = 9, s.page_size = 3, s.capacity = 16384, s.leftpad = true, s.batch_idx = true;
+    s.softcap = 15, s.num_splits = 0;
+    tall(s, 3);
+    s = KVCaseSpec{};
+    s.h_q = 8, s.h_kv = 8, s.d = 128, s.d_v = 96, s.s_q = 64, s.capacity = 16384, s.s_new = 5, s.rotary_dim = 64;
+    s.causal = true;
+    tall(s, 4);
+    s.dtype = DType::f16, s.s_q = 17, s.page_size = 16, s.capacity = 8192, s.s_new = 0, s.rotary_dim = 0;
+    s.leftpad = true, s.num_splits = 7;
+    tall(s, 5);
+  }
   return out;
 }
 

@@ -7,13 +7,15 @@
 // equal share of the key blocks the rows can see; with one split the block writes O and LSE itself, otherwise it
 // writes its normalised partial O and LSE (fp32) for decode_combine_kernel.
 //
-// Warp roles: none. All threads issue the cp.async copies; each warp computes S = Q Kᵀ and O += P V for its
-// block_n / warps keys of every tile with its own online softmax, and the warps merge (max, sum, O) once at the
-// end through shared memory.
+// Warp roles: none. All threads issue the cp.async copies. The warps split the block's rows into m16 tiles and
+// each tile's keys (decode_config.h: the 16-row plan has 4 warps on 16 keys each of one row tile, the 64-row plan
+// one warp per row tile on all keys); each warp computes S = Q Kᵀ and O += P V for its rows and keys with its own
+// online softmax, and the warps merge (max, sum, O) once at the end through shared memory.
 //
 // Shared memory (decode_config.h): Q tile (block_m x D) + stages x (K + V tiles, block_n x D each), swizzled
 // (tile_io.cuh); the merge reuses the K/V buffers. K/V rows come from KVCacheLayout's addressing (any page size,
-// pages in any order; rows of a page out of range read as zeros), by the cheapest of three loaders (load_kv).
+// pages in any order; rows of a page out of range read as zeros): strided rows for a dense cache, rows looked up
+// in the block table one tile ahead for a paged one (PagedTileRows).
 //
 // Preconditions (checked by the launcher, decode.cu): fp16 or bf16; head dims <= D; 2-byte aligned pointers;
 // `vec` flags only for 16-byte aligned tensors with strides and head dims that are multiples of 8 elements;
@@ -21,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/alibi.h"
 #include "common/kv_cache.h"
@@ -60,7 +63,14 @@ struct DecodeKernelArgs {
   const float* alibi_slopes;
   int64_t alibi_batch_stride;
   bool q_vec, k_vec, v_vec, o_vec;
+  // Paged K and V with the same page and row strides, each below 2^31 elements, page_size * row stride too: one
+  // 32-bit in-page offset and one widening multiply per row serve both (PagedLoad::shift_shared32).
+  bool paged_shared32;
 };
+
+// How a paged tile's rows are addressed, chosen once per block: the page sizes that are not powers of two
+// divide; the others shift, and when K and V share small strides one offset serves both.
+enum class PagedLoad { divide, shift, shift_shared32 };
 
 // One 16-byte chunk (8 elements) of a tile row: from src + col, or zeros when src is null; columns past
 // cols_valid read as zeros. `fallback` is any valid global address: a zero-filled chunk passes it to cp.async,
@@ -94,77 +104,81 @@ __device__ __forceinline__ void gather_tile(T* s, RowPtr row_ptr, const T* fallb
   }
 }
 
-// K and V tiles of a paged cache whose page size is a power of two (1 << page_shift) and a multiple of the rows
-// one pass copies, with the tile's first row (first_row, an absolute cache row) on a pass boundary: every pass
-// lies inside one page, so each pass costs one block-table read that all threads share, issued for all passes
-// before the first copy. Rows from rows_valid on, and rows of pages out of range, read as zeros.
-template <int kRows, int kD, int kThreads, typename T>
-__device__ __forceinline__ void load_paged_kv_tiles(T* sk, T* sv, const T* k_base, const T* v_base,
-                                                    int64_t k_page_stride, int64_t k_row_stride,
-                                                    int64_t v_page_stride, int64_t v_row_stride,
-                                                    const int32_t* table_row, int64_t num_pages, int page_shift,
-                                                    int first_row, int rows_valid, int k_cols, int v_cols, bool k_vec,
-                                                    bool v_vec) {
-  constexpr int kChunksPerRow = kD / 8;
-  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
-  constexpr int kPasses = kRows / kRowsPerPass;
-  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
-  const int row0 = int(threadIdx.x) / kChunksPerRow;
-  const int col = (int(threadIdx.x) % kChunksPerRow) * 8;
-  const int in_page_mask = (1 << page_shift) - 1;
+// This thread's rows of a paged K/V tile, one per copy pass: the page holding each (-1: none), read from the
+// block table one tile ahead of the copies that use it (fetch, then copy the next time), so that the table's
+// latency hides behind a tile of math instead of stalling the copies. Only the pages are kept between the two
+// (the rows within them are recomputed): at d 256 a thread has 16 passes, and the registers are scarce there.
+template <int kRows, int kD, int kThreads>
+struct PagedTileRows {
+  static constexpr int kRowsPerPass = kThreads / (kD / 8);
+  static constexpr int kPasses = kRows / kRowsPerPass;
+  static_assert(kThreads % (kD / 8) == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
   int page[kPasses];
-#pragma unroll
-  for (int i = 0; i < kPasses; ++i) {
-    page[i] = i * kRowsPerPass < rows_valid ? table_row[(first_row + i * kRowsPerPass) >> page_shift] : -1;
-  }
-#pragma unroll
-  for (int i = 0; i < kPasses; ++i) {
-    const int row = row0 + i * kRowsPerPass;
-    const bool in = row < rows_valid && page[i] >= 0 && page[i] < num_pages;
-    const int64_t in_page = ((first_row + i * kRowsPerPass) & in_page_mask) + row0;
-    const T* k_src = in ? k_base + int64_t(page[i]) * k_page_stride + in_page * k_row_stride : nullptr;
-    const T* v_src = in ? v_base + int64_t(page[i]) * v_page_stride + in_page * v_row_stride : nullptr;
-    copy_chunk(sk + swizzle<kD>(row, col), k_src, k_base, col, k_cols, k_vec);
-    copy_chunk(sv + swizzle<kD>(row, col), v_src, v_base, col, v_cols, v_vec);
-  }
-}
 
-// K and V tiles of the same rows: row r's sources come from kv_rows(r, &k, &v) (null: zeros). Every row's
-// addresses are computed before the first copy is issued, so that the block-table reads of a paged cache overlap
-// one another instead of each delaying its row's copy.
-template <int kRows, int kD, int kThreads, typename T, typename RowPtrs>
-__device__ __forceinline__ void gather_kv_tiles(T* sk, T* sv, RowPtrs kv_rows, const T* k_fallback,
-                                                const T* v_fallback, int k_cols, int v_cols, bool k_vec, bool v_vec) {
-  constexpr int kChunksPerRow = kD / 8;
-  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
-  constexpr int kPasses = kRows / kRowsPerPass;
-  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
-  const int row0 = int(threadIdx.x) / kChunksPerRow;
-  const T* k_src[kPasses];
-  const T* v_src[kPasses];
-#pragma unroll
-  for (int i = 0; i < kPasses; ++i) kv_rows(row0 + i * kRowsPerPass, &k_src[i], &v_src[i]);
-#pragma unroll
-  for (int i = 0; i < kPasses; ++i) {
-    const int row = row0 + i * kRowsPerPass;
-    gather_tile<1, kD, kChunksPerRow>(sk, [&](int) { return k_src[i]; }, k_fallback, k_cols, k_vec, row);
-    gather_tile<1, kD, kChunksPerRow>(sv, [&](int) { return v_src[i]; }, v_fallback, v_cols, v_vec, row);
+  // Cache row of pass i's row: the sequence's key n0 + row0 + i * kRowsPerPass, past its first row key_begin.
+  __device__ __forceinline__ static int cache_row(int key_begin, int n0, int i) {
+    return key_begin + n0 + int(threadIdx.x) / (kD / 8) + i * kRowsPerPass;
   }
-}
 
-template <typename T, int kD>
+  // kMode != divide: page_size is 1 << page_shift. table_row null: no rows.
+  template <PagedLoad kMode>
+  __device__ __forceinline__ void fetch(const int32_t* table_row, int key_begin, int n0, int len_k, int page_size,
+                                        int page_shift) {
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const int row = cache_row(key_begin, n0, i);
+      page[i] = -1;
+      if (table_row != nullptr && row - key_begin < len_k) {
+        page[i] = table_row[kMode != PagedLoad::divide ? row >> page_shift : row / page_size];
+      }
+    }
+  }
+
+  // Copies the fetched rows of tile n0 into the swizzled K and V tiles; rows of no page, or of a page out of
+  // range, read as zeros.
+  template <PagedLoad kMode, typename T>
+  __device__ __forceinline__ void copy(T* sk, T* sv, const T* k_base, const T* v_base, int64_t k_page_stride,
+                                       int64_t k_row_stride, int64_t v_page_stride, int64_t v_row_stride,
+                                       int64_t num_pages, int key_begin, int n0, int page_size, int page_shift,
+                                       int k_cols, int v_cols, bool k_vec, bool v_vec) const {
+    const int row0 = int(threadIdx.x) / (kD / 8);
+    const int col = (int(threadIdx.x) % (kD / 8)) * 8;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const int row = cache_row(key_begin, n0, i);
+      const bool in = page[i] >= 0 && page[i] < num_pages;
+      const T* k_src = nullptr;
+      const T* v_src = nullptr;
+      if constexpr (kMode == PagedLoad::shift_shared32) {
+        const int64_t offset = int64_t(page[i]) * int32_t(k_page_stride) + (row & (page_size - 1)) * int32_t(k_row_stride);
+        k_src = in ? k_base + offset : nullptr;
+        v_src = in ? v_base + offset : nullptr;
+      } else {
+        const int64_t in_page = kMode == PagedLoad::shift ? row & (page_size - 1) : row - (row / page_size) * page_size;
+        k_src = in ? k_base + int64_t(page[i]) * k_page_stride + in_page * k_row_stride : nullptr;
+        v_src = in ? v_base + int64_t(page[i]) * v_page_stride + in_page * v_row_stride : nullptr;
+      }
+      const int tile_row = row0 + i * kRowsPerPass;
+      copy_chunk(sk + swizzle<kD>(tile_row, col), k_src, k_base, col, k_cols, k_vec);
+      copy_chunk(sv + swizzle<kD>(tile_row, col), v_src, v_base, col, v_cols, v_vec);
+    }
+  }
+};
+
+template <typename T, int kD, int kRowsPlan>
 struct DecodeKernel {
-  static constexpr DecodeTile kTile = decode_tile(kD);
+  static constexpr DecodeTile kTile = decode_tile(kD, kRowsPlan);
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kWarps = kTile.warps;
+  static constexpr int kKeyWarps = kTile.key_warps();
   static constexpr int kStages = kTile.stages;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kWarpKeys = kBlockN / kWarps;
+  static constexpr int kWarpKeys = kBlockN / kKeyWarps;
   static constexpr int kNTiles = kWarpKeys / 8;  // n-tiles of the warp's S
   static constexpr int kDTiles = kD / 8;
-  static constexpr int kSmemBytes = decode_smem_bytes(kD);
-  static_assert(kBlockM == 16, "one m16 tile of packed rows, shared by every warp");
+  static constexpr int kSmemBytes = decode_smem_bytes(kD, kRowsPlan);
+  static_assert(kBlockM % 16 == 0 && kTile.row_warps() * kKeyWarps == kWarps, "one m16 tile of rows per warp");
   static_assert(kWarpKeys % 16 == 0, "whole k16 steps of P per warp");
 
   __device__ static void run(const DecodeKernelArgs& a, unsigned char* smem) {
@@ -172,6 +186,7 @@ struct DecodeKernel {
     T* sK = sQ + kBlockM * kD;
     T* sV = sK + kStages * kBlockN * kD;
     const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
+    const int row_warp = warp / kKeyWarps, key_warp = warp % kKeyWarps;  // the warp's 16 rows, its keys
     const int split = int(blockIdx.x), m_block = int(blockIdx.y);
     const int hk = int(blockIdx.z) % (a.heads_q / a.head_group), b = int(blockIdx.z) / (a.heads_q / a.head_group);
 
@@ -209,19 +224,44 @@ struct DecodeKernel {
       const int pr = r0 + r, i = pr / a.head_group, h = hk * a.head_group + pr % a.head_group;
       return static_cast<const T*>(a.q) + b * a.q_batch_stride + (start_q + i) * a.q_row_stride + h * a.q_head_stride;
     };
-    // Tile it covers keys [n0, n0 + kBlockN) of the sequence, i.e. cache rows key_begin + n0 ... Three ways to
-    // load it, chosen once per block: a dense cache is strided rows (load_tile steps one pointer per pass); a
-    // paged cache whose passes each fall inside one page reads the block table once per pass; anything else
-    // (pages of 1-4 rows, other sizes, a leftpad off the pass grid) computes each row's address.
-    constexpr int kRowsPerPass = kThreads / (kD / 8);
+    // Tile it covers keys [n0, n0 + kBlockN) of the sequence, i.e. cache rows key_begin + n0 ... A dense cache
+    // is strided rows (load_tile steps one pointer per pass); a paged cache's rows are looked up in the block
+    // table one tile ahead (PagedTileRows).
     const T* k_base = static_cast<const T*>(a.k) + hk * a.k_head_stride;
     const T* v_base = static_cast<const T*>(a.v) + hk * a.v_head_stride;
     const bool paged = a.cache.paged();
     const int page_size = int(a.cache.page_size);
-    const int page_shift = paged && page_size >= kRowsPerPass && (page_size & (page_size - 1)) == 0
-                               ? __ffs(page_size) - 1 : -1;
-    const bool page_per_pass = page_shift >= 0 && key_begin % kRowsPerPass == 0;
+    const int page_shift = paged && (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
     const int32_t* table_row = paged && entry >= 0 ? a.cache.block_table + entry * a.cache.block_table_stride : nullptr;
+    PagedTileRows<kBlockN, kD, kThreads> paged_rows;
+    // One copy of the paged loads per PagedLoad mode, chosen outside the unrolled passes: a runtime choice
+    // inside them would compute the division (and both offsets) for every row whatever the mode.
+    auto paged_step = [&](auto mode, int it) {
+      constexpr PagedLoad kMode = decltype(mode)::value;
+      const int n0 = (split_begin + it) * kBlockN;
+      if (it >= 0) {
+        const int stage = it % kStages;
+        paged_rows.template copy<kMode>(sK + stage * kBlockN * kD, sV + stage * kBlockN * kD, k_base, v_base,
+                                        a.k_batch_stride, a.k_row_stride, a.v_batch_stride, a.v_row_stride,
+                                        a.cache.num_pages, int(key_begin), n0, page_size, page_shift, a.head_dim,
+                                        a.head_dim_v, a.k_vec, a.v_vec);
+      }
+      if (it + 1 < n_iters) {
+        paged_rows.template fetch<kMode>(table_row, int(key_begin), n0 + kBlockN, len_k, page_size, page_shift);
+      }
+    };
+    // it = -1: only the first tile's pages.
+    auto paged_load = [&](int it) {
+      using Mode = PagedLoad;
+      if (page_shift < 0) {
+        paged_step(std::integral_constant<Mode, Mode::divide>{}, it);
+      } else if (a.paged_shared32) {
+        paged_step(std::integral_constant<Mode, Mode::shift_shared32>{}, it);
+      } else {
+        paged_step(std::integral_constant<Mode, Mode::shift>{}, it);
+      }
+    };
+    if (paged) paged_load(-1);
     auto load_kv = [&](int it) {
       if (it < n_iters) {
         const int n0 = (split_begin + it) * kBlockN;
@@ -234,26 +274,8 @@ struct DecodeKernel {
                                            a.k_row_stride, len_k - n0, a.head_dim, a.k_vec);
           load_tile<kBlockN, kD, kThreads>(sv, v_base + entry * a.v_batch_stride + row * a.v_row_stride,
                                            a.v_row_stride, len_k - n0, a.head_dim_v, a.v_vec);
-        } else if (page_per_pass) {
-          load_paged_kv_tiles<kBlockN, kD, kThreads>(sk, sv, k_base, v_base, a.k_batch_stride, a.k_row_stride,
-                                                     a.v_batch_stride, a.v_row_stride, table_row, a.cache.num_pages,
-                                                     page_shift, int(key_begin) + n0, len_k - n0, a.head_dim,
-                                                     a.head_dim_v, a.k_vec, a.v_vec);
         } else {
-          auto kv_rows = [&](int r, const T** k_row, const T** v_row) {
-            const int j = n0 + r;
-            *k_row = *v_row = nullptr;
-            if (j >= len_k) return;
-            const int row = int(key_begin) + j;
-            const int slot = row / page_size;
-            const int64_t page = table_row[slot];
-            if (page < 0 || page >= a.cache.num_pages) return;
-            const int in_page = row - slot * page_size;
-            *k_row = k_base + page * a.k_batch_stride + int64_t(in_page) * a.k_row_stride;
-            *v_row = v_base + page * a.v_batch_stride + int64_t(in_page) * a.v_row_stride;
-          };
-          gather_kv_tiles<kBlockN, kD, kThreads>(sk, sv, kv_rows, k_base, v_base, a.head_dim, a.head_dim_v, a.k_vec,
-                                                 a.v_vec);
+          paged_load(it);
         }
       }
       cp_async_commit();
@@ -267,6 +289,7 @@ struct DecodeKernel {
     OnlineSoftmax<1> softmax;
     softmax.init();
     const int g = lane >> 2, q = lane & 3;
+    const int warp_r0 = r0 + row_warp * 16;  // the warp's first packed row
     // ALiBi: the thread's two packed rows have their own query rows and heads, so their own slopes and diagonals
     // (distances count over the sequence's used keys).
     const bool alibi = a.alibi_slopes != nullptr;
@@ -275,7 +298,7 @@ struct DecodeKernel {
     if (alibi) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int pr = min(r0 + g + 8 * half, packed_rows - 1), h = hk * a.head_group + pr % a.head_group;
+        const int pr = min(warp_r0 + g + 8 * half, packed_rows - 1), h = hk * a.head_group + pr % a.head_group;
         const Alibi32 bias = Alibi32::make(a.alibi_slopes, a.alibi_batch_stride, b, h, len_q, len_k);
         alibi_slope_u[0][half] = bias.slope_in(a.unit_scale);
         alibi_diag[half] = pr / a.head_group + bias.shift - 2 * q;
@@ -289,14 +312,15 @@ struct DecodeKernel {
       __syncthreads();  // tile it visible to all; every warp is done with the buffer refilled next
       load_kv(it + kStages - 1);
       const int stage = it % kStages;
-      const int key0 = (split_begin + it) * kBlockN + warp * kWarpKeys;
+      const int key0 = (split_begin + it) * kBlockN + key_warp * kWarpKeys;
 
       float s[1][kNTiles][4];
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[0][nt][e] = 0.f;
-      warp_gemm_qk<T, kD, 1, kNTiles>(s, sQ, sK + stage * kBlockN * kD + warp * kWarpKeys * kD, lane);
+      warp_gemm_qk<T, kD, 1, kNTiles>(s, sQ + row_warp * 16 * kD, sK + stage * kBlockN * kD + key_warp * kWarpKeys * kD,
+                                      lane);
       if (a.softcap_pre != 0.f) apply_softcap(s, a.softcap_pre);
       if (alibi) {
         const float base[1][2] = {{float(alibi_diag[0] - key0), float(alibi_diag[1] - key0)}};
@@ -306,7 +330,7 @@ struct DecodeKernel {
       if (key0 + kWarpKeys > len_k || !mask.tile_fully_visible(i_first, i_last + 1, key0, key0 + kWarpKeys)) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int i = min(r0 + g + 8 * half, packed_rows - 1) / a.head_group;
+          const int i = min(warp_r0 + g + 8 * half, packed_rows - 1) / a.head_group;
           int64_t lo, hi;
           mask.key_range(i, &lo, &hi);
 #pragma unroll
@@ -322,7 +346,7 @@ struct DecodeKernel {
       float factor[1][2];
       softmax.update(s, a.scale_log2, factor);
       OnlineSoftmax<1>::rescale(acc_o, factor);
-      warp_gemm_pv<T, kD, 1, kNTiles>(acc_o, s, sV + stage * kBlockN * kD + warp * kWarpKeys * kD, lane);
+      warp_gemm_pv<T, kD, 1, kNTiles>(acc_o, s, sV + stage * kBlockN * kD + key_warp * kWarpKeys * kD, lane);
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the K/V buffers: the merge reuses them
@@ -330,19 +354,19 @@ struct DecodeKernel {
     // Merge the warps: each publishes its rows' (max, sum) and unnormalised O; every thread then combines a
     // slice of the block's outputs.
     float* sMerge = reinterpret_cast<float*>(smem);
-    float* sMax = sMerge + kWarps * kBlockM * kD;
-    float* sSum = sMax + kWarps * kBlockM;
+    float* sMax = sMerge + kKeyWarps * kBlockM * kD;
+    float* sSum = sMax + kKeyWarps * kBlockM;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int row = g + 8 * half;
+      const int row = row_warp * 16 + g + 8 * half;
       const float sum = quad_sum(softmax.row_sum[0][half]);
       if (q == 0) {
-        sMax[warp * kBlockM + row] = softmax.row_max[0][half];
-        sSum[warp * kBlockM + row] = sum;
+        sMax[key_warp * kBlockM + row] = softmax.row_max[0][half];
+        sSum[key_warp * kBlockM + row] = sum;
       }
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
-        float* dst = sMerge + (warp * kBlockM + row) * kD + dt * 8 + 2 * q;
+        float* dst = sMerge + (key_warp * kBlockM + row) * kD + dt * 8 + 2 * q;
         dst[0] = acc_o[0][dt][2 * half];
         dst[1] = acc_o[0][dt][2 * half + 1];
       }
@@ -355,11 +379,11 @@ struct DecodeKernel {
       if (c >= a.head_dim_v) continue;
       float m = -INFINITY;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) m = fmaxf(m, sMax[w * kBlockM + row]);
+      for (int w = 0; w < kKeyWarps; ++w) m = fmaxf(m, sMax[w * kBlockM + row]);
       const float sub = m == -INFINITY ? 0.f : m * a.scale_log2;
       float sum = 0.f, o = 0.f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
+      for (int w = 0; w < kKeyWarps; ++w) {
         const float f = fast_exp2(sMax[w * kBlockM + row] * a.scale_log2 - sub);
         sum += sSum[w * kBlockM + row] * f;
         o += sMerge[(w * kBlockM + row) * kD + c] * f;
@@ -381,11 +405,11 @@ struct DecodeKernel {
   }
 };
 
-template <typename T, int kD>
-__global__ void __launch_bounds__(DecodeKernel<T, kD>::kThreads, decode_tile(kD).min_blocks_sm)
+template <typename T, int kD, int kRowsPlan>
+__global__ void __launch_bounds__(DecodeKernel<T, kD, kRowsPlan>::kThreads, decode_tile(kD, kRowsPlan).min_blocks_sm)
     decode_kernel(const __grid_constant__ DecodeKernelArgs args) {
   extern __shared__ __align__(128) unsigned char smem[];
-  DecodeKernel<T, kD>::run(args, smem);
+  DecodeKernel<T, kD, kRowsPlan>::run(args, smem);
 }
 
 // Merges the splits' partial outputs: per (packed query row, head) one warp reads every split's LSE, weighs the

@@ -38,20 +38,23 @@ inline int decode_num_splits(int64_t tiles, int64_t key_blocks, int slots) {
   return 1;
 }
 
-template <typename T, int kD>
-Status launch_decode(const FwdParams& p) {
-  using Kernel = DecodeKernel<T, kD>;
+template <typename T, int kD, int kRowsPlan>
+Status launch_decode_plan(const FwdParams& p) {
+  using Kernel = DecodeKernel<T, kD, kRowsPlan>;
   constexpr int kSmem = Kernel::kSmemBytes;
   DecodeKernelArgs a{};
   fill_attention_args(p, &a);
   a.cache = KVCacheLayout::of(p);
   a.rows_total = int(p.is_varlen() ? p.total_q : p.batch * p.seqlen_q);
   a.heads_q = int(p.heads_q);
+  auto small = [](int64_t x) { return x >= 0 && x <= INT32_MAX; };
+  a.paged_shared32 = p.is_paged() && p.k_batch_stride == p.v_batch_stride && p.k_row_stride == p.v_row_stride &&
+                     small(p.k_batch_stride) && small(p.k_row_stride) && small(p.page_size * p.k_row_stride);
 
   detail::DeviceGuard guard(p.device.index);
   FA_CUDA_TRY(guard.status());
   auto stream = static_cast<cudaStream_t>(p.stream);
-  auto kernel = decode_kernel<T, kD>;
+  auto kernel = decode_kernel<T, kD, kRowsPlan>;
   static std::atomic<bool> smem_set[kMaxDevices];
   const bool cached = p.device.index >= 0 && p.device.index < kMaxDevices;
   if (!cached || !smem_set[p.device.index].load(std::memory_order_acquire)) {
@@ -63,13 +66,23 @@ Status launch_decode(const FwdParams& p) {
   const int64_t tiles = m_blocks * p.heads_kv * p.batch;
   int splits = p.num_splits;
   if (splits == 0) {
-    int sms = 0, per_sm = 0;
-    FA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device.index));
-    FA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Kernel::kThreads, kSmem));
-    splits = decode_num_splits(tiles, (p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN, sms * std::max(per_sm, 1));
+    // The device's block slots for this kernel, asked once per device (static storage starts at 0, "not asked").
+    static std::atomic<int> slots_asked[kMaxDevices];
+    int block_slots = cached ? slots_asked[p.device.index].load(std::memory_order_relaxed) : 0;
+    if (block_slots == 0) {
+      int sms = 0, per_sm = 0;
+      FA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device.index));
+      FA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Kernel::kThreads, kSmem));
+      block_slots = sms * std::max(per_sm, 1);
+      if (cached) slots_asked[p.device.index].store(block_slots, std::memory_order_relaxed);
+    }
+    splits = decode_num_splits(tiles, (p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN, block_slots);
   }
   a.num_splits = splits;
-  if (m_blocks > 65535) return Status::unsupported("cuda decode: more than 65535 x 16 packed query rows per sequence");
+  if (m_blocks > 65535) {
+    return Status::unsupported("cuda decode: more than 65535 x " + std::to_string(Kernel::kBlockM) +
+                               " packed query rows per sequence");
+  }
   if (p.heads_kv * p.batch > INT32_MAX) return Status::unsupported("cuda decode: batch x heads_kv above 2^31");
   const dim3 grid(unsigned(splits), unsigned(m_blocks), unsigned(p.heads_kv * p.batch));
 
@@ -104,6 +117,25 @@ Status launch_decode(const FwdParams& p) {
   st = detail::workspace_free(ws, stream);
   if (err != cudaSuccess) return detail::cuda_status(err, "decode kernel launch");
   return st;
+}
+
+// The row plan (decode_config.h): one m16 tile when every packed row of a sequence fits it. Taller rows run
+// 64-row blocks once the key rows the 16-row plan would read (batch x heads_kv x capacity, once per 16 packed
+// rows) pass a threshold; below it that plan's more, shorter blocks finish first. Measured on the H200 at s_q 16,
+// GQA 4 (four 16-row blocks): dense caches cross between 2^19 and 2^21 rows read, paged ones between 2^16 and
+// 2^18 (their loads are dearer to repeat); above, the 64-row plan reads up to 2x faster (bench/results/decode.md).
+inline bool decode_tall_rows(const FwdParams& p) {
+  const int64_t packed_rows = p.seqlen_q * (p.heads_q / p.heads_kv);
+  if (packed_rows <= kDecodeRowsShort) return false;
+  const int64_t short_blocks = (packed_rows + kDecodeRowsShort - 1) / kDecodeRowsShort;
+  const double rows_read = double(p.batch) * double(p.heads_kv) * double(p.seqlen_k) * double(short_blocks);
+  return rows_read >= double(p.is_paged() ? kDecodeTallPagedRowsRead : kDecodeTallRowsRead);
+}
+
+template <typename T, int kD>
+Status launch_decode(const FwdParams& p) {
+  return decode_tall_rows(p) ? launch_decode_plan<T, kD, kDecodeRowsTall>(p)
+                             : launch_decode_plan<T, kD, kDecodeRowsShort>(p);
 }
 
 }  // namespace flashattn::cuda::sm80
