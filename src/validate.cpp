@@ -404,11 +404,14 @@ Status read_indices(const int32_t* data, int64_t count, Device dev, void* stream
 Status check_index_values(const KVCacheParams& kp, const TensorView& block_table_view) {
   const FwdParams& p = kp.attn;
   const Device dev = p.device;
-  std::vector<int32_t> used, pad, idx, table;
+  std::vector<int32_t> used, pad, idx, table, cu_new, rotary;
   Status st;
   if (p.seqused_k && !(st = read_indices(p.seqused_k, p.batch, dev, p.stream, &used)).ok()) return st;
   if (p.leftpad_k && !(st = read_indices(p.leftpad_k, p.batch, dev, p.stream, &pad)).ok()) return st;
   if (p.kv_batch_idx && !(st = read_indices(p.kv_batch_idx, p.batch, dev, p.stream, &idx)).ok()) return st;
+  if (p.cu_seqlens_k_new && !(st = read_indices(p.cu_seqlens_k_new, p.batch + 1, dev, p.stream, &cu_new)).ok())
+    return st;
+  if (kp.rotary_seqlens && !(st = read_indices(kp.rotary_seqlens, p.batch, dev, p.stream, &rotary)).ok()) return st;
   // The block table's pages are checked where reading it is free (CPU tensors). On CUDA it may be large and its
   // pages cost nothing to leave to the kernels, which never read or write through a page out of range.
   const bool check_pages = p.block_table != nullptr && dev.type == DeviceType::cpu;
@@ -433,22 +436,35 @@ Status check_index_values(const KVCacheParams& kp, const TensorView& block_table
       return Status::invalid("cache_batch_idx: entry " + std::to_string(b) + " is " + std::to_string(entry) +
                              ", outside [0, " + std::to_string(p.cache_entries) + ")");
     }
-    const int64_t end = (p.seqused_k ? int64_t(used[size_t(b)]) : p.seqlen_k) + p.appended_k;
+    const int64_t appended = p.cu_seqlens_k_new ? int64_t(cu_new[size_t(b + 1)]) - cu_new[size_t(b)] : p.appended_k;
+    const int64_t end = (p.seqused_k ? int64_t(used[size_t(b)]) : p.seqlen_k) + appended;
     if (p.seqused_k && used[size_t(b)] < 0) {
       return Status::invalid("cache_seqlens: entry " + std::to_string(b) + " is negative (" +
                              std::to_string(used[size_t(b)]) + ")");
     }
     if (end > p.seqlen_k) {
-      std::string what = "cache_seqlens[" + std::to_string(b) + "] (" + std::to_string(end - p.appended_k) + ")";
-      if (p.appended_k > 0) what += " + " + std::to_string(p.appended_k) + " new rows";
+      std::string what = "cache_seqlens[" + std::to_string(b) + "] (" + std::to_string(end - appended) + ")";
+      if (appended > 0) what += " + " + std::to_string(appended) + " new rows";
       return Status::invalid(std::string(capacity_name) + ": " + what + " exceeds the " +
                              std::to_string(p.seqlen_k) + " rows the cache addresses" +
                              (p.block_table ? " (block_table columns x page_size)" : " (k_cache's dim 1)"));
     }
-    if (kp.rotary_cos && kp.rotary_per_row && end - p.appended_k + p.seqlen_q > kp.rotary_rows) {
-      return Status::invalid("rotary_cos: " + std::to_string(kp.rotary_rows) + " positions, but sequence " +
-                             std::to_string(b) + "'s queries are rotated at positions up to " +
-                             std::to_string(end - p.appended_k + p.seqlen_q - 1) + " (cache_seqlens + query row)");
+    if (kp.rotary_cos) {
+      // Positions: query rows at base (+ i), new rows at base + i; base = rotary_seqlens[b] or cache_seqlens[b].
+      const int64_t base = kp.rotary_seqlens ? int64_t(rotary[size_t(b)]) : end - appended;
+      const int64_t len_q = p.seqlen_q;  // varlen: the longest, a bound on every sequence's rows
+      const int64_t last = base + std::max<int64_t>(kp.rotary_per_row ? len_q : 1, appended) - 1;
+      const char* name = kp.rotary_seqlens ? "rotary_seqlens" : "rotary_cos";
+      if (base < 0) {
+        return Status::invalid(std::string(name) + ": entry " + std::to_string(b) + " is negative (" +
+                               std::to_string(base) + ")");
+      }
+      if (last >= kp.rotary_rows) {
+        return Status::invalid(std::string(name) + ": sequence " + std::to_string(b) +
+                               " rotates rows at positions up to " + std::to_string(last) + " (" +
+                               (kp.rotary_seqlens ? "rotary_seqlens" : "cache_seqlens") +
+                               " + row), past rotary_cos's " + std::to_string(kp.rotary_rows) + " positions");
+      }
     }
     const int64_t begin = p.leftpad_k ? pad[size_t(b)] : 0;
     if (begin < 0 || begin > end) {
@@ -457,7 +473,7 @@ Status check_index_values(const KVCacheParams& kp, const TensorView& block_table
     }
     // The pages of the rows read (from leftpad) and of the rows written (the appended ones, which may start
     // before leftpad).
-    const int64_t first = p.appended_k > 0 ? std::min(begin, end - p.appended_k) : begin;
+    const int64_t first = appended > 0 ? std::min(begin, end - appended) : begin;
     if (check_pages && end > first) {
       const int64_t cols = block_table_view.shape[1];
       for (int64_t pg = first / p.page_size; pg <= (end - 1) / p.page_size; ++pg) {
@@ -590,32 +606,52 @@ Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCa
   if (a.k_new.defined() != a.v_new.defined()) {
     return Status::invalid(a.k_new.defined() ? "v_new: required when k_new is given" : "k_new: required when v_new is given");
   }
+  if (a.cu_seqlens_k_new.defined() && !a.k_new.defined()) {
+    return Status::invalid("cu_seqlens_k_new: given without the new rows k_new / v_new");
+  }
   if (a.k_new.defined()) {
-    if (varlen) {
-      return Status::unsupported("k_new: appending to the cache with varlen queries (cu_seqlens_q) is not supported "
-                                 "yet; append with a padded batch, or write the rows beforehand");
-    }
     if (!a.cache_seqlens.defined()) return Status::invalid("cache_seqlens: required when k_new / v_new are appended");
-    if (a.k_new.rank != 4) {
-      return Status::invalid("k_new: expected a rank-4 tensor [batch, seqlen_new, heads_kv, dim], got " +
-                             shape_str(a.k_new));
+    // Padded new rows [b, s_new, h_kv, d], or packed [total_new, h_kv, d] with cu_seqlens_k_new.
+    const bool varlen_new = a.cu_seqlens_k_new.defined();
+    const int new_rank = varlen_new ? 3 : 4;
+    if (a.k_new.rank != new_rank) {
+      return Status::invalid(std::string("k_new: expected a rank-") + std::to_string(new_rank) + " tensor " +
+                             (varlen_new ? "[total_new, heads_kv, dim] (with cu_seqlens_k_new)"
+                                         : "[batch, seqlen_new, heads_kv, dim]") +
+                             ", got " + shape_str(a.k_new));
     }
-    kp.seqlen_new = a.k_new.shape[1];
-    const int64_t kn_shape[4] = {p.batch, kp.seqlen_new, p.heads_kv, p.head_dim};
-    const int64_t vn_shape[4] = {p.batch, kp.seqlen_new, p.heads_kv, p.head_dim_v};
-    if (!((st = check_tensor("k_new", a.k_new, 4, kn_shape, p.dtype, dev, true)).ok())) return st;
-    if (!((st = check_tensor("v_new", a.v_new, 4, vn_shape, p.dtype, dev, true)).ok())) return st;
-    if (kp.seqlen_new > p.seqlen_k) {
+    kp.seqlen_new = a.k_new.shape[varlen_new ? 0 : 1];
+    int64_t kn_shape[4] = {p.batch, kp.seqlen_new, p.heads_kv, p.head_dim};
+    int64_t vn_shape[4] = {p.batch, kp.seqlen_new, p.heads_kv, p.head_dim_v};
+    const int o_new = varlen_new ? 1 : 0;  // the packed shapes drop the batch dim
+    if (!((st = check_tensor("k_new", a.k_new, new_rank, kn_shape + o_new, p.dtype, dev, true)).ok())) return st;
+    if (!((st = check_tensor("v_new", a.v_new, new_rank, vn_shape + o_new, p.dtype, dev, true)).ok())) return st;
+    if (!varlen_new && kp.seqlen_new > p.seqlen_k) {
       return Status::invalid("k_new: " + std::to_string(kp.seqlen_new) + " new rows exceed the cache's " +
                              std::to_string(p.seqlen_k) + " rows");
     }
+    if (varlen_new) {
+      if (a.check_index_values || dev.type == DeviceType::cpu) {
+        int64_t longest = 0;
+        if (!((st = check_cu_seqlens("cu_seqlens_k_new", a.cu_seqlens_k_new, dev, p.batch, kp.seqlen_new, &longest,
+                                     "cu_seqlens_k_new", o.stream))
+                  .ok()))
+          return st;
+      } else {
+        // Unchecked (CUDA-graph capture): the kernels read the offsets on the device, bounded by total_new rows.
+        const int64_t shape[1] = {p.batch + 1};
+        if (!((st = check_tensor("cu_seqlens_k_new", a.cu_seqlens_k_new, 1, shape, DType::i32, dev, true)).ok()))
+          return st;
+      }
+      p.cu_seqlens_k_new = static_cast<const int32_t*>(a.cu_seqlens_k_new.data);
+    }
     kp.k_new = a.k_new.data;
     kp.v_new = a.v_new.data;
-    kp.k_new_batch_stride = a.k_new.stride[0], kp.k_new_row_stride = a.k_new.stride[1];
-    kp.k_new_head_stride = a.k_new.stride[2];
-    kp.v_new_batch_stride = a.v_new.stride[0], kp.v_new_row_stride = a.v_new.stride[1];
-    kp.v_new_head_stride = a.v_new.stride[2];
-    p.appended_k = kp.seqlen_new;
+    kp.k_new_batch_stride = varlen_new ? 0 : a.k_new.stride[0];
+    kp.k_new_row_stride = a.k_new.stride[o_new ? 0 : 1], kp.k_new_head_stride = a.k_new.stride[o_new ? 1 : 2];
+    kp.v_new_batch_stride = varlen_new ? 0 : a.v_new.stride[0];
+    kp.v_new_row_stride = a.v_new.stride[o_new ? 0 : 1], kp.v_new_head_stride = a.v_new.stride[o_new ? 1 : 2];
+    p.appended_k = varlen_new ? 0 : kp.seqlen_new;
   }
   if (a.rotary_cos.defined() != a.rotary_sin.defined()) {
     return Status::invalid(a.rotary_cos.defined() ? "rotary_sin: required when rotary_cos is given"
@@ -640,9 +676,11 @@ Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCa
                              ") must be in [2, head dim " + std::to_string(p.head_dim) + "]");
     }
     kp.rotary_per_row = o.causal || o.window_left >= 0 || o.window_right >= 0;
-    // Appended rows are rotated at their cache rows; queries past the new rows (s_q > s_new) at positions beyond
-    // them, checked with the index values.
-    if (kp.rotary_rows < p.seqlen_k) {
+    if (!((st = check_index_vector("rotary_seqlens", a.rotary_seqlens, p.batch, dev, &kp.rotary_seqlens)).ok()))
+      return st;
+    // Appended rows are rotated at their cache rows (without rotary_seqlens); queries past the new rows
+    // (s_q > s_new) at positions beyond them, and rotary_seqlens' positions, are checked with the index values.
+    if (!kp.rotary_seqlens && kp.rotary_rows < p.seqlen_k) {
       return Status::invalid("rotary_cos: " + std::to_string(kp.rotary_rows) +
                              " positions, but rows are rotated at positions up to " + std::to_string(p.seqlen_k - 1) +
                              " (the cache's rows)");
@@ -650,6 +688,9 @@ Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCa
     kp.rotary_cos = a.rotary_cos.data;
     kp.rotary_sin = a.rotary_sin.data;
     kp.rotary_interleaved = a.rotary_interleaved;
+  }
+  if (a.rotary_seqlens.defined() && !a.rotary_cos.defined()) {
+    return Status::invalid("rotary_seqlens: given without rotary_cos / rotary_sin");
   }
   if (a.num_splits < 0 || a.num_splits > 256) {
     return Status::invalid("num_splits: must be in [0, 256] (0 = chosen from the shape), got " +

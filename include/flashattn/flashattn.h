@@ -84,8 +84,11 @@ struct BackwardArgs : ForwardArgs {
 //   k_cache  dense [b_cache, s_cache, h_kv, d] or, with block_table, paged [num_pages, page_size, h_kv, d]
 //   v_cache  like k_cache with d_v; both writable when k_new / v_new are given
 //   cache_seqlens   int32 [b]: rows in use before appending (absolute, leftpad included); undefined = all rows
-//   k_new, v_new    [b, s_new, h_kv, d / d_v]: appended in place at rows cache_seqlens[b] .. + s_new, then attended
+//   k_new, v_new    [b, s_new, h_kv, d / d_v]: appended in place at rows cache_seqlens[b] .. + s_new, then attended;
+//                   or [total_new, h_kv, d / d_v] with cu_seqlens_k_new (int32 [b + 1]): sequence b appends rows
+//                   cu_seqlens_k_new[b] .. cu_seqlens_k_new[b + 1] - 1 (FA3's varlen append)
 //   rotary_cos/sin  [s_ro, rotary_dim / 2] in q's dtype, contiguous; need k_new; rotate k_new and q (see params.h)
+//   rotary_seqlens  int32 [b]: the rotary positions' base per sequence (FA3); undefined = cache_seqlens
 //   cache_batch_idx int32 [b]: cache entry (dense row / block_table row) of sequence b
 //   cache_leftpad   int32 [b]: first used cache row of sequence b
 //   block_table     int32 [entries, max_pages], last dim contiguous: the pages of each entry (any page size)
@@ -102,6 +105,7 @@ struct KVCacheArgs {
   TensorView q, k_cache, v_cache, out, lse;
   TensorView cache_seqlens, k_new, v_new, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table;
   TensorView cu_seqlens_q;
+  TensorView cu_seqlens_k_new, rotary_seqlens;
   TensorView alibi_slopes;
   int64_t max_seqlen_q = 0;
   bool rotary_interleaved = true;

@@ -14,8 +14,9 @@
 // e = kv_batch_idx ? kv_batch_idx[b] : b. Dense: K [cache_entries, seqlen_k, heads_kv, head_dim] (batch stride
 // = entry stride). Paged: K [num_pages, page_size, heads_kv, head_dim] (batch stride = page stride); key row j
 // of entry e lives in page block_table[e * block_table_stride + j / page_size], row j % page_size. Sequence b
-// uses key rows [leftpad_k[b], seqused_k[b] + appended_k) (defaults 0 and seqlen_k); its mask is that of a
-// sequence of seqused_k[b] + appended_k - leftpad_k[b] keys. Queries are padded or varlen (cu_seqlens_q alone;
+// uses key rows [leftpad_k[b], seqused_k[b] + appended(b)) (defaults 0 and seqlen_k), appended(b) being
+// cu_seqlens_k_new[b + 1] - cu_seqlens_k_new[b] when that is set, else appended_k; its mask is that of a
+// sequence of seqused_k[b] + appended(b) - leftpad_k[b] keys. Queries are padded or varlen (cu_seqlens_q alone;
 // cu_seqlens_k stays null). seqlen_k is the capacity: the cache's rows, or block-table columns x page_size.
 // Index values out of range never reach memory: the kernels clamp lengths to the capacity and treat a page or
 // entry index out of range as rows of zeros that are never written (validation rejects them up front unless
@@ -82,6 +83,7 @@ struct FwdParams {
   int64_t cache_entries = 0;              // dense: K's first dim; paged: block-table rows
   int64_t num_pages = 0;                  // paged: K's first dim
   int64_t appended_k = 0;                 // rows appended after seqused_k (flash_attn_with_kvcache's new k/v)
+  const int32_t* cu_seqlens_k_new = nullptr;  // [batch + 1]: per-sequence appended rows (FA3), instead of appended_k
   int num_splits = 0;                     // CUDA decode: key splits per sequence, 0 = chosen from the shape
 
   void* stream = nullptr;  // cudaStream_t for CUDA backends
@@ -91,15 +93,18 @@ struct FwdParams {
   // Varlen queries over a padded or paged K/V (cu_seqlens_q without cu_seqlens_k) are a cache call too.
   bool has_kv_cache() const {
     return seqused_k != nullptr || leftpad_k != nullptr || kv_batch_idx != nullptr || block_table != nullptr ||
-           (cu_seqlens_q != nullptr && cu_seqlens_k == nullptr);
+           cu_seqlens_k_new != nullptr || (cu_seqlens_q != nullptr && cu_seqlens_k == nullptr);
   }
   bool is_paged() const { return block_table != nullptr; }
 };
 
 // flash_attn_with_kvcache's appending step: new K/V rows [batch, seqlen_new, heads_kv, d] written into the cache
 // at rows [seqused_k[b], seqused_k[b] + seqlen_new) of sequence b's entry, K rotated (rotary embedding) on the
-// way; Q (attn.q, left untouched) rotated into scratch at positions seqused_k[b] + i (causal or local) or seqused_k[b] (otherwise).
-// `attn` is the attention over the cache afterwards (appended_k = seqlen_new).
+// way; Q (attn.q, left untouched) rotated into scratch at positions r_b + i (causal or local) or r_b
+// (otherwise), r_b = rotary_seqlens[b] if given, else seqused_k[b]; new row i of sequence b at r_b + i.
+// `attn` is the attention over the cache afterwards (appended_k = seqlen_new). Varlen new rows (FA3's
+// cu_seqlens_k_new, attn.cu_seqlens_k_new set): K/V new are [total_new, heads_kv, d], sequence b's rows being
+// [cu_seqlens_k_new[b], cu_seqlens_k_new[b + 1]); the batch strides are unused and seqlen_new = total_new.
 struct KVCacheParams {
   FwdParams attn;
   void* k_cache = nullptr;  // attn.k / attn.v, writable
@@ -116,7 +121,8 @@ struct KVCacheParams {
   int64_t rotary_dim = 0;
   int64_t rotary_rows = 0;
   bool rotary_interleaved = true;  // pairs (2i, 2i + 1) (GPT-J) or (i, i + rotary_dim / 2) (GPT-NeoX)
-  bool rotary_per_row = false;     // q row i at position seqused_k[b] + i (causal or local windows)
+  bool rotary_per_row = false;     // q row i at position r_b + i (causal or local windows)
+  const int32_t* rotary_seqlens = nullptr;  // [batch]: r_b, the rotary positions' base (FA3); null: seqused_k
   // Positions past the table (only reachable with unchecked index values) use its last row.
 };
 

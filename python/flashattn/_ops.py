@@ -292,12 +292,15 @@ def attention_with_kvcache(
     block_table: Optional[Tensor],
     cu_seqlens_q: Optional[Tensor],
     alibi_slopes: Optional[Tensor],
+    cu_seqlens_k_new: Optional[Tensor],
+    rotary_seqlens: Optional[Tensor],
     int_options: List[int],
     float_options: List[float],
     backend: str,
 ) -> Tuple[Tensor, Tensor]:
-    """Appends k_new / v_new to the caches in place (k_new rotated when rotary_cos / rotary_sin are given) and
-    attends q over them: out [.., heads_q, d_v] and lse (fp32). Options as kvcache_options() builds them.
+    """Appends k_new / v_new to the caches in place (k_new rotated when rotary_cos / rotary_sin are given; packed
+    [total_new, heads_kv, d] with cu_seqlens_k_new) and attends q over them: out [.., heads_q, d_v] and lse (fp32).
+    Options as kvcache_options() builds them.
     Inference only (no backward). The caches are written, never copied: their last dimension must be contiguous."""
     o = _kvcache_native_options(int_options, float_options)
     if _capturing(q):
@@ -307,23 +310,25 @@ def attention_with_kvcache(
                 "the longest sequence is read off cu_seqlens_q on the host)")
         o["check_index_values"] = False  # no device-to-host copy inside a capture; the kernels clamp instead
     q, k_new, v_new = (None if t is None else _last_dim_contiguous(t) for t in (q, k_new, v_new))
-    rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, cu_seqlens_q = (
+    (rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, cu_seqlens_q,
+     cu_seqlens_k_new, rotary_seqlens) = (
         _contiguous(t) for t in (rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-                                 cu_seqlens_q))
+                                 cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens))
     alibi_slopes = _checked_slopes(alibi_slopes)
     out, lse = _kvcache_outputs(q, v_cache, cu_seqlens_q is not None)
     # The native module makes q's device current for the launch itself.
     _C.attention_with_kvcache(_dl(q), _dl(k_cache), _dl(v_cache), _dl(out), _dl(lse), _dl(k_new), _dl(v_new),
                               _dl(rotary_cos), _dl(rotary_sin), _dl(cache_seqlens), _dl(cache_batch_idx),
                               _dl(cache_leftpad), _dl(block_table), _dl(cu_seqlens_q), o.pop("max_seqlen_q"),
-                              alibi_slopes=_dl(alibi_slopes), backend=backend, stream=_stream(q), **o)
+                              alibi_slopes=_dl(alibi_slopes), cu_seqlens_k_new=_dl(cu_seqlens_k_new),
+                              rotary_seqlens=_dl(rotary_seqlens), backend=backend, stream=_stream(q), **o)
     return out, lse
 
 
 @attention_with_kvcache.register_fake
 def _attention_with_kvcache_fake(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
-                                 cache_batch_idx, cache_leftpad, block_table, cu_seqlens_q, alibi_slopes, int_options,
-                                 float_options, backend):
+                                 cache_batch_idx, cache_leftpad, block_table, cu_seqlens_q, alibi_slopes,
+                                 cu_seqlens_k_new, rotary_seqlens, int_options, float_options, backend):
     return _kvcache_outputs(q, v_cache, cu_seqlens_q is not None)
 
 
@@ -595,6 +600,8 @@ def kvcache_attention(
     rotary_interleaved: bool = True,
     num_splits: int = 0,
     alibi_slopes: Optional[Tensor] = None,
+    cu_seqlens_k_new: Optional[Tensor] = None,
+    rotary_seqlens: Optional[Tensor] = None,
     backend: str = "auto",
     num_threads: int = 0,
     check_index_values: bool = True,
@@ -605,11 +612,13 @@ def kvcache_attention(
     k_cache / v_cache: dense [b_cache, s_cache, h_kv, d] or, with block_table (int32 [entries, max_pages]), paged
     [num_pages, page_size, h_kv, d]. k_new / v_new [b, s_new, h_kv, d] are written into the caches in place at rows
     cache_seqlens[b] ... (k_new rotated by rotary_cos / rotary_sin [s_ro, rotary_dim / 2], and q too: at
-    cache_seqlens + i when causal or windowed, else at cache_seqlens). cache_seqlens: int32 [b] or an int;
-    cache_batch_idx, cache_leftpad: int32 [b]. q [b, s_q, h_q, d] -> out [b, s_q, h_q, d_v], lse [b, h_q, s_q];
-    varlen q [total_q, h_q, d] with cu_seqlens_q -> lse [h_q, total_q] (no k_new then). Inference only.
-    check_index_values=False skips reading cache_seqlens / cache_leftpad / cache_batch_idx (and cu_seqlens_q when
-    max_seqlen_q > 0) on the host, a device synchronisation each on CUDA: the kernels then clamp out-of-range values
+    r + i when causal or windowed, else at r, r = rotary_seqlens[b] if given, else cache_seqlens[b]; new row i at
+    r + i). With cu_seqlens_k_new (int32 [b + 1]) k_new / v_new are packed [total_new, h_kv, d], sequence b's rows
+    being cu_seqlens_k_new[b] ... cu_seqlens_k_new[b + 1] - 1. cache_seqlens: int32 [b] or an int;
+    cache_batch_idx, cache_leftpad, rotary_seqlens: int32 [b]. q [b, s_q, h_q, d] -> out [b, s_q, h_q, d_v], lse
+    [b, h_q, s_q]; varlen q [total_q, h_q, d] with cu_seqlens_q -> lse [h_q, total_q]. Inference only.
+    check_index_values=False skips reading cache_seqlens / cache_leftpad / cache_batch_idx / cu_seqlens_k_new /
+    rotary_seqlens (and cu_seqlens_q when max_seqlen_q > 0) on the host, a device synchronisation each on CUDA: the kernels then clamp out-of-range values
     (nothing outside the tensors is read or written) instead of raising. It is off anyway under CUDA-graph capture.
     `names` maps the library's argument names to the caller's, for error messages (see _renamed).
     """
@@ -635,7 +644,8 @@ def kvcache_attention(
             batch = q.shape[0] if q.dim() else 0
         cache_seqlens = torch.full((batch,), length, dtype=torch.int32, device=q.device)
     for n, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
-                 ("block_table", block_table), ("cu_seqlens_q", cu_seqlens_q)):
+                 ("block_table", block_table), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new),
+                 ("rotary_seqlens", rotary_seqlens)):
         _check_index(name(n), t)
     scale = resolve_scale(softmax_scale, q.shape[-1] if q.dim() else 0)
     # Rows that bound every mask edge: the query rows and the cache's capacity (dense rows, or pages x page size).
@@ -656,7 +666,7 @@ def kvcache_attention(
         for t in (q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin))
     _check_slopes_type(alibi_slopes)
     args = (q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-            block_table, cu_seqlens_q, alibi_slopes, ints, floats, str(backend))
+            block_table, cu_seqlens_q, alibi_slopes, cu_seqlens_k_new, rotary_seqlens, ints, floats, str(backend))
     if not names or torch.compiler.is_compiling():
         return torch.ops.flashattn.attention_with_kvcache(*args)
     try:

@@ -21,8 +21,7 @@ flash_attn_combine returns (out, softmax_lse) with softmax_lse (batch, seqlen, n
 Arguments, supported or not (nothing that could change a result is ever ignored):
 
 * Raise NotImplementedError naming the argument unless left at the default: ``qv``, ``q_descale`` / ``k_descale``
-  / ``v_descale`` (FP8), ``attention_chunk`` (0 only), ``rotary_seqlens``, ``cu_seqlens_k_new`` and
-  ``scheduler_metadata`` (None only; get_scheduler_metadata returns None, see there). In flash_attn_varlen_func a
+  / ``v_descale`` (FP8), ``attention_chunk`` (0 only) and ``scheduler_metadata`` (None only; get_scheduler_metadata returns None, see there). In flash_attn_varlen_func a
   None ``cu_seqlens_q`` (batched queries), and a None ``cu_seqlens_k`` without page_table, raise too.
 * Scheduling hints, validated and then not used, because they cannot change flashattn's results: ``pack_gqa``
   (None / True / False; flashattn's decode kernel always packs a KV head's query heads into the rows of one tile,
@@ -377,20 +376,21 @@ def flash_attn_with_kvcache(
     cache_leftpad, causal / window / softcap, GQA).
 
     q (batch, seqlen_q, nheads, headdim), or varlen (total_q, nheads, headdim) with cu_seqlens_q int32 (batch + 1,)
-    and max_seqlen_q (None: read off cu_seqlens_q); appending k / v with varlen queries raises NotImplementedError.
-    k_cache / v_cache (batch_cache, seqlen_cache, nheads_k, headdim[_v]), or with page_table int32 (batch,
-    max_pages_per_seq) (num_pages, page_size, nheads_k, headdim[_v]). cache_seqlens: int32 (batch,) or an int
-    (one length for every sequence), the rows in use before appending (None: all of them).
+    and max_seqlen_q (None: read off cu_seqlens_q). k_cache / v_cache (batch_cache, seqlen_cache, nheads_k,
+    headdim[_v]), or with page_table int32 (batch, max_pages_per_seq) (num_pages, page_size, nheads_k, headdim[_v]).
+    cache_seqlens: int32 (batch,) or an int (one length for every sequence), the rows in use before appending
+    (None: all of them). k / v (batch, seqlen_new, nheads_k, headdim[_v]) are appended at cache_seqlens, or, with
+    cu_seqlens_k_new int32 (batch + 1,), k / v (total_new, nheads_k, headdim[_v]) hold each sequence's new rows
+    packed. rotary_seqlens int32 (batch,): the rotary positions' base (q row i at base + i when causal or
+    windowed, else base; new row i at base + i) instead of cache_seqlens.
 
     Returns out (batch, seqlen_q, nheads, headdim_v) (varlen: (total_q, nheads, headdim_v)), or with
     return_softmax_lse=True (out, softmax_lse, out_accum, softmax_lse_accum): softmax_lse (batch, nheads,
     seqlen_q) (varlen: (nheads, total_q)) fp32, the last two empty fp32 tensors (module docstring). Inference only:
-    the outputs do not require grad. cu_seqlens_k_new, rotary_seqlens, scheduler_metadata, qv, the descales and
-    attention_chunk != 0 raise NotImplementedError. check_index_values: as in flashattn.flash_attn_with_kvcache.
+    the outputs do not require grad. scheduler_metadata, qv, the descales and attention_chunk != 0 raise
+    NotImplementedError. check_index_values: as in flashattn.flash_attn_with_kvcache.
     """
     _reject_fa3_only(qv, q_descale, k_descale, v_descale, attention_chunk)
-    _require_none("cu_seqlens_k_new", cu_seqlens_k_new, "appending new keys of varying lengths (cu_seqlens_k_new)")
-    _require_none("rotary_seqlens", rotary_seqlens, "a separate rotary position base (rotary_seqlens)")
     _require_none("scheduler_metadata", scheduler_metadata, "a precomputed FA3 schedule (scheduler_metadata)")
     splits = _scheduling_hints(num_splits, pack_gqa, sm_margin)
     return_softmax_lse = check_flag("return_softmax_lse", return_softmax_lse)  # before the caches are written
@@ -400,7 +400,8 @@ def flash_attn_with_kvcache(
         cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
         block_table=page_table, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=_max_seqlen(max_seqlen_q),
         softmax_scale=softmax_scale, causal=causal, window_left=left, window_right=right, softcap=_softcap(softcap),
-        rotary_interleaved=rotary_interleaved, num_splits=splits, backend=backend, num_threads=num_threads,
+        rotary_interleaved=rotary_interleaved, num_splits=splits, cu_seqlens_k_new=cu_seqlens_k_new,
+        rotary_seqlens=rotary_seqlens, backend=backend, num_threads=num_threads,
         check_index_values=check_index_values, names=_FA3_NAMES)
     if not return_softmax_lse:
         return out
@@ -429,10 +430,9 @@ def get_scheduler_metadata(
     """FA3 precomputes its split-KV schedule here for flash_attn_with_kvcache(scheduler_metadata=...). flashattn's
     decode kernel plans its own launch on every call, so there is nothing to precompute: this returns None, which
     flash_attn_with_kvcache accepts as scheduler_metadata (FA3's own default), so FA3 code passing this function's
-    result along runs unchanged with the same results. The arguments are checked (cu_seqlens_k_new and
-    attention_chunk != 0 raise NotImplementedError, as they would in the call)."""
+    result along runs unchanged with the same results. The arguments are checked (attention_chunk != 0 raises
+    NotImplementedError, as it would in the call)."""
     _reject_fa3_only(None, None, None, None, attention_chunk)
-    _require_none("cu_seqlens_k_new", cu_seqlens_k_new, "appending new keys of varying lengths (cu_seqlens_k_new)")
     _scheduling_hints(num_splits, pack_gqa, sm_margin)
     for name, value in (("batch_size", batch_size), ("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k),
                         ("num_heads_q", num_heads_q), ("num_heads_kv", num_heads_kv), ("headdim", headdim),
@@ -441,7 +441,7 @@ def get_scheduler_metadata(
     if not isinstance(cache_seqlens, Tensor):
         raise TypeError(f"cache_seqlens: expected a torch.Tensor, got {type(cache_seqlens).__name__}")
     for name, t in (("cache_seqlens", cache_seqlens), ("cu_seqlens_q", cu_seqlens_q),
-                    ("cache_leftpad", cache_leftpad)):
+                    ("cu_seqlens_k_new", cu_seqlens_k_new), ("cache_leftpad", cache_leftpad)):
         _check_index(name, t)
     if not isinstance(qkv_dtype, torch.dtype):
         raise TypeError(f"qkv_dtype: expected a torch.dtype, got {type(qkv_dtype).__name__} {qkv_dtype!r}")

@@ -226,8 +226,9 @@ std::string attention_with_kvcache(const In& q, const Out& k_cache, const Out& v
                                    const OptIn& cache_leftpad, const OptIn& block_table, const OptIn& cu_seqlens_q,
                                    int64_t max_seqlen_q, double softmax_scale, bool causal, int64_t window_left,
                                    int64_t window_right, double softcap, bool rotary_interleaved, int num_splits,
-                                   bool check_index_values, const OptIn& alibi_slopes, const std::string& backend,
-                                   int num_threads, uintptr_t stream) {
+                                   bool check_index_values, const OptIn& alibi_slopes, const OptIn& cu_seqlens_k_new,
+                                   const OptIn& rotary_seqlens, const std::string& backend, int num_threads,
+                                   uintptr_t stream) {
   flashattn::KVCacheArgs a;
   a.q = to_view("q", q);
   a.k_cache = to_view("k_cache", k_cache);
@@ -244,6 +245,8 @@ std::string attention_with_kvcache(const In& q, const Out& k_cache, const Out& v
   a.block_table = to_view("block_table", block_table);
   a.cu_seqlens_q = to_view("cu_seqlens_q", cu_seqlens_q);
   a.alibi_slopes = to_view("alibi_slopes", alibi_slopes);
+  a.cu_seqlens_k_new = to_view("cu_seqlens_k_new", cu_seqlens_k_new);
+  a.rotary_seqlens = to_view("rotary_seqlens", rotary_seqlens);
   a.max_seqlen_q = max_seqlen_q;
   a.rotary_interleaved = rotary_interleaved;
   a.num_splits = num_splits;
@@ -328,11 +331,14 @@ NB_MODULE(_C, m) {
         "block_table"_a.none() = nb::none(), "cu_seqlens_q"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
         nb::kw_only(), "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1, "window_right"_a = -1,
         "softcap"_a = 0.0, "rotary_interleaved"_a = true, "num_splits"_a = 0, "check_index_values"_a = true,
-        "alibi_slopes"_a.none() = nb::none(), "backend"_a = "auto", "num_threads"_a = 0, "stream"_a = 0,
+        "alibi_slopes"_a.none() = nb::none(), "cu_seqlens_k_new"_a.none() = nb::none(),
+        "rotary_seqlens"_a.none() = nb::none(), "backend"_a = "auto", "num_threads"_a = 0, "stream"_a = 0,
         "Attention over a key/value cache (flash_attn_with_kvcache), forward only. k_cache / v_cache: dense\n"
         "[b_cache, s_cache, h_kv, d] or, with block_table (int32 [entries, max_pages]), paged [num_pages, page_size,\n"
-        "h_kv, d]; written in place when k_new / v_new [b, s_new, h_kv, d] are given (appended at cache_seqlens,\n"
-        "k_new rotated by rotary_cos / rotary_sin [s_ro, rotary_dim / 2]). Index tensors are int32 [b]. q is\n"
+        "h_kv, d]; written in place when k_new / v_new [b, s_new, h_kv, d] (or [total_new, h_kv, d] with\n"
+        "cu_seqlens_k_new, int32 [b + 1]) are given (appended at cache_seqlens, k_new rotated by rotary_cos /\n"
+        "rotary_sin [s_ro, rotary_dim / 2] at positions from rotary_seqlens or cache_seqlens). Index tensors are\n"
+        "int32 [b]. q is\n"
         "[b, s_q, h_q, d], or [total_q, h_q, d] with cu_seqlens_q; out like q with d_v, lse [b, h_q, s_q] or\n"
         "[h_q, total_q] (fp32). check_index_values=False skips the host copy and check of the index values (CUDA\n"
         "graph capture; the kernels then clamp). Returns the name of the backend that ran.");

@@ -1,7 +1,7 @@
 // Key/value cache addressing, written once for every backend: which cache entry and which key rows a sequence
 // uses, where key row j of an entry lives (dense or paged), and the rotary embedding of appended rows.
 // Semantics (params.h): sequence b reads entry e = kv_batch_idx[b] (or b) and key rows [leftpad_k[b],
-// seqused_k[b] + appended_k), each defaulting to the whole capacity.
+// seqused_k[b] + appended(b)), each defaulting to the whole capacity.
 //
 // Out-of-range index values are made harmless here, so that no backend reads or writes outside the tensors
 // whatever the device memory holds (validation rejects them up front unless told not to read device memory,
@@ -27,6 +27,7 @@ struct KVCacheLayout {
   int64_t cache_entries = 0;
   int64_t num_pages = 0;
   int64_t appended_k = 0;
+  const int32_t* cu_seqlens_k_new = nullptr;  // per-sequence appended rows instead of appended_k
   int64_t capacity = 0;  // rows per entry: seqlen_k
 
   template <typename Params>
@@ -41,6 +42,7 @@ struct KVCacheLayout {
     c.cache_entries = p.cache_entries;
     c.num_pages = p.num_pages;
     c.appended_k = p.appended_k;
+    c.cu_seqlens_k_new = p.cu_seqlens_k_new;
     c.capacity = p.seqlen_k;
     return c;
   }
@@ -53,9 +55,16 @@ struct KVCacheLayout {
     return e >= 0 && e < cache_entries ? e : -1;
   }
 
+  // Rows sequence b appends (>= 0; unchecked offsets that decrease give none).
+  FA_HD int64_t appended(int64_t b) const {
+    if (cu_seqlens_k_new == nullptr) return appended_k;
+    const int64_t n = int64_t(cu_seqlens_k_new[b + 1]) - int64_t(cu_seqlens_k_new[b]);
+    return n > 0 ? n : 0;
+  }
+
   // First used row and end of sequence b's keys (absolute rows of its entry), 0 <= begin <= end <= capacity.
   FA_HD void rows(int64_t b, int64_t* begin, int64_t* end) const {
-    int64_t e = seqused_k ? int64_t(seqused_k[b]) + appended_k : capacity;
+    int64_t e = seqused_k ? int64_t(seqused_k[b]) + appended(b) : capacity;
     e = e < 0 ? 0 : (e > capacity ? capacity : e);
     int64_t s = leftpad_k ? int64_t(leftpad_k[b]) : 0;
     s = s < 0 ? 0 : (s > e ? e : s);
@@ -78,6 +87,24 @@ struct KVCacheLayout {
     return pg < 0 ? -1 : pg * batch_stride + (j % page_size) * row_stride;
   }
 };
+
+// Sequence of packed row `row` given offsets cu[0..batch] (varlen queries or new rows): the last b with
+// cu[b] <= row, found by bisection (b = 0 when none is; unchecked offsets give some b in [0, batch), and the
+// caller checks the row against that sequence's extent).
+FA_HD int varlen_sequence_of(const int32_t* cu, int batch, int64_t row) {
+  int lo = 0, hi = batch;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (cu[mid] <= row) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+// The rotary positions' base of sequence b: rotary_seqlens[b] when given (FA3), else its cache length before the
+// append. Query row i sits at base + i (causal or local) or base; new row i at base + i.
+FA_HD int64_t rotary_base(const int32_t* rotary_seqlens, const int32_t* seqused_k, int64_t b) {
+  return int64_t(rotary_seqlens != nullptr ? rotary_seqlens[b] : seqused_k[b]);
+}
 
 // Rotary embedding of one pair (x0, x1) by the angle whose cosine and sine are c and s, with the two fused
 // multiply-adds spelled out, so that every backend rounds it identically before storing: fp32 for 16- and

@@ -58,19 +58,25 @@ void append_typed(const KVCacheParams& kp) {
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t e = cache.entry(b);
     if (e < 0) continue;
-    const int64_t base = p.seqused_k[b];
-    for (int64_t i = 0; i < kp.seqlen_new; ++i) {
+    const int64_t base = p.seqused_k[b], count = std::min(cache.appended(b), kp.seqlen_new);
+    // Varlen new rows are packed: sequence b's start at cu_seqlens_k_new[b] (validated, or clamped to the rows).
+    const int64_t first_new = p.cu_seqlens_k_new ? int64_t(p.cu_seqlens_k_new[b]) : 0;
+    const int64_t rotary0 = rotary_base(kp.rotary_seqlens, p.seqused_k, b);
+    for (int64_t i = 0; i < count; ++i) {
       const int64_t row = base + i;
       if (row < 0 || row >= p.seqlen_k) continue;
+      if (p.cu_seqlens_k_new && (first_new + i < 0 || first_new + i >= kp.seqlen_new)) continue;
       const int64_t k_off = cache.row_offset(e, row, p.k_batch_stride, p.k_row_stride);
       const int64_t v_off = cache.row_offset(e, row, p.v_batch_stride, p.v_row_stride);
       if (k_off < 0 || v_off < 0) continue;
-      const int64_t pos = std::min(row, kp.rotary_rows - 1);
+      const int64_t pos = std::max<int64_t>(std::min(rotary0 + i, kp.rotary_rows - 1), 0);
+      const int64_t kn_row = p.cu_seqlens_k_new ? (first_new + i) * kp.k_new_row_stride
+                                                : b * kp.k_new_batch_stride + i * kp.k_new_row_stride;
+      const int64_t vn_row = p.cu_seqlens_k_new ? (first_new + i) * kp.v_new_row_stride
+                                                : b * kp.v_new_batch_stride + i * kp.v_new_row_stride;
       for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
-        const T* kn = static_cast<const T*>(kp.k_new) + b * kp.k_new_batch_stride + i * kp.k_new_row_stride +
-                      hk * kp.k_new_head_stride;
-        const T* vn = static_cast<const T*>(kp.v_new) + b * kp.v_new_batch_stride + i * kp.v_new_row_stride +
-                      hk * kp.v_new_head_stride;
+        const T* kn = static_cast<const T*>(kp.k_new) + kn_row + hk * kp.k_new_head_stride;
+        const T* vn = static_cast<const T*>(kp.v_new) + vn_row + hk * kp.v_new_head_stride;
         T* kc = static_cast<T*>(kp.k_cache) + k_off + hk * p.k_head_stride;
         T* vc = static_cast<T*>(kp.v_cache) + v_off + hk * p.v_head_stride;
         rotate_row(kn, kc, p.head_dim, kp, pos);
@@ -88,7 +94,8 @@ void rotate_queries_typed(const KVCacheParams& kp, T* dst) {
     const int64_t start = p.is_varlen() ? p.cu_seqlens_q[b] : b * p.seqlen_q;
     const int64_t len = p.is_varlen() ? p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b] : p.seqlen_q;
     for (int64_t i = 0; i < len; ++i) {
-      const int64_t pos = std::min(int64_t(p.seqused_k[b]) + (kp.rotary_per_row ? i : 0), kp.rotary_rows - 1);
+      const int64_t pos = std::min(rotary_base(kp.rotary_seqlens, p.seqused_k, b) + (kp.rotary_per_row ? i : 0),
+                                   kp.rotary_rows - 1);
       const int64_t row = start + i;
       const int64_t src_row = p.is_varlen() ? row * p.q_row_stride : b * p.q_batch_stride + i * p.q_row_stride;
       for (int64_t h = 0; h < p.heads_q; ++h) {
@@ -153,6 +160,7 @@ Status dense_typed(const FwdParams& p, ForwardFn run) {
   d.num_pages = 0;
   d.page_size = 0;
   d.appended_k = 0;
+  d.cu_seqlens_k_new = nullptr;
   return run(d);
 }
 

@@ -53,26 +53,36 @@ struct AppendArgs {
   int64_t k_batch_stride, k_row_stride, k_head_stride;
   int64_t v_batch_stride, v_row_stride, v_head_stride;
   const int32_t* cache_seqlens;
-  KVCacheLayout cache;
-  int seqlen_new, heads_kv, head_dim, head_dim_v;
+  const int32_t* rotary_seqlens;  // null: positions from cache_seqlens
+  KVCacheLayout cache;  // cache.cu_seqlens_k_new set: new rows packed (kn/vn batch strides unused)
+  int seqlen_new, batch, heads_kv, head_dim, head_dim_v;
   RotaryArgs rotary;
 };
 
-// Grid: x = new row, y = KV head, z = batch entry; threads over columns.
+// Grid: x = new row (padded: row i of sequence z; varlen: packed row, its sequence found by bisection), y = KV
+// head, z = sequence (padded) or 0; threads over columns.
 template <typename T>
 __global__ void append_kernel(const __grid_constant__ AppendArgs a) {
-  const int i = int(blockIdx.x), hk = int(blockIdx.y), b = int(blockIdx.z);
+  const int hk = int(blockIdx.y);
+  const bool varlen = a.cache.cu_seqlens_k_new != nullptr;
+  const int64_t packed = blockIdx.x;
+  const int b = varlen ? varlen_sequence_of(a.cache.cu_seqlens_k_new, a.batch, packed) : int(blockIdx.z);
+  const int64_t i = varlen ? packed - a.cache.cu_seqlens_k_new[b] : packed;
+  if (i < 0 || i >= a.cache.appended(b)) return;  // past its sequence's rows (unchecked offsets)
   const int64_t e = a.cache.entry(b);
   const int64_t row = int64_t(a.cache_seqlens[b]) + i;
   if (e < 0 || row < 0 || row >= a.cache.capacity) return;
   const int64_t k_off = a.cache.row_offset(e, row, a.k_batch_stride, a.k_row_stride);
   const int64_t v_off = a.cache.row_offset(e, row, a.v_batch_stride, a.v_row_stride);
   if (k_off < 0 || v_off < 0) return;
-  const T* kn = static_cast<const T*>(a.k_new) + b * a.kn_batch_stride + i * a.kn_row_stride + hk * a.kn_head_stride;
-  const T* vn = static_cast<const T*>(a.v_new) + b * a.vn_batch_stride + i * a.vn_row_stride + hk * a.vn_head_stride;
+  const int64_t kn_row = varlen ? packed * a.kn_row_stride : b * a.kn_batch_stride + i * a.kn_row_stride;
+  const int64_t vn_row = varlen ? packed * a.vn_row_stride : b * a.vn_batch_stride + i * a.vn_row_stride;
+  const T* kn = static_cast<const T*>(a.k_new) + kn_row + hk * a.kn_head_stride;
+  const T* vn = static_cast<const T*>(a.v_new) + vn_row + hk * a.vn_head_stride;
   T* kc = static_cast<T*>(a.k_cache) + k_off + hk * a.k_head_stride;
   T* vc = static_cast<T*>(a.v_cache) + v_off + hk * a.v_head_stride;
-  for (int c = int(threadIdx.x); c < a.head_dim; c += int(blockDim.x)) kc[c] = rotated(kn, c, a.rotary, row);
+  const int64_t pos = rotary_base(a.rotary_seqlens, a.cache_seqlens, b) + i;
+  for (int c = int(threadIdx.x); c < a.head_dim; c += int(blockDim.x)) kc[c] = rotated(kn, c, a.rotary, pos);
   for (int c = int(threadIdx.x); c < a.head_dim_v; c += int(blockDim.x)) vc[c] = vn[c];
 }
 
@@ -82,6 +92,7 @@ struct RotateQueryArgs {
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   const int32_t* cu_seqlens_q;
   const int32_t* cache_seqlens;
+  const int32_t* rotary_seqlens;  // null: positions from cache_seqlens
   int batch, seqlen_q, heads_q, head_dim;
   bool per_row;
   RotaryArgs rotary;
@@ -97,19 +108,14 @@ __global__ void rotate_queries_kernel(const __grid_constant__ RotateQueryArgs a)
     b = int(row / a.seqlen_q);
     i = int(row % a.seqlen_q);
   } else {
-    int lo = 0, hi = a.batch;  // the last b with cu_seqlens_q[b] <= row
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) / 2;
-      if (a.cu_seqlens_q[mid] <= row) lo = mid; else hi = mid;
-    }
-    b = lo;
+    b = varlen_sequence_of(a.cu_seqlens_q, a.batch, row);
     i = int(row - a.cu_seqlens_q[b]);
   }
   const T* src = static_cast<const T*>(a.q) + (a.cu_seqlens_q == nullptr ? b * a.q_batch_stride + i * a.q_row_stride
                                                                           : row * a.q_row_stride) +
                  h * a.q_head_stride;
   T* dst = static_cast<T*>(a.out) + (row * a.heads_q + h) * a.head_dim;
-  const int64_t pos = int64_t(a.cache_seqlens[b]) + (a.per_row ? i : 0);
+  const int64_t pos = rotary_base(a.rotary_seqlens, a.cache_seqlens, b) + (a.per_row ? i : 0);
   for (int c = int(threadIdx.x); c < a.head_dim; c += int(blockDim.x)) dst[c] = rotated(src, c, a.rotary, pos);
 }
 
@@ -134,11 +140,13 @@ Status kvcache_typed(const KVCacheParams& kp, ForwardFn forward) {
     a.k_batch_stride = p.k_batch_stride, a.k_row_stride = p.k_row_stride, a.k_head_stride = p.k_head_stride;
     a.v_batch_stride = p.v_batch_stride, a.v_row_stride = p.v_row_stride, a.v_head_stride = p.v_head_stride;
     a.cache_seqlens = p.seqused_k;
+    a.rotary_seqlens = kp.rotary_seqlens;
     a.cache = KVCacheLayout::of(p);
-    a.seqlen_new = int(kp.seqlen_new), a.heads_kv = int(p.heads_kv);
+    a.seqlen_new = int(kp.seqlen_new), a.batch = int(p.batch), a.heads_kv = int(p.heads_kv);
     a.head_dim = int(p.head_dim), a.head_dim_v = int(p.head_dim_v);
     a.rotary = rot;
-    const dim3 grid(unsigned(kp.seqlen_new), unsigned(p.heads_kv), unsigned(p.batch));
+    const bool varlen_new = p.cu_seqlens_k_new != nullptr;
+    const dim3 grid(unsigned(kp.seqlen_new), unsigned(p.heads_kv), varlen_new ? 1u : unsigned(p.batch));
     append_kernel<T><<<grid, column_threads(std::max(p.head_dim, p.head_dim_v)), 0, stream>>>(a);
     FA_CUDA_TRY(cudaGetLastError());
   }
@@ -153,7 +161,7 @@ Status kvcache_typed(const KVCacheParams& kp, ForwardFn forward) {
   RotateQueryArgs r{};
   r.q = p.q, r.out = scratch;
   r.q_batch_stride = p.q_batch_stride, r.q_row_stride = p.q_row_stride, r.q_head_stride = p.q_head_stride;
-  r.cu_seqlens_q = p.cu_seqlens_q, r.cache_seqlens = p.seqused_k;
+  r.cu_seqlens_q = p.cu_seqlens_q, r.cache_seqlens = p.seqused_k, r.rotary_seqlens = kp.rotary_seqlens;
   r.batch = int(p.batch), r.seqlen_q = int(p.seqlen_q), r.heads_q = int(p.heads_q), r.head_dim = int(p.head_dim);
   r.per_row = kp.rotary_per_row;
   r.rotary = rot;

@@ -34,6 +34,9 @@ struct KVCaseSpec {
   double softcap = 0;
   int num_splits = 0;
   bool full = false;  // every cache_seqlens at the capacity minus s_new (else random, zero included)
+  bool varlen_q = false;    // q packed [total_q, h_q, d] with cu_seqlens_q; lengths in [0, s_q], the first s_q
+  bool varlen_new = false;  // k_new / v_new packed with cu_seqlens_k_new; counts in [0, s_new], the last 0
+  bool rotary_base = false; // rotary_seqlens given: random position bases instead of cache_seqlens
   uint64_t seed = 1;
 
   std::string name() const {
@@ -49,6 +52,9 @@ struct KVCaseSpec {
     if (causal) os << "_causal";
     if (window_left >= 0 || window_right >= 0) os << "_win" << window_left << "_" << window_right;
     if (softcap > 0) os << "_cap" << softcap;
+    if (varlen_q) os << "_varq";
+    if (varlen_new) os << "_varnew";
+    if (rotary_base) os << "_rotbase";
     os << "_splits" << num_splits << (full ? "_full" : "") << "_s" << seed;
     return os.str();
   }
@@ -58,7 +64,10 @@ struct KVCase {
   KVCaseSpec spec;
   int64_t entries = 0, pages_per_entry = 0, num_pages = 0, capacity = 0;
   HostTensor q, k_cache, v_cache, k_new, v_new, cos, sin, seqlens, leftpad, batch_idx, block_table, out, lse;
+  HostTensor cu_q, cu_new, rotary_seqlens;
   std::vector<int64_t> seqlens_v, leftpad_v, entry_v;
+  std::vector<int64_t> lens_q, starts_q, new_v, new_starts, rotary_v;  // per sequence
+  int64_t total_q = 0, total_new = 0;
   std::vector<int32_t> table_v;  // [entries, pages_per_entry]
 
   // Element offset of (entry, row, head, c) in a cache tensor with the given head dim.
@@ -94,11 +103,37 @@ inline KVCase make_kv_case(const KVCaseSpec& s) {
   }
   c.k_cache.fill_normal(rng);
   c.v_cache.fill_normal(rng);
-  c.q = HostTensor(s.dtype, {s.batch, s.s_q, s.h_q, s.d});
+  // Query rows and new rows per sequence, packed (varlen) or padded.
+  auto packed = [&](bool varlen, int64_t most, bool last_empty, std::vector<int64_t>* lens, std::vector<int64_t>* starts,
+                    HostTensor* cu) {
+    int64_t total = 0;
+    for (int64_t b = 0; b < s.batch; ++b) {
+      int64_t n = most;
+      if (varlen) n = b == 0 ? most : std::uniform_int_distribution<int64_t>(0, most)(rng);
+      if (varlen && last_empty && b == s.batch - 1 && s.batch > 1) n = 0;
+      lens->push_back(n);
+      starts->push_back(total);
+      total += n;
+    }
+    if (varlen) {
+      *cu = HostTensor(DType::i32, {s.batch + 1});
+      for (int64_t b = 0; b <= s.batch; ++b) cu->set(b, double(b < s.batch ? (*starts)[size_t(b)] : total));
+    }
+    return total;
+  };
+  c.total_q = packed(s.varlen_q, s.s_q, false, &c.lens_q, &c.starts_q, &c.cu_q);
+  c.total_new = packed(s.varlen_new, s.s_new, true, &c.new_v, &c.new_starts, &c.cu_new);
+  if (s.varlen_q) {
+    c.q = HostTensor(s.dtype, {c.total_q, s.h_q, s.d});
+    c.out = HostTensor(s.dtype, {c.total_q, s.h_q, s.d_v});
+    c.lse = HostTensor(DType::f32, {s.h_q, c.total_q});
+  } else {
+    c.q = HostTensor(s.dtype, {s.batch, s.s_q, s.h_q, s.d});
+    c.out = HostTensor(s.dtype, {s.batch, s.s_q, s.h_q, s.d_v});
+    c.lse = HostTensor(DType::f32, {s.batch, s.h_q, s.s_q});
+  }
   c.q.fill_normal(rng);
-  c.out = HostTensor(s.dtype, {s.batch, s.s_q, s.h_q, s.d_v});
   c.out.poison();
-  c.lse = HostTensor(DType::f32, {s.batch, s.h_q, s.s_q});
   c.lse.poison();
 
   // Entries: a permutation of some of the cache rows.
@@ -130,11 +165,24 @@ inline KVCase make_kv_case(const KVCaseSpec& s) {
     c.batch_idx = HostTensor(DType::i32, {s.batch});
     for (int64_t b = 0; b < s.batch; ++b) c.batch_idx.set(b, double(c.entry_v[size_t(b)]));
   }
-  if (s.s_new > 0) {
+  if (s.s_new > 0 && s.varlen_new) {
+    c.k_new = HostTensor(s.dtype, {c.total_new, s.h_kv, s.d});
+    c.v_new = HostTensor(s.dtype, {c.total_new, s.h_kv, s.d_v}, {1, 0, 2});
+    c.k_new.fill_normal(rng);
+    c.v_new.fill_normal(rng);
+  } else if (s.s_new > 0) {
     c.k_new = HostTensor(s.dtype, {s.batch, s.s_new, s.h_kv, s.d});
     c.v_new = HostTensor(s.dtype, {s.batch, s.s_new, s.h_kv, s.d_v}, {0, 2, 1, 3});
     c.k_new.fill_normal(rng);
     c.v_new.fill_normal(rng);
+  }
+  if (s.rotary_base) {
+    // Bases anywhere the table covers: new rows reach base + s_new - 1 < capacity, queries base + s_q - 1.
+    c.rotary_seqlens = HostTensor(DType::i32, {s.batch});
+    for (int64_t b = 0; b < s.batch; ++b) {
+      c.rotary_v.push_back(std::uniform_int_distribution<int64_t>(0, c.capacity - s.s_new)(rng));
+      c.rotary_seqlens.set(b, double(c.rotary_v.back()));
+    }
   }
   if (s.rotary_dim > 0) {
     const int64_t half = s.rotary_dim / 2;
@@ -159,6 +207,8 @@ inline KVCacheArgs kv_args(KVCase& c, const std::vector<TensorView>& views) {
   a.q = views[0], a.k_cache = views[1], a.v_cache = views[2], a.out = views[3], a.lse = views[4];
   a.k_new = views[5], a.v_new = views[6], a.rotary_cos = views[7], a.rotary_sin = views[8];
   a.cache_seqlens = views[9], a.cache_leftpad = views[10], a.cache_batch_idx = views[11], a.block_table = views[12];
+  a.cu_seqlens_q = views[13], a.cu_seqlens_k_new = views[14], a.rotary_seqlens = views[15];
+  a.max_seqlen_q = c.spec.varlen_q ? c.spec.s_q : 0;
   a.rotary_interleaved = c.spec.interleaved;
   a.num_splits = c.spec.num_splits;
   return a;
@@ -166,8 +216,8 @@ inline KVCacheArgs kv_args(KVCase& c, const std::vector<TensorView>& views) {
 
 // Every tensor of the call, in kv_args' order (undefined ones stay default-constructed).
 inline std::vector<HostTensor*> kv_tensors(KVCase& c) {
-  return {&c.q, &c.k_cache, &c.v_cache, &c.out, &c.lse, &c.k_new, &c.v_new, &c.cos, &c.sin,
-          &c.seqlens, &c.leftpad, &c.batch_idx, &c.block_table};
+  return {&c.q,       &c.k_cache, &c.v_cache,   &c.out,         &c.lse,  &c.k_new,  &c.v_new,         &c.cos, &c.sin,
+          &c.seqlens, &c.leftpad, &c.batch_idx, &c.block_table, &c.cu_q, &c.cu_new, &c.rotary_seqlens};
 }
 
 inline AttentionOptions kv_options(const KVCaseSpec& s, Backend backend) {
@@ -208,17 +258,22 @@ inline KVExpected expected_kv(const KVCase& c) {
   e.k_cache = c.k_cache;
   e.v_cache = c.v_cache;
   const bool per_row = s.causal || s.window_left >= 0 || s.window_right >= 0;
+  // New row i of sequence b: packed row new_starts[b] + i, or (b, i); rotated at base + i.
+  auto new_offset = [&](const HostTensor& t, int64_t b, int64_t i, int64_t h, int64_t x) {
+    return s.varlen_new ? t.offset({c.new_starts[size_t(b)] + i, h, x}) : t.offset({b, i, h, x});
+  };
+  auto rotary_pos = [&](int64_t b) { return s.rotary_base ? c.rotary_v[size_t(b)] : c.seqlens_v[size_t(b)]; };
   for (int64_t b = 0; b < s.batch; ++b) {
     const int64_t ent = c.entry_v[size_t(b)];
-    for (int64_t i = 0; i < s.s_new; ++i) {
+    for (int64_t i = 0; i < (s.s_new > 0 ? c.new_v[size_t(b)] : 0); ++i) {
       const int64_t row = c.seqlens_v[size_t(b)] + i;
       for (int64_t h = 0; h < s.h_kv; ++h) {
         std::vector<double> kx(size_t(s.d));
-        for (int64_t x = 0; x < s.d; ++x) kx[size_t(x)] = c.k_new.get(c.k_new.offset({b, i, h, x}));
-        if (s.rotary_dim) kx = rotate_row(s, c.cos, c.sin, kx, row);
+        for (int64_t x = 0; x < s.d; ++x) kx[size_t(x)] = c.k_new.get(new_offset(c.k_new, b, i, h, x));
+        if (s.rotary_dim) kx = rotate_row(s, c.cos, c.sin, kx, rotary_pos(b) + i);
         for (int64_t x = 0; x < s.d; ++x) e.k_cache.set(c.cache_offset(c.k_cache, ent, row, h, x), kx[size_t(x)]);
         for (int64_t x = 0; x < s.d_v; ++x)
-          e.v_cache.set(c.cache_offset(c.v_cache, ent, row, h, x), c.v_new.get(c.v_new.offset({b, i, h, x})));
+          e.v_cache.set(c.cache_offset(c.v_cache, ent, row, h, x), c.v_new.get(new_offset(c.v_new, b, i, h, x)));
       }
     }
   }
@@ -228,15 +283,18 @@ inline KVExpected expected_kv(const KVCase& c) {
   spec.causal = s.causal, spec.window_left = s.window_left, spec.window_right = s.window_right;
   spec.softcap = s.softcap;
   for (int64_t b = 0; b < s.batch; ++b) {
-    for (int64_t i = 0; i < s.s_q; ++i) {
+    for (int64_t i = 0; i < c.lens_q[size_t(b)]; ++i) {
       for (int64_t h = 0; h < s.h_q; ++h) {
         std::vector<double> qx(size_t(s.d));
-        for (int64_t x = 0; x < s.d; ++x) qx[size_t(x)] = c.q.get(c.q.offset({b, i, h, x}));
-        if (s.rotary_dim) qx = rotate_row(s, c.cos, c.sin, qx, c.seqlens_v[size_t(b)] + (per_row ? i : 0));
+        for (int64_t x = 0; x < s.d; ++x) {
+          qx[size_t(x)] = c.q.get(s.varlen_q ? c.q.offset({c.starts_q[size_t(b)] + i, h, x}) : c.q.offset({b, i, h, x}));
+        }
+        if (s.rotary_dim) qx = rotate_row(s, c.cos, c.sin, qx, rotary_pos(b) + (per_row ? i : 0));
         Q.insert(Q.end(), qx.begin(), qx.end());
       }
     }
-    const int64_t begin = c.leftpad_v[size_t(b)], end = c.seqlens_v[size_t(b)] + (s.with_seqlens ? s.s_new : 0);
+    const int64_t appended = s.with_seqlens && s.s_new > 0 ? c.new_v[size_t(b)] : 0;
+    const int64_t begin = c.leftpad_v[size_t(b)], end = c.seqlens_v[size_t(b)] + appended;
     const int64_t ent = c.entry_v[size_t(b)];
     for (int64_t row = begin; row < end; ++row) {
       for (int64_t h = 0; h < s.h_kv; ++h) {
@@ -244,7 +302,7 @@ inline KVExpected expected_kv(const KVCase& c) {
         for (int64_t x = 0; x < s.d_v; ++x) V.push_back(e.v_cache.get(c.cache_offset(c.v_cache, ent, row, h, x)));
       }
     }
-    spec.lens_q.push_back(s.s_q);
+    spec.lens_q.push_back(c.lens_q[size_t(b)]);
     spec.lens_k.push_back(end - begin);
   }
   e.lens_k = spec.lens_k;
@@ -273,7 +331,7 @@ inline void check_kv_results(const KVCase& c, const KVExpected& e, DType accumul
   const double u = std::max(unit_roundoff(s.dtype), unit_roundoff(accumulate));
   std::vector<double> got_o = c.out.values(), bound(e.attn.o.size());
   for (int64_t b = 0, row = 0; b < s.batch; ++b) {
-    for (int64_t i = 0; i < s.s_q; ++i, ++row) {
+    for (int64_t i = 0; i < c.lens_q[size_t(b)]; ++i, ++row) {
       for (int64_t h = 0; h < s.h_q; ++h) {
         for (int64_t x = 0; x < s.d_v; ++x) {
           const size_t el = size_t((row * s.h_q + h) * s.d_v + x);
@@ -284,13 +342,14 @@ inline void check_kv_results(const KVCase& c, const KVExpected& e, DType accumul
   }
   std::string worst;
   EXPECT_EQ(count_outside(got_o, e.attn.o, bound, &worst), 0) << "out: " << worst;
-  // LSE: the oracle's is [h, total] (varlen); ours [b, h, s_q].
+  // LSE: the oracle's is [h, total] (varlen); ours [b, h, s_q] or, varlen, [h, total_q] too.
   std::vector<double> got_lse, want_lse, lse_bound;
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.h_q; ++h) {
-      for (int64_t i = 0; i < s.s_q; ++i) {
-        got_lse.push_back(c.lse.get(c.lse.offset({b, h, i})));
-        const size_t el = size_t(h * s.batch * s.s_q + b * s.s_q + i);
+      for (int64_t i = 0; i < c.lens_q[size_t(b)]; ++i) {
+        const int64_t row = c.starts_q[size_t(b)] + i;
+        got_lse.push_back(c.lse.get(s.varlen_q ? c.lse.offset({h, row}) : c.lse.offset({b, h, i})));
+        const size_t el = size_t(h * c.total_q + row);
         want_lse.push_back(e.attn.lse[el]);
         lse_bound.push_back(1e-4 * (1 + e.attn.lse_mag[el]));
       }
@@ -335,6 +394,26 @@ inline std::vector<KVCaseSpec> kv_case_grid(bool gpu) {
     s.page_size = 256, s.num_splits = 0;
     add(s);
     s.window_left = 0, s.window_right = 0, s.s_q = 3, s.causal = true, s.page_size = 0;  // one key per row
+    add(s);
+  }
+  {
+    // FA3's varlen forms: new rows of varying counts (cu_seqlens_k_new), packed queries with appends, and rotary
+    // positions from rotary_seqlens.
+    KVCaseSpec s;
+    s.batch = 3, s.h_q = 8, s.h_kv = 2, s.s_q = 4, s.s_new = 4, s.varlen_new = true, s.page_size = 16;
+    s.rotary_dim = 32, s.causal = true, s.capacity = gpu ? 300 : 90;
+    add(s);
+    s.varlen_q = true, s.rotary_base = true, s.leftpad = true, s.batch_idx = true, s.page_size = 0;
+    s.interleaved = false;
+    add(s);
+    s.varlen_new = false, s.s_new = 2, s.window_left = 5, s.window_right = 1, s.causal = false, s.page_size = 1;
+    s.rotary_base = false, s.rotary_dim = 64;
+    add(s);
+    s.varlen_q = false, s.rotary_base = true, s.window_left = -1, s.window_right = -1, s.page_size = 64;
+    s.num_splits = 3, s.h_kv = 8, s.d = 128, s.d_v = 128, s.rotary_dim = 128, s.s_q = 1, s.s_new = 1;
+    add(s);
+    s.varlen_q = true, s.varlen_new = true, s.s_q = 20, s.s_new = 20, s.h_q = 32, s.causal = true;  // 64-row plan
+    s.capacity = gpu ? 4096 : 100, s.rotary_base = false, s.rotary_dim = 0, s.num_splits = 0, s.leftpad = false;
     add(s);
   }
   return out;

@@ -139,6 +139,23 @@ TEST(GpuKVCacheClamps, OutOfRangeValuesStayInBounds) {
   for (int64_t h = 0; h < s.h_q; ++h) EXPECT_EQ(c.lse.get(c.lse.offset({2, h, 0})), -INFINITY);
 }
 
+// Packed new rows with offsets out of range (decreasing, past the rows, negative) and the host check off: the
+// append kernel stays inside k_new and the caches (run under compute-sanitizer), and every call completes.
+TEST(GpuKVCacheClamps, VarlenNewRowOffsetsStayInBounds) {
+  FA_REQUIRE_GPU();
+  KVCaseSpec s;
+  s.page_size = 16, s.s_new = 3, s.varlen_new = true, s.rotary_dim = 16, s.rotary_base = true, s.batch = 3;
+  KVCase c = make_kv_case(s);
+  c.cu_new.set(1, 1e6);
+  c.cu_new.set(2, -40);
+  c.rotary_seqlens.set(0, 1e7);
+  DeviceKV dev(c);
+  KVCacheArgs a = kv_args(c, dev.views);
+  a.check_index_values = false;
+  ASSERT_TRUE(attention_with_kvcache(a, kv_options(s, Backend::automatic)).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
 // A decode loop captured once in a CUDA graph and replayed with new lengths and rows gives what eager calls give.
 TEST(GpuKVCacheGraph, CapturedDecodeLoopMatchesEager) {
   FA_REQUIRE_GPU();

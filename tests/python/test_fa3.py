@@ -428,6 +428,104 @@ def test_with_kvcache_varlen_queries(backend, paged, max_seqlen_q):
                       reference(inp, inp.k_log, inp.v_log, dtype=None, **kw), case.dtype)
 
 
+def _varlen_append_inputs(device, dtype, paged, seed=3):
+    """A batch of 3 over a cache with per-sequence new rows (one sequence appends none) and queries."""
+    g = torch.Generator().manual_seed(seed)
+    b, hq, hkv, d, cap, page = 3, 4, 2, 32, 48, 16
+    k_cache = torch.randn(b * cap // page + 2 if paged else b, page if paged else cap, hkv, d, generator=g)
+    v_cache = torch.randn(k_cache.shape, generator=g)
+    table = torch.randperm(b * cap // page + 2, generator=g)[:b * cap // page].view(b, cap // page).to(I32)
+    lengths, new = [5, 0, 17], [3, 4, 0]
+    k_new = torch.randn(sum(new), hkv, d, generator=g)
+    v_new = torch.randn(sum(new), hkv, d, generator=g)
+    rot = torch.arange(cap + 8, dtype=torch.float64)[:, None] * (10000.0 ** (-torch.arange(8) / 8.0))
+    cos, sin = rot.cos(), rot.sin()
+    cast = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
+    return dict(k_cache=cast(k_cache), v_cache=cast(v_cache), table=table.to(device) if paged else None,
+                lengths=lengths, new=new, k_new=cast(k_new), v_new=cast(v_new), cos=cast(cos), sin=cast(sin),
+                hq=hq, d=d, g=g, cast=cast)
+
+
+@pytest.mark.parametrize("varlen_q", [False, True], ids=["padded_q", "varlen_q"])
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_with_kvcache_cu_seqlens_k_new(backend, paged, varlen_q, device="cpu", dtype=torch.float32):
+    """Packed new rows (cu_seqlens_k_new), with padded or packed queries: each sequence's result, caches included,
+    is the one of a call with that sequence alone and its rows padded."""
+    x = _varlen_append_inputs(device, dtype, paged)
+    lengths, new = x["lengths"], x["new"]
+    lens_q = [2, 3, 1] if varlen_q else [2, 2, 2]
+    q_rows = [x["cast"](torch.randn(n, x["hq"], x["d"], generator=x["g"])) for n in lens_q]
+    q = torch.cat(q_rows) if varlen_q else torch.stack(q_rows)
+    cu_new = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=I32, device=device)
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=I32, device=device)
+    kc, vc = x["k_cache"].clone(), x["v_cache"].clone()
+    out, lse, *_ = fa3.flash_attn_with_kvcache(
+        q, kc, vc, x["k_new"], x["v_new"], rotary_cos=x["cos"], rotary_sin=x["sin"],
+        cache_seqlens=torch.tensor(lengths, dtype=I32, device=device), page_table=x["table"],
+        cu_seqlens_q=cu_q if varlen_q else None, cu_seqlens_k_new=cu_new, causal=True, return_softmax_lse=True,
+        backend=backend)
+    kc_one, vc_one = x["k_cache"].clone(), x["v_cache"].clone()
+    for b in range(3):
+        rows = slice(int(cu_new[b]), int(cu_new[b + 1]))
+        one, one_lse, *_ = fa3.flash_attn_with_kvcache(
+            q_rows[b][None], kc_one, vc_one, x["k_new"][rows][None], x["v_new"][rows][None], rotary_cos=x["cos"],
+            rotary_sin=x["sin"], cache_seqlens=torch.tensor([lengths[b]], dtype=I32, device=device),
+            cache_batch_idx=None if paged else torch.tensor([b], dtype=I32, device=device),
+            page_table=x["table"][b:b + 1] if paged else None, causal=True, return_softmax_lse=True,
+            backend=backend)
+        got = out[int(cu_q[b]):int(cu_q[b + 1])] if varlen_q else out[b]
+        got_lse = lse[:, int(cu_q[b]):int(cu_q[b + 1])] if varlen_q else lse[b]
+        tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16 on CUDA: the split counts may differ with the batch
+        torch.testing.assert_close(got, one[0], atol=tol, rtol=tol)
+        torch.testing.assert_close(got_lse, one_lse[0], atol=1e-4, rtol=1e-4)
+    assert torch.equal(kc, kc_one) and torch.equal(vc, vc_one), "the caches differ from per-sequence appends"
+
+
+def test_with_kvcache_rotary_seqlens_shift_the_positions():
+    """rotary_seqlens = cache_seqlens + 3 rotates as cache_seqlens does over the table shifted by 3 rows, for the
+    appended keys and for the queries; rotary_seqlens = cache_seqlens changes nothing."""
+    x = _varlen_append_inputs("cpu", torch.float32, paged=True)
+    lengths = torch.tensor(x["lengths"], dtype=I32)
+    k_new = x["k_new"][:6].view(3, 2, 2, x["d"])
+    v_new = x["v_new"][:6].view(3, 2, 2, x["d"])
+    q = torch.randn(3, 2, x["hq"], x["d"], generator=x["g"])
+    results = []
+    for base, cos, sin in ((lengths + 3, x["cos"], x["sin"]), (None, x["cos"][3:], x["sin"][3:]),
+                           (lengths, x["cos"][3:], x["sin"][3:])):
+        kc, vc = x["k_cache"].clone(), x["v_cache"].clone()
+        out = fa3.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+                                          cache_seqlens=lengths, page_table=x["table"], rotary_seqlens=base,
+                                          causal=True, rotary_interleaved=False)
+        results.append((out, kc, vc))
+    assert all(torch.equal(a, b) for a, b in zip(results[0], results[1]))
+    assert all(torch.equal(a, b) for a, b in zip(results[1], results[2]))
+
+
+@pytest.mark.parametrize("change,pattern", [
+    (dict(cu_seqlens_k_new=torch.tensor([0, 3, 7, 5], dtype=I32)), r"^cu_seqlens_k_new: must be non-decreasing"),
+    (dict(cu_seqlens_k_new=torch.tensor([0, 3, 4, 6], dtype=I32)), r"^cu_seqlens_k_new: last entry 6"),
+    (dict(cu_seqlens_k_new=torch.tensor([0, 3, 7], dtype=I32)), r"^cu_seqlens_k_new: expected shape"),
+    (dict(k=None, v=None), r"^cu_seqlens_k_new: given without the new rows"),
+    (dict(cache_seqlens=torch.tensor([5, 45, 17], dtype=I32)), r"^page_table: cache_seqlens\[1\] \(45\) \+ 4 new rows"),
+    (dict(rotary_seqlens=torch.tensor([0, 55, 0], dtype=I32)), r"^rotary_seqlens: sequence 1 rotates rows"),
+    (dict(rotary_seqlens=torch.tensor([0, -1, 0], dtype=I32)), r"^rotary_seqlens: entry 1 is negative"),
+    (dict(rotary_seqlens=torch.tensor([0, 1], dtype=I32)), r"^rotary_seqlens: expected shape"),
+    (dict(rotary_cos=None, rotary_sin=None), r"^rotary_seqlens: given without rotary_cos"),
+], ids=lambda v: v if isinstance(v, str) else "-".join(v))
+def test_with_kvcache_varlen_append_errors(change, pattern):
+    x = _varlen_append_inputs("cpu", torch.float32, paged=True)
+    kw = dict(q=torch.randn(3, 1, x["hq"], x["d"]), k_cache=x["k_cache"].clone(), v_cache=x["v_cache"].clone(),
+              k=x["k_new"][:7], v=x["v_new"][:7], rotary_cos=x["cos"], rotary_sin=x["sin"],
+              cache_seqlens=torch.tensor(x["lengths"], dtype=I32), page_table=x["table"],
+              cu_seqlens_k_new=torch.tensor([0, 3, 7, 7], dtype=I32), rotary_seqlens=torch.tensor([1, 2, 3], dtype=I32))
+    kw.update(change)
+    before = kw["k_cache"].clone(), kw["v_cache"].clone()
+    with pytest.raises(ValueError, match=pattern):
+        fa3.flash_attn_with_kvcache(**kw)
+    assert torch.equal(kw["k_cache"], before[0]) and torch.equal(kw["v_cache"], before[1])
+
+
 def test_get_scheduler_metadata_is_none_and_accepted():
     case = KVCase(2, 1, 1, (17, 40), page=16, heads=(8, 2), causal=True, dtype=torch.float32)
     inp = make_inputs(case)
@@ -493,13 +591,8 @@ UNSUPPORTED = (
     + [("flash_attn_varlen_func", "cu_seqlens_q", dict(cu_seqlens_q=None)),
        ("flash_attn_varlen_func", "cu_seqlens_k", dict(cu_seqlens_k=None))]
     + [("flash_attn_with_kvcache", n, c) for n, c in COMMON_UNSUPPORTED]
-    + [("flash_attn_with_kvcache", "cu_seqlens_k_new", dict(cu_seqlens_k_new=torch.tensor([0, 1, 2], dtype=I32))),
-       ("flash_attn_with_kvcache", "rotary_seqlens", dict(rotary_seqlens=torch.tensor([3, 7], dtype=I32))),
-       ("flash_attn_with_kvcache", "scheduler_metadata", dict(scheduler_metadata=torch.zeros(3, dtype=I32))),
-       # appending with varlen queries
-       ("flash_attn_with_kvcache", "k", dict(q=torch.randn(2, 4, 16), cu_seqlens_q=torch.tensor([0, 1, 2], dtype=I32)))]
-    + [("get_scheduler_metadata", "cu_seqlens_k_new", dict(cu_seqlens_k_new=torch.tensor([0, 1, 2], dtype=I32))),
-       ("get_scheduler_metadata", "attention_chunk", dict(attention_chunk=8))]
+    + [("flash_attn_with_kvcache", "scheduler_metadata", dict(scheduler_metadata=torch.zeros(3, dtype=I32)))]
+    + [("get_scheduler_metadata", "attention_chunk", dict(attention_chunk=8))]
 )
 
 
@@ -710,6 +803,14 @@ def test_varlen_paged_cuda(case, lengths_from):
 @requires_cuda
 def test_with_kvcache_cuda(case, num_splits):
     run_kvcache(case, "auto", device="cuda", num_splits=num_splits)
+
+
+@pytest.mark.parametrize("varlen_q", [False, True], ids=["padded_q", "varlen_q"])
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+@pytest.mark.cuda
+@requires_cuda
+def test_with_kvcache_cu_seqlens_k_new_cuda(paged, varlen_q):
+    test_with_kvcache_cu_seqlens_k_new("auto", paged, varlen_q, device="cuda", dtype=torch.bfloat16)
 
 
 @pytest.mark.cuda

@@ -439,12 +439,7 @@ __global__ void decode_combine_kernel(const __grid_constant__ DecodeCombineArgs 
     b = int(prow / a.seqlen_q);
     i = int(prow % a.seqlen_q);
   } else {
-    int lo = 0, hi = a.batch;  // the last b with cu_seqlens_q[b] <= prow
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) / 2;
-      if (a.cu_seqlens_q[mid] <= prow) lo = mid; else hi = mid;
-    }
-    b = lo;
+    b = varlen_sequence_of(a.cu_seqlens_q, a.batch, prow);
     i = int(prow - a.cu_seqlens_q[b]);
   }
   const int64_t split_stride = int64_t(a.rows_total) * a.heads_q;
