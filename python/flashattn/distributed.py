@@ -24,10 +24,11 @@ Varlen (ring_flash_attn_varlen_func, shard_varlen / unshard_varlen): a packed ba
 as above (zigzag: each sequence's two chunks), [total/P, h, d] per rank with the parts' cu_seqlens; a zigzag chunk
 of every sequence is gathered by index into one varlen call.
 
-Sliding windows (window_size, padded shards): each pair of chunks that sees anything runs over the rows and keys
-that do, with the window the kernels' bottom-right aligned mask needs there.
+Sliding windows (window_size): each pair of chunks that sees anything runs over the rows and keys that do, with
+the window the kernels' bottom-right aligned mask needs there. Varlen: that rectangle and window depend on each
+sequence's length, so the sequences are grouped by the window they need, one varlen call per group and chunk pair.
 
-Not supported yet (NotImplementedError): window_size in the varlen form, dropout, ALiBi, float64.
+Not supported yet (NotImplementedError): dropout, ALiBi, float64.
 """
 
 from __future__ import annotations
@@ -184,23 +185,56 @@ def _window_pieces(layout: str, causal: bool, window: Tuple[int, int], rank: int
     return pieces
 
 
+class _Part:
+    """Rows of a varlen shard gathered by index, with the cu_seqlens and max_seqlen of the runs they hold."""
+
+    def __init__(self, runs: Sequence[Tuple[int, int]], device):
+        lengths = [hi - lo for lo, hi in runs]
+        self.rows = torch.cat([torch.arange(lo, hi) for lo, hi in runs]).to(device)
+        self.cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=device)
+        self.max_seqlen = max(lengths)
+
+
+def _varlen_window_pieces(geo: "_Geometry", layout: str, causal: bool, window: Tuple[int, int], rank: int, src: int,
+                          world: int) -> List[Piece]:
+    """_window_pieces for a varlen shard: every sequence's chunk pairs get their rectangle and window (_band);
+    sequences that need the same window in the same chunk pair share one varlen call."""
+    groups = {}
+    for a, b in zip(geo.host_cu[:-1], geo.host_cu[1:]):
+        if b == a:
+            continue
+        for ci, (q_start, q_row, n) in enumerate(_chunks(layout, rank, world, b - a)):
+            for cj, (k_start, k_row, _) in enumerate(_chunks(layout, src, world, b - a)):
+                band = _band(q_start, k_start, n, causal, *window)
+                if band is None:
+                    continue
+                r0, r1, c0, c1, w_left, w_right = band
+                q_runs, k_runs = groups.setdefault((ci, cj, w_left, w_right), ([], []))
+                q_runs.append((a + q_row + r0, a + q_row + r1))
+                k_runs.append((a + k_row + c0, a + k_row + c1))
+    return [(_Part(q_runs, geo.device), _Part(k_runs, geo.device), False, w_left, w_right)
+            for (_, _, w_left, w_right), (q_runs, k_runs) in groups.items()]
+
+
 class _Geometry:
     """Where a shard's parts lie in its tensors. Padded [b, s/P, h, d]: the token dimension is 1 and a part is a
     slice of it. Varlen [total/P, h, d] (every sequence sharded alike): the token dimension is 0, and a zigzag
     chunk of every sequence is an index over the packed rows, with its own cu_seqlens (half of the shard's) and
     max_seqlen. The LSE's token dimension is the last in both ([b, h, s/P], [h, total/P])."""
 
-    def __init__(self, rows: int, cu_seqlens: Optional[Tensor] = None, zigzag_cu: Optional[List[int]] = None,
-                 max_seqlen: int = 0):
+    def __init__(self, rows: int, cu_seqlens: Optional[Tensor] = None, host_cu: Optional[List[int]] = None,
+                 max_seqlen: int = 0, zigzag: bool = False):
         self.dim = 0 if cu_seqlens is not None else 1
         self.rows = rows
+        self.host_cu = host_cu  # varlen: cu_seqlens on the host
+        self.device = None if cu_seqlens is None else cu_seqlens.device
         self.parts = {"all": (slice(0, rows), cu_seqlens, max_seqlen)}
         if cu_seqlens is None:
             self.parts["first"] = (slice(0, rows // 2), None, 0)
             self.parts["second"] = (slice(rows // 2, rows), None, 0)
-        elif zigzag_cu is not None:  # zigzag: each sequence's two chunks (zigzag_cu: cu_seqlens on the host)
+        elif zigzag:  # each sequence's two chunks
             device = cu_seqlens.device
-            bounds = list(zip(zigzag_cu[:-1], zigzag_cu[1:]))
+            bounds = list(zip(host_cu[:-1], host_cu[1:]))
             first = [torch.arange(a, (a + b) // 2) for a, b in bounds]
             second = [torch.arange((a + b) // 2, b) for a, b in bounds]
             half_cu = torch.div(cu_seqlens, 2, rounding_mode="floor")
@@ -209,7 +243,9 @@ class _Geometry:
                 self.parts[name] = (rows_idx, half_cu, max_seqlen // 2)
 
     def _rows(self, part):
-        return part if isinstance(part, slice) else self.parts[part][0]
+        if isinstance(part, (slice, _Part)):
+            return part if isinstance(part, slice) else part.rows
+        return self.parts[part][0]
 
     def take(self, t: Tensor, part, dim: Optional[int] = None) -> Tensor:
         rows = self._rows(part)
@@ -231,10 +267,16 @@ class _Geometry:
 
     def options(self, piece: Piece, scale: float, softcap: float, deterministic: bool):
         """The block product's (cu_seqlens_q, cu_seqlens_k, int_options, float_options). A part given as a slice
-        (padded shards under a window) has no cu_seqlens."""
+        (padded shards under a window) has no cu_seqlens; a _Part (varlen under a window) carries its own."""
         q_part, k_part, causal, left, right = piece
-        _, cu_q, max_q = (None, None, 0) if isinstance(q_part, slice) else self.parts[q_part]
-        _, cu_k, max_k = (None, None, 0) if isinstance(k_part, slice) else self.parts[k_part]
+
+        def seqlens(part):
+            if isinstance(part, slice):
+                return None, None, 0
+            return (None, part.cu, part.max_seqlen) if isinstance(part, _Part) else self.parts[part]
+
+        _, cu_q, max_q = seqlens(q_part)
+        _, cu_k, max_k = seqlens(k_part)
         return (cu_q, cu_k) + op_options(max_q, max_k, scale, causal, left, right, softcap, deterministic)
 
 
@@ -275,6 +317,8 @@ def _block_pieces(geo: _Geometry, layout: str, causal: bool, window: Tuple[int, 
                   src: int) -> List[Piece]:
     if window == (-1, -1):
         return _pieces(layout, causal, ring.rank, src)
+    if geo.dim == 0:
+        return _varlen_window_pieces(geo, layout, causal, window, ring.rank, src, ring.world)
     return _window_pieces(layout, causal, window, ring.rank, src, ring.world, geo.rows)
 
 
@@ -407,9 +451,7 @@ def ring_flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Ten
     rank's parts (the same on every rank: checked), max_seqlen their maximum. Returns this rank's rows of the
     output, [total/P, h_q, d_v]. Reads cu_seqlens on the host (one synchronisation per call)."""
     _check_common(q, k, v, 3, "[total / ranks, heads, head_dim]")
-    if _window(window_size) != (-1, -1):
-        raise NotImplementedError("window_size: the varlen ring with a sliding window is not supported yet (the "
-                                  "padded form, ring_flash_attn_func, takes one)")
+    window = _window(window_size)
     layout = _check_layout(layout)
     if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or \
             cu_seqlens.numel() < 1:
@@ -434,6 +476,6 @@ def ring_flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Ten
     deterministic = check_flag("deterministic", deterministic)
     scale = resolve_scale(softmax_scale, q.shape[-1])
     softcap = check_softcap(softcap)
-    geo = _Geometry(q.shape[0], cu_seqlens, cu if layout == "zigzag" else None, max_seqlen)
-    return _RingAttention.apply(q, k, v, geo, scale, causal, (-1, -1), softcap, layout, group, deterministic,
+    geo = _Geometry(q.shape[0], cu_seqlens, cu, max_seqlen, zigzag=layout == "zigzag")
+    return _RingAttention.apply(q, k, v, geo, scale, causal, window, softcap, layout, group, deterministic,
                                 str(backend))

@@ -1,7 +1,9 @@
 """flashattn.distributed.ring_flash_attn_func and its varlen form: 2 and 4 processes (gloo) each holding a shard of
 the sequence (of every sequence of a packed batch) give the output and gradients of single-process attention over
 the whole sequence, in both layouts, causal or not, with GQA, softcap, an explicit scale, d_v != d and sliding
-windows (padded form); the deterministic mode repeats bit for bit; under torch.compile the same as eager; bad arguments raise naming them. On a GPU the same runs with the processes sharing it (gloo, staged through host memory)."""
+windows (padded and varlen); the deterministic mode repeats bit for bit; under torch.compile the same as eager; bad
+arguments raise naming them. On a GPU the same runs with the processes sharing it (gloo, staged through host
+memory)."""
 import os
 import socket
 
@@ -40,6 +42,15 @@ VARLEN_CASES = [
     ("zigzag", True, 4, 1, 16, 24, 0.0, None),
     ("zigzag", False, 2, 2, 32, 32, 4.0, 0.3),
     ("contiguous", False, 6, 3, 24, 16, 0.0, None),
+]
+# Varlen under sliding windows: (layout, causal, window_size) over VARLEN_CASES[0]'s problem; windows shorter than a
+# sequence's part on one rank and spanning ranks, one- and two-sided (each sequence needs its own rectangles).
+VARLEN_WINDOW_CASES = [
+    ("zigzag", True, (7, 0)),
+    ("contiguous", True, (12, -1)),
+    ("contiguous", False, (3, 5)),
+    ("zigzag", False, (-1, 4)),
+    ("zigzag", False, (0, 0)),
 ]
 
 
@@ -84,6 +95,14 @@ def _varlen_runs(rank, world, device, dtype):
                                           softcap=softcap, layout=layout, deterministic=True)
         out.backward(dout)
         results.append([t.detach().cpu() for t in (out, ql.grad, kl.grad, vl.grad)])
+    for layout, causal, window in VARLEN_WINDOW_CASES:
+        tensors, cu = _varlen_problem(VARLEN_CASES[0], device, dtype)
+        (q, cu_local), (k, _), (v, _), (dout, _) = [shard_varlen(t, cu, rank, world, layout) for t in tensors]
+        ql, kl, vl = (t.clone().requires_grad_() for t in (q, k, v))
+        out = ring_flash_attn_varlen_func(ql, kl, vl, cu_local, max(VARLEN_LENS) // world, causal=causal,
+                                          window_size=window, layout=layout)
+        out.backward(dout)
+        results.append([t.detach().cpu() for t in (out, ql.grad, kl.grad, vl.grad)])
     return results
 
 
@@ -102,7 +121,7 @@ def _varlen_errors(rank, world, device, dtype):
         ("cu_seqlens odd", lambda: ring_flash_attn_varlen_func(q, k, v, odd, 64, layout="zigzag")),
         ("cu_seqlens ranks", lambda: ring_flash_attn_varlen_func(q, k, v, other, 64)),
         ("max_seqlen", lambda: ring_flash_attn_varlen_func(q, k, v, cu_local, 1)),
-        ("window_size", lambda: ring_flash_attn_varlen_func(q, k, v, cu_local, 64, window_size=(2, 2))),
+        ("window_size", lambda: ring_flash_attn_varlen_func(q, k, v, cu_local, 64, window_size=(2, 2, 1))),
     ):
         try:
             call()
@@ -222,11 +241,23 @@ def _check(world, device, dtype, tmp_path, tol):
         for name, g, w in zip(("out", "dq", "dk", "dv"), got, wants):
             err = (g.double() - w.double()).norm() / w.double().norm()
             assert err < tol, f"varlen {case} over {world} ranks: {name} relative error {err:.2e}"
+    for i, (layout, causal, window) in enumerate(VARLEN_WINDOW_CASES):
+        tensors, cu = _varlen_problem(VARLEN_CASES[0], device, dtype)
+        q, k, v, dout = (t.requires_grad_() if j < 3 else t for j, t in enumerate(tensors))
+        want = flashattn.flash_attn_varlen_func(q, k, v, cu, cu, max(VARLEN_LENS), max(VARLEN_LENS), causal=causal,
+                                                window_size=window)
+        want.backward(dout)
+        wants = [want.detach().cpu(), q.grad.cpu(), k.grad.cpu(), v.grad.cpu()]
+        got = [unshard_varlen([per_rank[r]["varlen"][len(VARLEN_CASES) + i][j] for r in range(world)], cu.cpu(),
+                              layout) for j in range(4)]
+        for name, g, w in zip(("out", "dq", "dk", "dv"), got, wants):
+            err = (g.double() - w.double()).norm() / w.double().norm()
+            assert err < tol, f"varlen window {window} {layout} causal={causal} over {world} ranks: {name} {err:.2e}"
     for r in range(world):
         errors = per_rank[r]["varlen_errors"]
         for name, kind in (("cu_seqlens dtype", "ValueError"), ("cu_seqlens end", "ValueError"),
                            ("cu_seqlens odd", "ValueError"), ("cu_seqlens ranks", "ValueError"),
-                           ("max_seqlen", "ValueError"), ("window_size", "NotImplementedError")):
+                           ("max_seqlen", "ValueError"), ("window_size", "ValueError")):
             assert errors[name] is not None and errors[name][0] == kind, (name, errors[name])
             assert name.split()[0] in errors[name][1], (name, errors[name])
         assert "differs between the ranks" in errors["cu_seqlens ranks"][1]
