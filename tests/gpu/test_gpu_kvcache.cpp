@@ -118,6 +118,16 @@ INSTANTIATE_TEST_SUITE_P(Grid, GpuKVCache, ::testing::ValuesIn(gpu_grid()),
                            return i.param.spec.name() + "_" + backend_name(i.param.backend);
                          });
 
+// The case's call with the host check off (as under capture), its results downloaded into c.
+void run_unchecked(KVCase& c) {
+  DeviceKV dev(c);
+  KVCacheArgs a = kv_args(c, dev.views);
+  a.check_index_values = false;
+  ASSERT_TRUE(attention_with_kvcache(a, kv_options(c.spec, Backend::automatic)).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  dev.download(c);
+}
+
 // Index values out of range with the host check off (as under capture): no fault, nothing outside written
 // (run under compute-sanitizer by bench/gpu/device_check_*.sh).
 TEST(GpuKVCacheClamps, OutOfRangeValuesStayInBounds) {
@@ -129,12 +139,7 @@ TEST(GpuKVCacheClamps, OutOfRangeValuesStayInBounds) {
   c.seqlens.set(1, -50);
   c.block_table.set(1, -3);
   c.batch_idx.set(2, 1000);
-  DeviceKV dev(c);
-  KVCacheArgs a = kv_args(c, dev.views);
-  a.check_index_values = false;
-  ASSERT_TRUE(attention_with_kvcache(a, kv_options(s, Backend::automatic)).ok());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  dev.download(c);
+  run_unchecked(c);
   // The sequence with no valid entry sees no key: O = 0, LSE = -inf.
   for (int64_t h = 0; h < s.h_q; ++h) EXPECT_EQ(c.lse.get(c.lse.offset({2, h, 0})), -INFINITY);
 }
@@ -149,11 +154,7 @@ TEST(GpuKVCacheClamps, VarlenNewRowOffsetsStayInBounds) {
   c.cu_new.set(1, 1e6);
   c.cu_new.set(2, -40);
   c.rotary_seqlens.set(0, 1e7);
-  DeviceKV dev(c);
-  KVCacheArgs a = kv_args(c, dev.views);
-  a.check_index_values = false;
-  ASSERT_TRUE(attention_with_kvcache(a, kv_options(s, Backend::automatic)).ok());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  run_unchecked(c);
 }
 
 // A decode loop captured once in a CUDA graph and replayed with new lengths and rows gives what eager calls give.
