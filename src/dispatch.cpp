@@ -2,6 +2,7 @@
 #include <string>
 
 #include "backend.h"
+#include "cpu/fp8.h"
 #include "cpu/kv_cache.h"
 #include "flashattn/flashattn.h"
 
@@ -120,8 +121,12 @@ Status run_forward(const FwdParams& p, Backend requested) {
   const BackendChoice c = choose_backend(p, requested, false);
   if (!c.status.ok()) return c.status;
   switch (c.backend) {
-    case Backend::cpu_reference: return detail::cpu_reference_forward(p);
-    case Backend::cpu_flash: return detail::cpu_flash_forward(p);
+    case Backend::cpu_reference:
+      return p.dtype == DType::e4m3 ? detail::cpu_fp8_forward(p, detail::cpu_reference_forward)
+                                    : detail::cpu_reference_forward(p);
+    case Backend::cpu_flash:
+      return p.dtype == DType::e4m3 ? detail::cpu_fp8_forward(p, detail::cpu_flash_forward)
+                                    : detail::cpu_flash_forward(p);
     case Backend::cuda_sm80: return detail::cuda_sm80_forward(p);
     case Backend::cuda_sm90: return detail::cuda_sm90_forward(p);
     case Backend::automatic: break;

@@ -9,6 +9,7 @@ size_t dtype_size(DType t) {
     case DType::f16: return 2;
     case DType::bf16: return 2;
     case DType::i32: return 4;
+    case DType::e4m3: return 1;
   }
   return 0;
 }
@@ -20,6 +21,7 @@ const char* dtype_name(DType t) {
     case DType::f16: return "float16";
     case DType::bf16: return "bfloat16";
     case DType::i32: return "int32";
+    case DType::e4m3: return "float8_e4m3fn";
   }
   return "unknown";
 }

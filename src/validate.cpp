@@ -169,6 +169,35 @@ Status set_lse(const TensorView& lse, FwdParams* p) {
 
 // The optional ALiBi slopes: fp32 [h_q] or [batch, h_q] on the call's device, last dim contiguous; on the CPU
 // every slope finite (CUDA slopes stay unread: reading them would synchronise every call).
+// One descale factor tensor of float8 inputs: fp32 [batch, heads_kv], any strides (an expanded scalar is fine),
+// finite and > 0 where the host can read it (CPU tensors).
+Status set_descale(const char* name, const TensorView& t, FwdParams* p, const float** ptr, int64_t* strides) {
+  *ptr = nullptr;
+  if (!t.defined()) return Status::success();
+  if (p->dtype != DType::e4m3) {
+    return Status::invalid(std::string(name) + ": descale factors go with float8_e4m3fn inputs; q is " +
+                           dtype_name(p->dtype));
+  }
+  const int64_t shape[2] = {p->batch, p->heads_kv};
+  Status st = check_tensor(name, t, 2, shape, DType::f32, p->device, false);
+  if (!st.ok()) return st;
+  const float* v = static_cast<const float*>(t.data);
+  if (p->device.type == DeviceType::cpu) {
+    for (int64_t b = 0; b < p->batch; ++b)
+      for (int64_t h = 0; h < p->heads_kv; ++h) {
+        const float x = v[b * t.stride[0] + h * t.stride[1]];
+        if (!(std::isfinite(x) && x > 0)) {
+          return Status::invalid(std::string(name) + ": must be finite and > 0, got " + std::to_string(x) + " at [" +
+                                 std::to_string(b) + ", " + std::to_string(h) + "]");
+        }
+      }
+  }
+  *ptr = v;
+  strides[0] = t.stride[0];
+  strides[1] = t.stride[1];
+  return Status::success();
+}
+
 Status set_alibi(const TensorView& slopes, FwdParams* p) {
   if (!slopes.defined()) return Status::success();
   const int64_t per_head[1] = {p->heads_q}, per_batch[2] = {p->batch, p->heads_q};
@@ -245,8 +274,8 @@ Status make_forward_params(const ForwardArgs& a, const AttentionOptions& o, FwdP
                            (varlen ? "[total_q, heads, dim] (varlen)" : "[batch, seqlen, heads, dim]") + ", got rank " +
                            std::to_string(a.q.rank));
   }
-  if (!is_float_dtype(a.q.dtype)) {
-    return Status::invalid(std::string("q: dtype must be float16, bfloat16, float32 or float64, got ") +
+  if (!is_float_dtype(a.q.dtype) && a.q.dtype != DType::e4m3) {
+    return Status::invalid(std::string("q: dtype must be float16, bfloat16, float32, float64 or float8_e4m3fn, got ") +
                            dtype_name(a.q.dtype));
   }
   if (a.k.rank != rank) {
@@ -297,7 +326,16 @@ Status make_forward_params(const ForwardArgs& a, const AttentionOptions& o, FwdP
   if (!((st = check_tensor("k", a.k, rank, k_shape, p.dtype, dev, true)).ok())) return st;
   if (!((st = check_tensor("v", a.v, rank, v_shape, p.dtype, dev, true)).ok())) return st;
   if (!a.out.defined()) return Status::invalid("out: required");
-  if (!((st = check_tensor("out", a.out, rank, o_shape, p.dtype, dev, true)).ok())) return st;
+  // float8 inputs write a 16-bit output; every other dtype writes its own.
+  p.out_dtype = p.dtype;
+  if (p.dtype == DType::e4m3) {
+    if (a.out.dtype != DType::bf16 && a.out.dtype != DType::f16) {
+      return Status::invalid(std::string("out: float8_e4m3fn inputs write a bfloat16 or float16 output, got ") +
+                             dtype_name(a.out.dtype));
+    }
+    p.out_dtype = a.out.dtype;
+  }
+  if (!((st = check_tensor("out", a.out, rank, o_shape, p.out_dtype, dev, true)).ok())) return st;
 
   if (varlen) {
     p.total_q = rows_q;
@@ -325,6 +363,9 @@ Status make_forward_params(const ForwardArgs& a, const AttentionOptions& o, FwdP
 
   if (!((st = set_lse(a.lse, &p)).ok())) return st;
   if (!((st = set_alibi(a.alibi_slopes, &p)).ok())) return st;
+  if (!((st = set_descale("q_descale", a.q_descale, &p, &p.q_descale, p.q_descale_strides)).ok())) return st;
+  if (!((st = set_descale("k_descale", a.k_descale, &p, &p.k_descale, p.k_descale_strides)).ok())) return st;
+  if (!((st = set_descale("v_descale", a.v_descale, &p, &p.v_descale, p.v_descale_strides)).ok())) return st;
 
   p.q = a.q.data;
   p.k = a.k.data;
@@ -346,6 +387,9 @@ Status make_backward_params(const BackwardArgs& a, const AttentionOptions& o, Bw
   FwdParams f;
   Status st = make_forward_params(a, o, &f);
   if (!st.ok()) return st;
+  if (f.dtype == DType::e4m3) {
+    return Status::unsupported("q: the backward of float8_e4m3fn inputs is not supported yet (forward only)");
+  }
   BwdParams p;
   static_cast<FwdParams&>(p) = f;
   const bool varlen = f.is_varlen();
@@ -504,6 +548,9 @@ Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCa
                            ", got rank " + std::to_string(a.q.rank) + " " + shape_str(a.q));
   }
   if (!is_float_dtype(a.q.dtype)) {
+    if (a.q.dtype == DType::e4m3) {
+      return Status::unsupported("q: float8_e4m3fn over a KV cache is not supported yet (the plain forward takes it)");
+    }
     return Status::invalid(std::string("q: dtype must be float16, bfloat16, float32 or float64, got ") +
                            dtype_name(a.q.dtype));
   }

@@ -72,6 +72,14 @@ struct FwdParams {
   // backward given the same seed and offset applies the forward's.
   float dropout_p = 0.f;
   uint64_t dropout_seed = 0, dropout_offset = 0;
+  // float8_e4m3fn inputs (dtype e4m3): O's dtype (float16 or bfloat16; else O is in `dtype`), and the fp32 descale
+  // factors of Q, K, V, each [batch, heads_kv] with these strides (null: 1): query head h of sequence b reads
+  // q * q_descale[b, h / (heads_q / heads_kv)], its keys k * k_descale[b, h_kv], values v * v_descale[b, h_kv].
+  DType out_dtype = DType::f32;
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  int64_t q_descale_strides[2] = {0, 0}, k_descale_strides[2] = {0, 0}, v_descale_strides[2] = {0, 0};
 
   // KV cache (see above); all int32 on the tensors' device, each optional.
   const int32_t* seqused_k = nullptr;     // [batch]: end of sequence b's used key rows, before appended_k

@@ -73,9 +73,11 @@ def _check_rank(name: str, t: Tensor, varlen: bool) -> None:
         raise ValueError(f"{name}: expected a rank-{rank} tensor {layout}, got shape {list(t.shape)}")
 
 
-def _outputs_like(q: Tensor, head_dim_v: int, varlen: bool) -> Tuple[Tensor, Tensor]:
-    """out laid out like q with head dim d_v, and the fp32 lse: [batch, heads_q, seqlen_q] or [heads_q, total_q]."""
-    out = torch.empty((*q.shape[:-1], head_dim_v), dtype=q.dtype, device=q.device)
+def _outputs_like(q: Tensor, head_dim_v: int, varlen: bool, dtype: Optional[torch.dtype] = None
+                  ) -> Tuple[Tensor, Tensor]:
+    """out laid out like q with head dim d_v (in q's dtype unless given), and the fp32 lse: [batch, heads_q,
+    seqlen_q] or [heads_q, total_q]."""
+    out = torch.empty((*q.shape[:-1], head_dim_v), dtype=q.dtype if dtype is None else dtype, device=q.device)
     if varlen:
         lse_shape = (q.shape[1], q.shape[0])  # [heads_q, total_q]
     else:
@@ -159,6 +161,51 @@ def attention_forward(
 @attention_forward.register_fake
 def _attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_options, float_options, backend):
     return _forward_outputs(q, v, cu_seqlens_q is not None)
+
+
+FP8_OUT_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@torch.library.custom_op("flashattn::attention_forward_fp8", mutates_args=())
+def attention_forward_fp8(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Optional[Tensor],
+    cu_seqlens_k: Optional[Tensor],
+    q_descale: Optional[Tensor],
+    k_descale: Optional[Tensor],
+    v_descale: Optional[Tensor],
+    int_options: List[int],
+    float_options: List[float],
+    out_dtype: torch.dtype,
+    backend: str,
+) -> Tuple[Tensor, Tensor]:
+    """attention_forward of float8_e4m3fn q, k, v, each scaled by its optional fp32 [batch, heads_kv] descale
+    factors (FA3's): out in out_dtype (bfloat16 or float16) and lse (fp32). Forward only (no backward)."""
+    o = _native_options(int_options, float_options)
+    for name in ("deterministic", "dropout_p", "dropout_seed", "dropout_offset"):
+        o.pop(name)
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    out, lse = _fp8_outputs(q, v, cu_seqlens_q is not None, out_dtype)
+    _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(cu_seqlens_q), _dl(cu_seqlens_k), o.pop("max_seqlen_q"),
+               o.pop("max_seqlen_k"), q_descale=_dl(q_descale), k_descale=_dl(k_descale), v_descale=_dl(v_descale),
+               backend=backend, stream=_stream(q), **o)
+    return out, lse
+
+
+def _fp8_outputs(q, v, varlen, out_dtype):
+    if out_dtype not in FP8_OUT_DTYPES:
+        raise ValueError(f"out_dtype: float8_e4m3fn inputs write bfloat16 or float16, got {out_dtype}")
+    _check_rank("q", q, varlen)
+    _check_rank("v", v, varlen)
+    return _outputs_like(q, v.shape[-1], varlen, out_dtype)
+
+
+@attention_forward_fp8.register_fake
+def _attention_forward_fp8_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, q_descale, k_descale, v_descale, int_options,
+                                float_options, out_dtype, backend):
+    return _fp8_outputs(q, v, cu_seqlens_q is not None, out_dtype)
 
 
 @torch.library.custom_op("flashattn::attention_backward", mutates_args=())
@@ -500,6 +547,62 @@ def attention(
     _check_slopes_type(alibi_slopes)
     return torch.ops.flashattn.attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, ints, floats,
                                                  str(backend))
+
+
+def fp8_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    cu_seqlens_q: Optional[Tensor] = None,
+    cu_seqlens_k: Optional[Tensor] = None,
+    max_seqlen_q: int = 0,
+    max_seqlen_k: int = 0,
+    q_descale: Optional[Tensor] = None,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    out_dtype: torch.dtype = torch.bfloat16,
+    backend: str = "auto",
+    num_threads: int = 0,
+) -> Tuple[Tensor, Tensor]:
+    """attention() of float8_e4m3fn q, k, v (FA3's FP8 forward): each scaled by its optional fp32 descale factors
+    [batch, heads_kv] (query head h of sequence b by q_descale[b, h // (heads_q // heads_kv)]); out in out_dtype
+    (bfloat16 or float16), lse fp32. Forward only; the CPU backends run it (no FP8 CUDA kernel yet)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.float8_e4m3fn:
+            raise TypeError(f"{name}: dtype {t.dtype}, but the FP8 path takes float8_e4m3fn q, k and v together")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise NotImplementedError("q: the backward of float8_e4m3fn inputs is not supported yet (forward only); "
+                                  "call under torch.no_grad() or with inputs that do not require grad")
+    for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if t is not None and not isinstance(t, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor (float32, (batch, nheads_k)) or None, got "
+                            f"{type(t).__name__}")
+    if out_dtype not in FP8_OUT_DTYPES:
+        raise ValueError(f"out_dtype: float8_e4m3fn inputs write bfloat16 or float16, got {out_dtype}")
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        missing = "cu_seqlens_k" if cu_seqlens_k is None else "cu_seqlens_q"
+        raise ValueError(f"{missing}: cu_seqlens_q and cu_seqlens_k must be given together")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_rank(name, t, varlen)
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        _check_index(name, t)
+    scale = resolve_scale(softmax_scale, q.shape[-1])
+    max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, _ = _check_options(
+        q, k, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, False)
+    num_threads = check_integer("num_threads", num_threads, 0, INT32_MAX)
+    ints, floats = op_options(max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap, False,
+                              num_threads)
+    return torch.ops.flashattn.attention_forward_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, q_descale, k_descale,
+                                                     v_descale, ints, floats, out_dtype, str(backend))
 
 
 def _check_dropout_p(dropout_p) -> float:

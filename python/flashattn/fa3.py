@@ -20,9 +20,14 @@ flash_attn_combine returns (out, softmax_lse) with softmax_lse (batch, seqlen, n
 
 Arguments, supported or not (nothing that could change a result is ever ignored):
 
-* Raise NotImplementedError naming the argument unless left at the default: ``qv``, ``q_descale`` / ``k_descale``
-  / ``v_descale`` (FP8), ``attention_chunk`` (0 only) and ``scheduler_metadata`` (None only; get_scheduler_metadata returns None, see there). In flash_attn_varlen_func a
-  None ``cu_seqlens_q`` (batched queries), and a None ``cu_seqlens_k`` without page_table, raise too.
+* Raise NotImplementedError naming the argument unless left at the default: ``qv``, ``attention_chunk`` (0 only)
+  and ``scheduler_metadata`` (None only; get_scheduler_metadata returns None, see there). In
+  flash_attn_varlen_func a None ``cu_seqlens_q`` (batched queries), and a None ``cu_seqlens_k`` without
+  page_table, raise too.
+* FP8: float8_e4m3fn q, k, v in flash_attn_func / flash_attn_qkvpacked_func / flash_attn_varlen_func run the FP8
+  forward, each scaled by its optional fp32 ``q_descale`` / ``k_descale`` / ``v_descale`` (batch, nheads_k), out
+  in bfloat16; forward only, on the CPU backends for now (CUDA reports it unsupported). Descales with other
+  dtypes raise ValueError (FA3 ignores them there). FP8 KV caches raise NotImplementedError.
 * Scheduling hints, validated and then not used, because they cannot change flashattn's results: ``pack_gqa``
   (None / True / False; flashattn's decode kernel always packs a KV head's query heads into the rows of one tile,
   the other kernels choose their own tiling), ``sm_margin`` (an int >= 0: FA3 leaves that many SMs idle for
@@ -56,7 +61,7 @@ import torch
 from torch import Tensor
 
 from ._ops import (INT32_MAX, _check_index, _check_rank, _check_tensor, _renamed, check_flag, check_integer,
-                   kvcache_attention)
+                   fp8_attention, kvcache_attention)
 from .flash_attn_interface import _run, _run_paged, _softcap, _split, _window
 
 __all__ = [
@@ -80,11 +85,9 @@ def _require_none(name: str, value, what: str) -> None:
         raise NotImplementedError(f"{name}: {what} is not supported by flashattn; pass None")
 
 
-def _reject_fa3_only(qv=None, q_descale=None, k_descale=None, v_descale=None, attention_chunk=0) -> None:
+def _reject_fa3_only(qv=None, attention_chunk=0) -> None:
     """The FA3 features flashattn does not have: NotImplementedError naming the argument unless at its default."""
     _require_none("qv", qv, "the extra query-value product (qv)")
-    for name, value in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
-        _require_none(name, value, "FP8 descaling")
     try:
         chunk = operator.index(attention_chunk)
     except TypeError:
@@ -115,12 +118,44 @@ def _lse_result(out: Tensor, lse: Tensor, return_lse: bool):
     return (out, lse) if return_lse else out
 
 
+# ---- FP8 -----------------------------------------------------------------------------------------------------------
+
+
+def _is_fp8(*tensors) -> bool:
+    return any(isinstance(t, Tensor) and t.dtype == torch.float8_e4m3fn for t in tensors)
+
+
+def _no_descales(q, q_descale, k_descale, v_descale) -> None:
+    """Descales scale float8 inputs only; with any other dtype they would be ignored (as FA3 ignores them), so
+    they are refused."""
+    for name, value in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if value is not None:
+            dtype = q.dtype if isinstance(q, Tensor) else type(q).__name__
+            raise ValueError(f"{name}: descale factors go with float8_e4m3fn q, k, v; q is {dtype}")
+
+
+def _fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_descale, k_descale, v_descale,
+         softmax_scale, causal, window_size, softcap, backend, num_threads):
+    """FA3's FP8 forward: float8_e4m3fn q, k, v with their descales; out in bfloat16 (FA3's output dtype)."""
+    left, right = _window(window_size)
+    return fp8_attention(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, q_descale=q_descale,
+                         k_descale=k_descale, v_descale=v_descale, softmax_scale=softmax_scale, causal=causal,
+                         window_left=left, window_right=right, softcap=_softcap(softcap), backend=backend,
+                         num_threads=num_threads)
+
+
 # ---- flash_attn_func, flash_attn_qkvpacked_func --------------------------------------------------------------------
 
 
 def _dense(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs, backend,
-           num_threads):
+           num_threads, descales=(None, None, None)):
     return_attn_probs = check_flag("return_attn_probs", return_attn_probs)
+    if _is_fp8(q, k, v):
+        out, lse = _fp8(q, k, v, None, None, 0, 0, *descales, softmax_scale, causal, window_size, softcap, backend,
+                        num_threads)
+        return _lse_result(out, lse, return_attn_probs)
+    _no_descales(q, *descales)
     out, lse, _ = _run(q, k, v, None, None, 0, 0, 0.0, softmax_scale, causal, window_size, softcap, None,
                        deterministic, True, backend, num_threads)
     return _lse_result(out, lse, return_attn_probs)
@@ -149,13 +184,15 @@ def flash_attn_func(
     """Attention over q (batch, seqlen_q, nheads, headdim), k / v (batch, seqlen_k, nheads_k, headdim[_v]).
 
     Returns out (batch, seqlen_q, nheads, headdim_v), or (out, softmax_lse (batch, nheads, seqlen_q)) with
-    return_attn_probs=True. Differentiable in q, k, v. num_splits, pack_gqa and sm_margin are hints that do not
-    change the result (module docstring); qv, the descales and attention_chunk != 0 raise NotImplementedError.
+    return_attn_probs=True. Differentiable in q, k, v. float8_e4m3fn q, k, v (all three) run FA3's FP8 forward:
+    each scaled by its optional fp32 descale (batch, nheads_k), out in bfloat16, forward only (CPU backends for
+    now). num_splits, pack_gqa and sm_margin are hints that do not change the result (module docstring); qv and
+    attention_chunk != 0 raise NotImplementedError.
     """
-    _reject_fa3_only(qv, q_descale, k_descale, v_descale, attention_chunk)
+    _reject_fa3_only(qv, attention_chunk)
     _scheduling_hints(num_splits, pack_gqa, sm_margin)
     return _dense(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs, backend,
-                  num_threads)
+                  num_threads, (q_descale, k_descale, v_descale))
 
 
 def flash_attn_qkvpacked_func(
@@ -176,7 +213,7 @@ def flash_attn_qkvpacked_func(
 ):
     """flash_attn_func with qkv packed as (batch, seqlen, 3, nheads, headdim), or as (batch, seqlen, num_heads_q +
     2 * nheads_k, headdim) with num_heads_q given (q's heads first, then k's, then v's: GQA / MQA)."""
-    _reject_fa3_only(None, q_descale, k_descale, v_descale, attention_chunk)
+    _reject_fa3_only(None, attention_chunk)
     _scheduling_hints(1, None, sm_margin)
     if isinstance(qkv, Tensor) and qkv.dim() == 4:
         if num_heads_q is None:
@@ -191,7 +228,7 @@ def flash_attn_qkvpacked_func(
     else:
         q, k, v = _split("qkv", qkv, 2, 3, "batch, seqlen, 3, nheads, headdim")
     return _dense(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs, backend,
-                  num_threads)
+                  num_threads, (q_descale, k_descale, v_descale))
 
 
 # ---- flash_attn_varlen_func ----------------------------------------------------------------------------------------
@@ -293,9 +330,19 @@ def flash_attn_varlen_func(
     Returns out (total_q, nheads, headdim_v), or (out, softmax_lse (nheads, total_q)) with return_attn_probs=True.
     Differentiable in q, k, v without page_table.
     """
-    _reject_fa3_only(qv, q_descale, k_descale, v_descale, attention_chunk)
+    _reject_fa3_only(qv, attention_chunk)
     _scheduling_hints(num_splits, pack_gqa, sm_margin)
     return_attn_probs = check_flag("return_attn_probs", return_attn_probs)
+    if _is_fp8(q, k, v):
+        for name, value in (("seqused_q", seqused_q), ("seqused_k", seqused_k), ("page_table", page_table)):
+            _require_none(name, value, "float8_e4m3fn inputs with " + name)
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            raise NotImplementedError("cu_seqlens_q: float8_e4m3fn varlen inputs need cu_seqlens_q and cu_seqlens_k")
+        out, lse = _fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, _max_seqlen(max_seqlen_q), _max_seqlen(max_seqlen_k),
+                        q_descale, k_descale, v_descale, softmax_scale, causal, window_size, softcap, backend,
+                        num_threads)
+        return _lse_result(out, lse, return_attn_probs)
+    _no_descales(q, q_descale, k_descale, v_descale)
     if cu_seqlens_q is None:
         raise NotImplementedError("cu_seqlens_q: None (batched queries (batch, seqlen_q, nheads, headdim)) is not "
                                   "supported by flashattn's flash_attn_varlen_func; pass cu_seqlens_q, or use "
@@ -390,7 +437,11 @@ def flash_attn_with_kvcache(
     the outputs do not require grad. scheduler_metadata, qv, the descales and attention_chunk != 0 raise
     NotImplementedError. check_index_values: as in flashattn.flash_attn_with_kvcache.
     """
-    _reject_fa3_only(qv, q_descale, k_descale, v_descale, attention_chunk)
+    _reject_fa3_only(qv, attention_chunk)
+    if _is_fp8(q, k_cache, v_cache, k, v):
+        raise NotImplementedError("q: float8_e4m3fn over a KV cache is not supported yet (flash_attn_func and "
+                                  "flash_attn_varlen_func take FP8 inputs)")
+    _no_descales(q, q_descale, k_descale, v_descale)
     _require_none("scheduler_metadata", scheduler_metadata, "a precomputed FA3 schedule (scheduler_metadata)")
     splits = _scheduling_hints(num_splits, pack_gqa, sm_margin)
     return_softmax_lse = check_flag("return_softmax_lse", return_softmax_lse)  # before the caches are written
@@ -432,7 +483,7 @@ def get_scheduler_metadata(
     flash_attn_with_kvcache accepts as scheduler_metadata (FA3's own default), so FA3 code passing this function's
     result along runs unchanged with the same results. The arguments are checked (attention_chunk != 0 raises
     NotImplementedError, as it would in the call)."""
-    _reject_fa3_only(None, None, None, None, attention_chunk)
+    _reject_fa3_only(None, attention_chunk)
     _scheduling_hints(num_splits, pack_gqa, sm_margin)
     for name, value in (("batch_size", batch_size), ("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k),
                         ("num_heads_q", num_heads_q), ("num_heads_kv", num_heads_kv), ("headdim", headdim),

@@ -27,6 +27,18 @@ inline uint32_t float_to_bits(float f) {
 
 inline float to_float(bfloat16_t h) { return bits_to_float(uint32_t(h.bits) << 16); }
 
+// float8_e4m3fn (types.h) to float: exact (every e4m3 value is a float).
+inline float e4m3_to_float(uint8_t b) {
+  const uint32_t sign = uint32_t(b & 0x80u) << 24, exp = (b >> 3) & 0xfu, mant = b & 0x7u;
+  if (exp == 0xf && mant == 0x7) return bits_to_float(sign | 0x7fc00000u);  // NaN
+  if (exp == 0) {
+    // subnormal: mant / 8 * 2^-6, exact in float
+    const float magnitude = float(mant) * (1.0f / 512.0f);
+    return sign ? -magnitude : magnitude;
+  }
+  return bits_to_float(sign | ((exp + 127 - 7) << 23) | (mant << 20));
+}
+
 inline bfloat16_t to_bfloat16(float f) {
   uint32_t u = float_to_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return {uint16_t((u >> 16) | 0x40)};  // NaN stays a (quiet) NaN

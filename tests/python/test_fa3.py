@@ -526,6 +526,86 @@ def test_with_kvcache_varlen_append_errors(change, pattern):
     assert torch.equal(kw["k_cache"], before[0]) and torch.equal(kw["v_cache"], before[1])
 
 
+FP8_CASES = [  # (varlen, heads, d, causal, window, softcap, descales: "given" / "expanded" / None)
+    (False, (4, 2), 64, True, (-1, -1), 0.0, "given"),
+    (False, (8, 1), 32, False, (3, 1), 5.0, "expanded"),
+    (True, (6, 3), 48, True, (-1, -1), 0.0, None),
+    (True, (4, 4), 16, False, (2, 2), 0.0, "given"),
+]
+
+
+def run_fp8(case, backend, device="cpu"):
+    """FA3's FP8 forward against flashattn's float64 forward of the dequantised inputs (each element times its
+    (sequence, KV head)'s descale): out in bfloat16, within its rounding of the fp64 result."""
+    varlen, (hq, hkv), d, causal, window, softcap, descales = case
+    g = torch.Generator().manual_seed(11)
+    lens_q, lens_k = [5, 0, 9], [7, 3, 12]
+    b = len(lens_q)
+    if varlen:
+        shapes = [(sum(lens_q), hq, d), (sum(lens_k), hkv, d), (sum(lens_k), hkv, d)]
+    else:
+        shapes = [(b, 6, hq, d), (b, 11, hkv, d), (b, 11, hkv, d)]
+    q8, k8, v8 = (torch.randn(*s, generator=g).mul(2).to(F8) for s in shapes)
+    scales = {"given": [torch.rand(b, hkv, generator=g) + 0.5 for _ in range(3)],
+              "expanded": [torch.tensor(1.5).expand(b, hkv) for _ in range(3)], None: [None] * 3}[descales]
+
+    def dequantised(t, s, group, lens):
+        x = t.double()
+        if s is None:
+            return x
+        per_head = s.double().repeat_interleave(group, 1)  # [b, heads]
+        if varlen:
+            per_row = per_head.repeat_interleave(torch.tensor(lens), 0)  # [total, heads]
+            return x * per_row[:, :, None]
+        return x * per_head[:, None, :, None]
+
+    qd = dequantised(q8, scales[0], hq // hkv, lens_q)
+    kd, vd = dequantised(k8, scales[1], 1, lens_k), dequantised(v8, scales[2], 1, lens_k)
+    kw = dict(causal=causal, window_size=window, softcap=softcap)
+    if varlen:
+        cu_q, cu_k = cu(lens_q, device), cu(lens_k, device)
+        out, lse = fa3.flash_attn_varlen_func(q8.to(device), k8.to(device), v8.to(device), cu_q, cu_k, max(lens_q),
+                                              max(lens_k), q_descale=_to(scales[0], device),
+                                              k_descale=_to(scales[1], device), v_descale=_to(scales[2], device),
+                                              return_attn_probs=True, backend=backend, **kw)
+        ref, ref_lse = fa3.flash_attn_varlen_func(qd, kd, vd, cu(lens_q), cu(lens_k), max(lens_q), max(lens_k),
+                                                  return_attn_probs=True, backend="cpu_reference", **kw)
+    else:
+        out, lse = fa3.flash_attn_func(q8.to(device), k8.to(device), v8.to(device), q_descale=_to(scales[0], device),
+                                       k_descale=_to(scales[1], device), v_descale=_to(scales[2], device),
+                                       return_attn_probs=True, backend=backend, **kw)
+        ref, ref_lse = fa3.flash_attn_func(qd, kd, vd, return_attn_probs=True, backend="cpu_reference", **kw)
+    assert out.dtype == torch.bfloat16 and out.shape == ref.shape and lse.dtype == torch.float32
+    torch.testing.assert_close(out.double().cpu(), ref, atol=1e-4, rtol=2.0 ** -8)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse.cpu()), finite)
+    torch.testing.assert_close(lse.double().cpu()[finite], ref_lse.double()[finite], atol=1e-4, rtol=1e-5)
+
+
+def _to(t, device):
+    return None if t is None else t.to(device)
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+@pytest.mark.parametrize("case", FP8_CASES, ids=lambda c: f"{'varlen' if c[0] else 'padded'}-h{c[1][0]}x{c[1][1]}-"
+                                                          f"d{c[2]}-{c[6]}")
+def test_fp8_forward(case, backend):
+    run_fp8(case, backend)
+
+
+def test_fp8_is_forward_only_and_packed_qkv_runs():
+    q, k, v = (torch.randn(2, 3, 2, 16).to(F8) for _ in range(3))
+    q.requires_grad_()
+    with pytest.raises(NotImplementedError, match=r"^q: the backward of float8_e4m3fn"):
+        fa3.flash_attn_func(q, k, v)
+    with torch.no_grad():
+        out = fa3.flash_attn_func(q, k, v)
+    assert out.dtype == torch.bfloat16 and not out.requires_grad
+    qkv = torch.stack([q.detach(), k, v], dim=2)
+    packed = fa3.flash_attn_qkvpacked_func(qkv, q_descale=torch.ones(2, 2))
+    torch.testing.assert_close(packed, fa3.flash_attn_func(q.detach(), k, v, q_descale=torch.ones(2, 2)))
+
+
 def test_get_scheduler_metadata_is_none_and_accepted():
     case = KVCase(2, 1, 1, (17, 40), page=16, heads=(8, 2), causal=True, dtype=torch.float32)
     inp = make_inputs(case)
@@ -582,8 +662,7 @@ ONE = torch.ones(1)
 CALLS = {"flash_attn_func": dense_call, "flash_attn_varlen_func": varlen_call,
          "flash_attn_with_kvcache": kvcache_call, "get_scheduler_metadata": scheduler_call,
          "flash_attn_qkvpacked_func": qkvpacked_call}
-COMMON_UNSUPPORTED = [("qv", dict(qv=ONE)), ("q_descale", dict(q_descale=ONE)), ("k_descale", dict(k_descale=ONE)),
-                      ("v_descale", dict(v_descale=ONE)), ("attention_chunk", dict(attention_chunk=4))]
+COMMON_UNSUPPORTED = [("qv", dict(qv=ONE)), ("attention_chunk", dict(attention_chunk=4))]
 UNSUPPORTED = (
     [("flash_attn_func", n, c) for n, c in COMMON_UNSUPPORTED]
     + [("flash_attn_qkvpacked_func", n, c) for n, c in COMMON_UNSUPPORTED[1:]]
@@ -610,7 +689,30 @@ def _bad_cu(values):
     return torch.tensor(values, dtype=I32)
 
 
+F8 = torch.float8_e4m3fn
+
+
+def _fp8(t):
+    return t.to(F8)
+
+
 ERRORS = [
+    # descales scale float8 inputs only (FA3 would ignore them); FP8 calls' own errors
+    *[(f, {n: torch.ones(2, 2)}, ValueError, rf"^{n}: descale factors go with float8_e4m3fn")
+      for f in ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_qkvpacked_func")
+      for n in ("q_descale", "k_descale", "v_descale")],
+    ("flash_attn_func", dict(q=_fp8(torch.randn(2, 3, 4, 16))), TypeError, r"^k: dtype torch.float32, but the FP8"),
+    ("flash_attn_func", dict(q=_fp8(torch.randn(2, 3, 4, 16)), k=_fp8(torch.randn(2, 5, 2, 16)),
+                             v=_fp8(torch.randn(2, 5, 2, 16)), q_descale=torch.ones(2, 3)), ValueError,
+     r"^q_descale: expected shape \[2, 2\]"),
+    ("flash_attn_func", dict(q=_fp8(torch.randn(2, 3, 4, 16)), k=_fp8(torch.randn(2, 5, 2, 16)),
+                             v=_fp8(torch.randn(2, 5, 2, 16)), k_descale=torch.ones(2, 2, dtype=torch.float64)),
+     ValueError, r"^k_descale: expected dtype float32"),
+    ("flash_attn_varlen_func", dict(q=_fp8(torch.randn(7, 4, 16)), k=_fp8(torch.randn(9, 2, 16)),
+                                    v=_fp8(torch.randn(9, 2, 16)), seqused_k=torch.tensor([3, 4], dtype=I32)),
+     NotImplementedError, r"^seqused_k: float8_e4m3fn"),
+    ("flash_attn_with_kvcache", dict(q=_fp8(torch.randn(2, 1, 4, 16))), NotImplementedError,
+     r"^q: float8_e4m3fn over a KV cache"),
     ("flash_attn_func", dict(pack_gqa="yes"), TypeError, r"^pack_gqa: expected a bool"),
     ("flash_attn_func", dict(sm_margin=-1), ValueError, r"^sm_margin: must be in \[0"),
     ("flash_attn_func", dict(num_splits=1.5), TypeError, r"^num_splits: expected an integer"),
@@ -811,6 +913,14 @@ def test_with_kvcache_cuda(case, num_splits):
 @requires_cuda
 def test_with_kvcache_cu_seqlens_k_new_cuda(paged, varlen_q):
     test_with_kvcache_cu_seqlens_k_new("auto", paged, varlen_q, device="cuda", dtype=torch.bfloat16)
+
+
+@pytest.mark.cuda
+@requires_cuda
+def test_fp8_on_cuda_says_it_is_cpu_only():
+    q, k, v = (torch.randn(2, 3, 2, 64, device="cuda").to(F8) for _ in range(3))
+    with pytest.raises(NotImplementedError, match="float8_e4m3fn"):
+        fa3.flash_attn_func(q, k, v)
 
 
 @pytest.mark.cuda

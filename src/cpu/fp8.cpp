@@ -1,0 +1,93 @@
+// float8_e4m3fn inputs on the CPU backends: see fp8.h.
+#include "cpu/fp8.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "common/half.h"
+#include "common/kv_cache.h"
+
+namespace flashattn::detail {
+namespace {
+
+// Rows of one input ([batch, rows, heads, dim] or varlen [total, heads, dim]) dequantised into a contiguous fp32
+// copy of the same logical shape. Descale index of (sequence b, head h): [b, h / head_group].
+struct Dequantised {
+  std::vector<float> values;
+  int64_t batch_stride = 0, row_stride = 0, head_stride = 0;
+};
+
+Dequantised dequantise(const FwdParams& p, const void* data, int64_t rows, int64_t heads, int64_t dim,
+                       int64_t batch_stride, int64_t row_stride, int64_t head_stride, const float* descale,
+                       const int64_t* descale_strides, int64_t head_group, const int32_t* cu_seqlens) {
+  Dequantised d;
+  const int64_t per_row = heads * dim;
+  const int64_t batches = cu_seqlens ? 1 : p.batch;
+  d.values.resize(size_t(batches * rows * per_row));
+  d.head_stride = dim, d.row_stride = per_row, d.batch_stride = cu_seqlens ? 0 : rows * per_row;
+  const uint8_t* src = static_cast<const uint8_t*>(data);
+  for (int64_t b = 0; b < batches; ++b) {
+    for (int64_t r = 0; r < rows; ++r) {
+      // The sequence whose descale applies: the batch entry, or (varlen) the sequence holding packed row r.
+      const int64_t seq = cu_seqlens ? varlen_sequence_of(cu_seqlens, int(p.batch), r) : b;
+      for (int64_t h = 0; h < heads; ++h) {
+        const float scale =
+            descale ? descale[seq * descale_strides[0] + (h / head_group) * descale_strides[1]] : 1.0f;
+        const uint8_t* in = src + b * batch_stride + r * row_stride + h * head_stride;
+        float* out = d.values.data() + b * d.batch_stride + r * d.row_stride + h * d.head_stride;
+        for (int64_t c = 0; c < dim; ++c) out[c] = e4m3_to_float(in[c]) * scale;
+      }
+    }
+  }
+  return d;
+}
+
+template <typename T>
+void store_output(const FwdParams& p, const std::vector<float>& o, int64_t rows) {
+  const int64_t batches = p.is_varlen() ? 1 : p.batch;
+  T* dst = static_cast<T*>(p.o);
+  for (int64_t b = 0; b < batches; ++b)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < p.heads_q; ++h) {
+        const float* in = o.data() + ((b * rows + r) * p.heads_q + h) * p.head_dim_v;
+        T* out = dst + b * p.o_batch_stride + r * p.o_row_stride + h * p.o_head_stride;
+        for (int64_t c = 0; c < p.head_dim_v; ++c) out[c] = from_double<T>(double(in[c]));
+      }
+}
+
+}  // namespace
+
+Status cpu_fp8_forward(const FwdParams& p, ForwardFn run) {
+  const bool varlen = p.is_varlen();
+  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
+  const int64_t group = p.heads_q / p.heads_kv;
+  const Dequantised q = dequantise(p, p.q, rows_q, p.heads_q, p.head_dim, p.q_batch_stride, p.q_row_stride,
+                                   p.q_head_stride, p.q_descale, p.q_descale_strides, group, p.cu_seqlens_q);
+  const Dequantised k = dequantise(p, p.k, rows_k, p.heads_kv, p.head_dim, p.k_batch_stride, p.k_row_stride,
+                                   p.k_head_stride, p.k_descale, p.k_descale_strides, 1, p.cu_seqlens_k);
+  const Dequantised v = dequantise(p, p.v, rows_k, p.heads_kv, p.head_dim_v, p.v_batch_stride, p.v_row_stride,
+                                   p.v_head_stride, p.v_descale, p.v_descale_strides, 1, p.cu_seqlens_k);
+  std::vector<float> o(size_t((varlen ? 1 : p.batch) * rows_q * p.heads_q * p.head_dim_v));
+  FwdParams f = p;
+  f.dtype = f.out_dtype = DType::f32;
+  f.q = q.values.data(), f.k = k.values.data(), f.v = v.values.data(), f.o = o.data();
+  f.q_batch_stride = q.batch_stride, f.q_row_stride = q.row_stride, f.q_head_stride = q.head_stride;
+  f.k_batch_stride = k.batch_stride, f.k_row_stride = k.row_stride, f.k_head_stride = k.head_stride;
+  f.v_batch_stride = v.batch_stride, f.v_row_stride = v.row_stride, f.v_head_stride = v.head_stride;
+  f.o_head_stride = p.head_dim_v, f.o_row_stride = p.heads_q * p.head_dim_v;
+  f.o_batch_stride = varlen ? 0 : rows_q * f.o_row_stride;
+  f.q_descale = f.k_descale = f.v_descale = nullptr;
+  Status st = run(f);
+  if (!st.ok()) return st;
+  if (p.out_dtype == DType::bf16) {
+    store_output<bfloat16_t>(p, o, rows_q);
+  } else if (p.out_dtype == DType::f16) {
+    store_output<half_t>(p, o, rows_q);
+  } else {
+    return Status::invalid(std::string("out: float8_e4m3fn inputs write bfloat16 or float16, not ") +
+                           dtype_name(p.out_dtype));
+  }
+  return Status::success();
+}
+
+}  // namespace flashattn::detail
