@@ -389,10 +389,16 @@ def _check_tensor(name: str, t, *, floating: bool = True) -> None:
         raise TypeError(f"{name}: dtype must be float16, bfloat16, float32 or float64, got {t.dtype}")
 
 
-def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k) -> None:
-    _check_tensor("q", q)
-    _check_tensor("k", k)
-    _check_tensor("v", v)
+def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, paired: bool = False, fp8: bool = False) -> None:
+    """q, k, v of one dtype (fp8: float8_e4m3fn, else a 16- to 64-bit float) and ranks, the cu_seqlens int32
+    (paired: both or neither)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not fp8:
+            _check_tensor(name, t)
+        elif not isinstance(t, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        elif t.dtype != torch.float8_e4m3fn:
+            raise TypeError(f"{name}: dtype {t.dtype}, but the FP8 path takes float8_e4m3fn q, k and v together")
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
             raise TypeError(f"{name}: dtype {t.dtype} differs from q's {q.dtype}")
@@ -404,6 +410,9 @@ def _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k) -> None:
             _check_tensor(name, t, floating=False)
             if t.dtype != torch.int32:
                 raise TypeError(f"{name}: dtype must be torch.int32, got {t.dtype}")
+    if paired and (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        missing = "cu_seqlens_k" if cu_seqlens_k is None else "cu_seqlens_q"
+        raise ValueError(f"{missing}: cu_seqlens_q and cu_seqlens_k must be given together")
 
 
 FLOAT32_MAX = 3.4028234663852886e38  # the library carries softmax_scale and softcap as float
@@ -531,14 +540,10 @@ def attention(
     -slope · |i + s_k - s_q - j| (flash_attn's ALiBi; the slopes get no gradient). dropout_p in [0, 1): attention
     dropout with a seed drawn from `generator` (default: torch's default generator of q's device). `backend` forces one backend by name ("auto" dispatches); num_threads bounds the CPU backends (0 = all).
     """
-    _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
-        missing = "cu_seqlens_k" if cu_seqlens_k is None else "cu_seqlens_q"
-        raise ValueError(f"{missing}: cu_seqlens_q and cu_seqlens_k must be given together")
-    scale = resolve_scale(softmax_scale, q.shape[-1])
-    max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, deterministic = _check_options(
-        q, k, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, deterministic)
-    num_threads = check_integer("num_threads", num_threads, 0, INT32_MAX)
+    _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, paired=True)
+    max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap, deterministic, num_threads = (
+        _call_options(q, k, softmax_scale, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap,
+                      deterministic, num_threads))
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     dropout_p = _check_dropout_p(dropout_p)
     seed, offset = _dropout_seed(q, generator) if dropout_p > 0 else (0, 0)
@@ -573,11 +578,7 @@ def fp8_attention(
     """attention() of float8_e4m3fn q, k, v (FA3's FP8 forward): each scaled by its optional fp32 descale factors
     [batch, heads_kv] (query head h of sequence b by q_descale[b, h // (heads_q // heads_kv)]); out in out_dtype
     (bfloat16 or float16), lse fp32. Forward only; the CPU backends run it (no FP8 CUDA kernel yet)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != torch.float8_e4m3fn:
-            raise TypeError(f"{name}: dtype {t.dtype}, but the FP8 path takes float8_e4m3fn q, k and v together")
+    _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, paired=True, fp8=True)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise NotImplementedError("q: the backward of float8_e4m3fn inputs is not supported yet (forward only); "
                                   "call under torch.no_grad() or with inputs that do not require grad")
@@ -587,22 +588,23 @@ def fp8_attention(
                             f"{type(t).__name__}")
     if out_dtype not in FP8_OUT_DTYPES:
         raise ValueError(f"out_dtype: float8_e4m3fn inputs write bfloat16 or float16, got {out_dtype}")
-    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
-        missing = "cu_seqlens_k" if cu_seqlens_k is None else "cu_seqlens_q"
-        raise ValueError(f"{missing}: cu_seqlens_q and cu_seqlens_k must be given together")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_rank(name, t, varlen)
-    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        _check_index(name, t)
-    scale = resolve_scale(softmax_scale, q.shape[-1])
-    max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, _ = _check_options(
-        q, k, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, False)
-    num_threads = check_integer("num_threads", num_threads, 0, INT32_MAX)
-    ints, floats = op_options(max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap, False,
-                              num_threads)
+    options = _call_options(q, k, softmax_scale, max_seqlen_q, max_seqlen_k, causal, window_left, window_right,
+                            softcap, False, num_threads)
+    ints, floats = op_options(*options)
     return torch.ops.flashattn.attention_forward_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, q_descale, k_descale,
                                                      v_descale, ints, floats, out_dtype, str(backend))
+
+
+def _call_options(q, k, softmax_scale, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap,
+                  deterministic, num_threads):
+    """(scale, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, deterministic,
+    num_threads), checked: op_options' leading arguments."""
+    scale = resolve_scale(softmax_scale, q.shape[-1])
+    checked = _check_options(q, k, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap,
+                             deterministic)
+    max_q, max_k, causal, left, right, softcap, deterministic = checked
+    return (max_q, max_k, scale, causal, left, right, softcap, deterministic,
+            check_integer("num_threads", num_threads, 0, INT32_MAX))
 
 
 def _check_dropout_p(dropout_p) -> float:
