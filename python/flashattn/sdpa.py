@@ -9,6 +9,9 @@ causal mask is bottom-right aligned (j <= i + S - L), so it is mapped:
   * L >  S: not causal, window_right = L - S: the bottom-right diagonal shifted right by L - S is j <= i.
   * L <  S: keys j >= L are visible to no query, so they are sliced off (a view) and the square remainder is
     causal; their gradients are zero, as in PyTorch.
+
+float8_e4m3fn query, key and value (all three) run the FP8 forward (flashattn.fa3's; no descales: SDPA has none)
+and return bfloat16; forward only, CPU backends for now.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+import torch
 from torch import Tensor
 
-from ._ops import _check_tensor, attention, check_flag, resolve_scale
+from ._ops import _check_tensor, attention, check_flag, fp8_attention, resolve_scale
 from .flash_attn_interface import check_dropout
 
 __all__ = ["scaled_dot_product_attention"]
@@ -51,8 +55,15 @@ def scaled_dot_product_attention(
     dropout_p = check_dropout(dropout_p)
     is_causal = check_flag("is_causal", is_causal)
     enable_gqa = check_flag("enable_gqa", enable_gqa)
+    fp8 = isinstance(query, Tensor) and query.dtype == torch.float8_e4m3fn
+    if fp8 and dropout_p > 0:
+        raise NotImplementedError("dropout_p: the FP8 forward takes no dropout")
     for name, t in (("query", query), ("key", key), ("value", value)):
-        _check_tensor(name, t)
+        if not fp8:
+            _check_tensor(name, t)
+        elif not isinstance(t, Tensor) or t.dtype != torch.float8_e4m3fn:
+            raise TypeError(f"{name}: float8_e4m3fn query needs float8_e4m3fn key and value, got "
+                            f"{t.dtype if isinstance(t, Tensor) else type(t).__name__}")
         if t.dim() < 3:
             raise ValueError(f"{name}: expected (N..., heads, seq, dim) or (N, seq, dim), got shape {list(t.shape)}")
     if not (query.dim() == key.dim() == value.dim()):
@@ -87,8 +98,12 @@ def scaled_dot_product_attention(
             if seq_q < seq_k:
                 k, v = k[:, :seq_q], v[:, :seq_q]
     softmax_scale = resolve_scale(scale, query.shape[-1], name="scale", tensor_name="query")
-    out, _ = attention(q, k, v, softmax_scale=softmax_scale, causal=causal, window_right=window_right,
-                       dropout_p=dropout_p, backend=backend, num_threads=num_threads)
+    if fp8:
+        out, _ = fp8_attention(q, k, v, softmax_scale=softmax_scale, causal=causal, window_right=window_right,
+                               backend=backend, num_threads=num_threads)
+    else:
+        out, _ = attention(q, k, v, softmax_scale=softmax_scale, causal=causal, window_right=window_right,
+                           dropout_p=dropout_p, backend=backend, num_threads=num_threads)
     out = out.transpose(1, 2)  # [b, h, s_q, d_v] view of the [b, s_q, h, d_v] result
     if query.dim() == 3:
         return out.squeeze(-3)

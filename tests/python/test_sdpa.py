@@ -87,3 +87,25 @@ def test_empty_rank5(backend):
     which is ambiguous for an empty tensor."""
     compare((2, 2, 3, 6, 8), (2, 2, 3, 0, 8), (2, 2, 3, 0, 8), backend, is_causal=True)
     compare((2, 2, 3, 0, 8), (2, 2, 3, 4, 8), (2, 2, 3, 4, 8), backend)
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+@pytest.mark.parametrize("seq_q,seq_k,is_causal", [(9, 9, True), (5, 12, True), (12, 5, True), (6, 6, False)])
+def test_float8_inputs_match_torch_sdpa_of_their_values(seq_q, seq_k, is_causal, backend):
+    """float8_e4m3fn query / key / value: bfloat16 out, PyTorch's (top-left) causal mask, GQA; against torch's
+    float64 SDPA of the same values."""
+    q, k, v = (torch.randn(s).mul(2).to(torch.float8_e4m3fn) for s in ((2, 4, seq_q, 16), (2, 2, seq_k, 16),
+                                                                        (2, 2, seq_k, 8)))
+    out = flashattn.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True, backend=backend)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 4, seq_q, 8)
+    ref = torch_sdpa(q.double(), k.double(), v.double(), is_causal=is_causal, enable_gqa=True,
+                     scale=f32(16 ** -0.5))
+    torch.testing.assert_close(out.double(), ref, atol=1e-4, rtol=2.0 ** -8)
+
+
+def test_float8_errors():
+    q = torch.randn(1, 2, 3, 16).to(torch.float8_e4m3fn)
+    with pytest.raises(TypeError, match=r"^key: float8_e4m3fn query needs"):
+        flashattn.scaled_dot_product_attention(q, torch.randn(1, 2, 3, 16), q)
+    with pytest.raises(NotImplementedError, match=r"^dropout_p: the FP8 forward"):
+        flashattn.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
