@@ -150,7 +150,8 @@ struct PagedTileRows {
       const T* k_src = nullptr;
       const T* v_src = nullptr;
       if constexpr (kMode == PagedLoad::shift_shared32) {
-        const int64_t offset = int64_t(page[i]) * int32_t(k_page_stride) + (row & (page_size - 1)) * int32_t(k_row_stride);
+        const int64_t offset =
+            int64_t(page[i]) * int32_t(k_page_stride) + (row & (page_size - 1)) * int32_t(k_row_stride);
         k_src = in ? k_base + offset : nullptr;
         v_src = in ? v_base + offset : nullptr;
       } else {
