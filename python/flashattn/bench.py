@@ -16,8 +16,10 @@ cool card highest. Each library's best burst is reported, and ours / theirs per 
 Grids: "paper" (B·S = 16k tokens, H·D = 2048, S = 512 ... 16k, head dims 64, 128, 256: the FlashAttention
 papers'), "quick" (two lengths, two head dims), "cpu" (B·S = 2k tokens, H·D = 512, S = 512 ... 2k), "tiny" (for
 tests). FLOPs: forward 2·b·h·s²·(d + d_v), half under a causal mask, backward 2.5x that; decode reports the K/V
-bytes read per second. Output: a table on the terminal, and optionally JSON (every reading) and a PNG chart
-(needs matplotlib).
+bytes read per second, and a table of its own: microseconds per call and the bandwidth as a share of the memory's
+peak (--peak-gbs; known for the H200, 4.8 TB/s). These are eager calls, host time included; serving engines
+capture decode steps in CUDA graphs (bench/gpu/decode_bench.py times those). Output: tables on the terminal,
+and optionally JSON (every reading) and a PNG chart (needs matplotlib).
 """
 
 from __future__ import annotations
@@ -258,6 +260,31 @@ def table(results: List[dict], libraries: List[str]) -> str:
     return "\n".join(lines)
 
 
+# Rated memory bandwidth (GB/s) of the GPUs this project has measured on, for the decode table's share of peak.
+PEAK_GBS = {"NVIDIA H200": 4800.0}
+
+
+def decode_table(results: List[dict], libraries: List[str], peak_gbs: Optional[float]) -> str:
+    """The decode cells: per library µs per call (best burst) and GB/s, ours also as a share of peak_gbs."""
+    cells = [c for c in results if c["pass"] == "decode"]
+    if not cells:
+        return ""
+    head = ["b", "context", "h/h_kv", "d", f"{OURS} µs", f"{OURS} GB/s", "% of peak"]
+    for lib in libraries[1:]:
+        head += [f"{lib} µs", f"{lib} GB/s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in cells:
+        row = [str(c["b"]), str(c["s"]), f"{c['h']}/{c['h_kv']}", str(c["d"])]
+        for i, lib in enumerate(libraries):
+            entry = c["libraries"].get(lib)
+            gbs = entry["rate"] / 1e9 if entry else None
+            row += [f"{entry['best_seconds'] * 1e6:.1f}" if entry else "n/a", f"{gbs:.3g}" if entry else "n/a"]
+            if i == 0:
+                row.append(f"{100 * gbs / peak_gbs:.0f}%" if entry and peak_gbs else "n/a")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def chart(results: List[dict], libraries: List[str], path: str, title: str) -> None:
     try:
         import matplotlib
@@ -328,6 +355,8 @@ def parse_args(argv: Optional[List[str]]):
     ap.add_argument("--repeats", type=int, default=3, help="bursts per library and cell (alternating)")
     ap.add_argument("--seconds", type=float, help="length of a burst (default: 0.5 on the GPU, 0.2 on the CPU)")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: PyTorch's default)")
+    ap.add_argument("--peak-gbs", type=float, help="memory bandwidth peak for the decode table's share (GB/s; "
+                                                   "default: the device's rated one where known)")
     ap.add_argument("--json", help="write every reading here")
     ap.add_argument("--png", help="write a chart here (needs matplotlib)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -338,6 +367,8 @@ def parse_args(argv: Optional[List[str]]):
         ap.error(f"--seconds must be > 0, got {args.seconds}")
     if args.threads < 0:
         ap.error(f"--threads must be >= 0, got {args.threads}")
+    if args.peak_gbs is not None and not args.peak_gbs > 0:
+        ap.error(f"--peak-gbs must be > 0, got {args.peak_gbs}")
     gpu = flashattn.built_with_cuda and torch.cuda.is_available()
     if args.device == "cuda" and not gpu:
         ap.error("--device cuda: no CUDA device, or this build of flashattn has no CUDA kernels")
@@ -373,10 +404,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         results.append(run_cell(cell, args.libraries, dtype, args.device, args.repeats, args.seconds))
     progress.close()
     print(table(results, args.libraries))
+    peak = args.peak_gbs if args.peak_gbs is not None else PEAK_GBS.get(device_name)
+    decode = decode_table(results, args.libraries, peak)
+    if decode:
+        of = f"{peak:g} GB/s" if peak else "peak (unknown: --peak-gbs)"
+        print(f"\nDecode: µs per call, GB/s and ours as a share of {of}")
+        print(decode)
     if args.json:
         meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), device=device_name,
                     dtype=args.dtype_name, torch=torch.__version__, flashattn=flashattn.__version__,
                     repeats=args.repeats, seconds=args.seconds, grid=args.grid, libraries=args.libraries,
+                    peak_gbs=peak,
                     argv=sys.argv[1:] if argv is None else list(argv))
         with open(args.json, "w") as f:
             json.dump(dict(meta=meta, cells=results), f, indent=1)

@@ -37,6 +37,23 @@ def test_tiny_grid_every_pass(tmp_path, capsys):
     rows = [line for line in printed.splitlines() if line.startswith("| forward") or line.startswith("| backward")
             or line.startswith("| decode")]
     assert len(rows) == len(data["cells"])
+    # The decode table: a row per decode cell with µs per call = the best burst, and no share of an unknown peak.
+    decode = [c for c in data["cells"] if c["pass"] == "decode"]
+    lines = printed.split("Decode: µs per call")[1].splitlines()[3:3 + len(decode)]
+    for line, cell in zip(lines, decode):
+        fields = [f.strip() for f in line.strip("|").split("|")]
+        assert fields[:2] == [str(cell["b"]), str(cell["s"])]
+        assert float(fields[4]) == pytest.approx(cell["libraries"]["flashattn"]["best_seconds"] * 1e6, rel=0.06)
+        assert fields[6] == "n/a"
+
+
+def test_decode_table_share_of_peak():
+    cell = dict(b=2, s=64, h=4, h_kv=2, d=16, dv=16, causal=False, device="cpu", unsupported={})
+    cell["pass"] = "decode"
+    cell["libraries"] = {"flashattn": dict(best_seconds=2e-6, rate=3.0e12),
+                         "sdpa": dict(best_seconds=4e-6, rate=1.5e12)}
+    text = bench.decode_table([cell], ["flashattn", "sdpa"], 4800.0)
+    assert "| 2 | 64 | 4/2 | 16 | 2.0 | 3e+03 | 62% | 4.0 | 1.5e+03 |" in text
 
 
 def test_work_counts():
