@@ -117,16 +117,19 @@ BackendChoice choose_backend(const FwdParams& p, Backend requested, bool backwar
 
 BackendChoice choose_backend(const BwdParams& p, Backend requested) { return choose(p, requested, &p); }
 
+namespace {
+// A CPU backend's forward; float8 inputs through the dequantising adapter around it (cpu/fp8.h).
+Status cpu_forward(const FwdParams& p, detail::ForwardFn run) {
+  return p.dtype == DType::e4m3 ? detail::cpu_fp8_forward(p, run) : run(p);
+}
+}  // namespace
+
 Status run_forward(const FwdParams& p, Backend requested) {
   const BackendChoice c = choose_backend(p, requested, false);
   if (!c.status.ok()) return c.status;
   switch (c.backend) {
-    case Backend::cpu_reference:
-      return p.dtype == DType::e4m3 ? detail::cpu_fp8_forward(p, detail::cpu_reference_forward)
-                                    : detail::cpu_reference_forward(p);
-    case Backend::cpu_flash:
-      return p.dtype == DType::e4m3 ? detail::cpu_fp8_forward(p, detail::cpu_flash_forward)
-                                    : detail::cpu_flash_forward(p);
+    case Backend::cpu_reference: return cpu_forward(p, detail::cpu_reference_forward);
+    case Backend::cpu_flash: return cpu_forward(p, detail::cpu_flash_forward);
     case Backend::cuda_sm80: return detail::cuda_sm80_forward(p);
     case Backend::cuda_sm90: return detail::cuda_sm90_forward(p);
     case Backend::automatic: break;

@@ -434,8 +434,9 @@ def flash_attn_with_kvcache(
     Returns out (batch, seqlen_q, nheads, headdim_v) (varlen: (total_q, nheads, headdim_v)), or with
     return_softmax_lse=True (out, softmax_lse, out_accum, softmax_lse_accum): softmax_lse (batch, nheads,
     seqlen_q) (varlen: (nheads, total_q)) fp32, the last two empty fp32 tensors (module docstring). Inference only:
-    the outputs do not require grad. scheduler_metadata, qv, the descales and attention_chunk != 0 raise
-    NotImplementedError. check_index_values: as in flashattn.flash_attn_with_kvcache.
+    the outputs do not require grad. scheduler_metadata, qv, attention_chunk != 0 and float8 caches raise
+    NotImplementedError; the descales raise ValueError (they go with float8 inputs).
+    check_index_values: as in flashattn.flash_attn_with_kvcache.
     """
     _reject_fa3_only(qv, attention_chunk)
     if _is_fp8(q, k_cache, v_cache, k, v):

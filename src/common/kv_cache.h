@@ -100,6 +100,14 @@ FA_HD int varlen_sequence_of(const int32_t* cu, int batch, int64_t row) {
   return lo;
 }
 
+// Element offset of new row i of sequence b in k_new / v_new: packed at cu_seqlens_k_new[b] + i (FA3's varlen
+// append; no batch stride), else row i of batch entry b.
+FA_HD int64_t new_row_offset(const int32_t* cu_seqlens_k_new, int64_t b, int64_t i, int64_t batch_stride,
+                             int64_t row_stride) {
+  return cu_seqlens_k_new != nullptr ? (int64_t(cu_seqlens_k_new[b]) + i) * row_stride
+                                     : b * batch_stride + i * row_stride;
+}
+
 // The rotary positions' base of sequence b: rotary_seqlens[b] when given (FA3), else its cache length before the
 // append. Query row i sits at base + i (causal or local) or base; new row i at base + i.
 FA_HD int64_t rotary_base(const int32_t* rotary_seqlens, const int32_t* seqused_k, int64_t b) {

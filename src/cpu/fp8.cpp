@@ -58,6 +58,10 @@ void store_output(const FwdParams& p, const std::vector<float>& o, int64_t rows)
 }  // namespace
 
 Status cpu_fp8_forward(const FwdParams& p, ForwardFn run) {
+  if (p.out_dtype != DType::bf16 && p.out_dtype != DType::f16) {
+    return Status::invalid(std::string("out: float8_e4m3fn inputs write bfloat16 or float16, not ") +
+                           dtype_name(p.out_dtype));
+  }
   const bool varlen = p.is_varlen();
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   const int64_t group = p.heads_q / p.heads_kv;
@@ -81,11 +85,8 @@ Status cpu_fp8_forward(const FwdParams& p, ForwardFn run) {
   if (!st.ok()) return st;
   if (p.out_dtype == DType::bf16) {
     store_output<bfloat16_t>(p, o, rows_q);
-  } else if (p.out_dtype == DType::f16) {
-    store_output<half_t>(p, o, rows_q);
   } else {
-    return Status::invalid(std::string("out: float8_e4m3fn inputs write bfloat16 or float16, not ") +
-                           dtype_name(p.out_dtype));
+    store_output<half_t>(p, o, rows_q);
   }
   return Status::success();
 }

@@ -58,7 +58,7 @@ void append_typed(const KVCacheParams& kp) {
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t e = cache.entry(b);
     if (e < 0) continue;
-    const int64_t base = p.seqused_k[b], count = std::min(cache.appended(b), kp.seqlen_new);
+    const int64_t base = p.seqused_k[b], count = cache.appended(b);
     // Varlen new rows are packed: sequence b's start at cu_seqlens_k_new[b] (validated, or clamped to the rows).
     const int64_t first_new = p.cu_seqlens_k_new ? int64_t(p.cu_seqlens_k_new[b]) : 0;
     const int64_t rotary0 = rotary_base(kp.rotary_seqlens, p.seqused_k, b);
@@ -70,10 +70,8 @@ void append_typed(const KVCacheParams& kp) {
       const int64_t v_off = cache.row_offset(e, row, p.v_batch_stride, p.v_row_stride);
       if (k_off < 0 || v_off < 0) continue;
       const int64_t pos = std::max<int64_t>(std::min(rotary0 + i, kp.rotary_rows - 1), 0);
-      const int64_t kn_row = p.cu_seqlens_k_new ? (first_new + i) * kp.k_new_row_stride
-                                                : b * kp.k_new_batch_stride + i * kp.k_new_row_stride;
-      const int64_t vn_row = p.cu_seqlens_k_new ? (first_new + i) * kp.v_new_row_stride
-                                                : b * kp.v_new_batch_stride + i * kp.v_new_row_stride;
+      const int64_t kn_row = new_row_offset(p.cu_seqlens_k_new, b, i, kp.k_new_batch_stride, kp.k_new_row_stride);
+      const int64_t vn_row = new_row_offset(p.cu_seqlens_k_new, b, i, kp.v_new_batch_stride, kp.v_new_row_stride);
       for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
         const T* kn = static_cast<const T*>(kp.k_new) + kn_row + hk * kp.k_new_head_stride;
         const T* vn = static_cast<const T*>(kp.v_new) + vn_row + hk * kp.v_new_head_stride;

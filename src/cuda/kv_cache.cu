@@ -75,8 +75,8 @@ __global__ void append_kernel(const __grid_constant__ AppendArgs a) {
   const int64_t k_off = a.cache.row_offset(e, row, a.k_batch_stride, a.k_row_stride);
   const int64_t v_off = a.cache.row_offset(e, row, a.v_batch_stride, a.v_row_stride);
   if (k_off < 0 || v_off < 0) return;
-  const int64_t kn_row = varlen ? packed * a.kn_row_stride : b * a.kn_batch_stride + i * a.kn_row_stride;
-  const int64_t vn_row = varlen ? packed * a.vn_row_stride : b * a.vn_batch_stride + i * a.vn_row_stride;
+  const int64_t kn_row = new_row_offset(a.cache.cu_seqlens_k_new, b, i, a.kn_batch_stride, a.kn_row_stride);
+  const int64_t vn_row = new_row_offset(a.cache.cu_seqlens_k_new, b, i, a.vn_batch_stride, a.vn_row_stride);
   const T* kn = static_cast<const T*>(a.k_new) + kn_row + hk * a.kn_head_stride;
   const T* vn = static_cast<const T*>(a.v_new) + vn_row + hk * a.vn_head_stride;
   T* kc = static_cast<T*>(a.k_cache) + k_off + hk * a.k_head_stride;
