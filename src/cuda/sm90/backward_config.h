@@ -21,10 +21,12 @@
 // consumer gets (2 consumers: 128 * 24 + 256 * 240 = 64512 of 65536).
 // hd 256 (kColumnSplit): dK and dV of 64 keys at 256 columns would take 256 registers per thread of one
 // warpgroup, so the CTA owns kBlockN = 64 keys and the two consumer warpgroups split dK, dV and dQ by columns
-// (128 each); each computes the block's Sᵀ, dPᵀ, P and dS itself over the whole head dim (40% more tensor work
-// than without the repetition, in exchange for no exchange of scores between warpgroups) and keeps its own dSᵀ
-// tile for dQ. Shared memory: K, V 32 KB each; Q, dO 2 x 32 KB each; dSᵀ 2 buffers x 2 warpgroups x 8 KB;
-// LSE, D 1 KB: 226 KB of 227.
+// (128 each). The scores are split by queries instead: each warpgroup computes Sᵀ, dPᵀ, Pᵀ and dSᵀ of its
+// kScoreQueries = 32 of the block's 64 queries over the whole head dim (wgmma N = 32) and stores Pᵀ and dSᵀ
+// into shared tiles; after one barrier both read the whole tiles for dV += Pᵀ dO, dK += dSᵀ Q and dQ = dS K
+// (shared-memory A operands). Computing every score in both warpgroups instead (no exchange) cost 7 units of
+// tensor work for 5 useful (bench/results/hopper-backward.md). Shared memory: K, V 32 KB each; Q, dO 2 x 32 KB
+// each; Pᵀ and dSᵀ 2 buffers x 8 KB each; LSE, D 1 KB: 226 KB of 227.
 #pragma once
 
 #include "cuda/sm90/forward_config.h"
@@ -48,6 +50,8 @@ struct BackwardConfig {
   // the fp32 scores are dead when dV's operands go in; 128-row blocks fit in registers only this way (Sᵀ, dPᵀ
   // 64 each, dK, dV 32 each at hd 64: 192 at the peak instead of 256).
   static constexpr bool kScoresBeforeDv = kBlockM > kWgmmaRows;
+  // The queries of a block whose Sᵀ and dPᵀ one warpgroup computes (the wgmma N of those products).
+  static constexpr int kScoreQueries = kColumnSplit ? kBlockM / kConsumerWarpgroups : kBlockM;
   static constexpr int kStages = 2;
   static constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
   static constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpgroupThreads / 32;
@@ -56,15 +60,13 @@ struct BackwardConfig {
   static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters) <= 65536,
                 "sm90 backward: register budgets over the 64K-register file");
 
-  // dQ's split (above): each consumer warpgroup's columns, computed in kDqPieces pieces of kDqTileCols (at
-  // hd 256 one 64 x 128 accumulator beside dK and dV made ptxas serialise every wgmma; two 64 x 64 pieces, each
-  // summed into dq_accum before the next, fit).
+  // dQ's split (above): each consumer warpgroup's kDqTileCols columns in one accumulator (at hd 256, 64 x 128:
+  // beside P's and dS's fragments it made ptxas serialise every wgmma, and two 64 x 64 pieces were computed one
+  // after the other; with the scores through shared memory it fits, at the same speed).
   // With 128-row blocks (kDqSplitRows) the split is by query rows instead: each warpgroup kWgmmaRows rows, every
   // column (N = 64 at hd 64 rather than two products of N = 32), reading only its own half of dSᵀ.
   static constexpr bool kDqSplitRows = kBlockM == kConsumerWarpgroups * kWgmmaRows;
-  static constexpr int kDqTileCols =
-      kDqSplitRows ? kHeadDim : (kHeadDim == 256 ? 64 : kHeadDim / kConsumerWarpgroups);
-  static constexpr int kDqPieces = kDqSplitRows ? 1 : kHeadDim / kConsumerWarpgroups / kDqTileCols;
+  static constexpr int kDqTileCols = kDqSplitRows ? kHeadDim : kHeadDim / kConsumerWarpgroups;
   static constexpr bool kDqThroughSmem = !kColumnSplit;
   // One warpgroup's dQ piece: kWgmmaRows x kDqTileCols floats.
   static constexpr int kDqStageBytes = kDqThroughSmem ? kWgmmaRows * kDqTileCols * 4 : 0;
@@ -76,8 +78,8 @@ struct BackwardConfig {
   static constexpr int kKVBytes = kBlockN * kHeadDim * kElemBytes;   // K or V
   static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;    // one stage of Q or dO
   static constexpr int kDsBytes = kBlockN * kBlockM * kElemBytes;    // one dSᵀ tile
-  // dSᵀ tiles per buffer: one the warpgroups share, or one each (kColumnSplit); two buffers.
-  static constexpr int kDsTiles = kColumnSplit ? kConsumerWarpgroups : 1;
+  // Shared score tiles per buffer: dSᵀ, and under kColumnSplit Pᵀ beside it; two buffers.
+  static constexpr int kDsTiles = kColumnSplit ? 2 : 1;
   static constexpr int kRowValueBytes = kBlockM * 4;                 // one stage of LSE or D (fp32)
   static constexpr int kStageTxBytes = 2 * kQBytes + 2 * kRowValueBytes;  // what one stage's TMA delivers
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0 && kDsBytes % 1024 == 0,

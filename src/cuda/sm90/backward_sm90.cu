@@ -24,8 +24,9 @@
 //                barriers dq full / dq empty per warpgroup), in key-block order under deterministic (turn
 //                counters in the workspace).
 //   warpgroups 1, 2  consumers, 64 keys each (setmaxnreg; at hd 256 the same 64 keys, half of dK/dV/dQ's columns
-//                each: backward_config.h, kColumnSplit). Per query block, in the transposed orientation so
-//                that the 64 keys are the wgmma's M and P, dS land in the A-operand register layout:
+//                and half of the block's queries in Sᵀ, dPᵀ each: backward_config.h, kColumnSplit). Per query
+//                block, in the transposed orientation so that the 64 keys are the wgmma's M and P, dS land in
+//                the A-operand register layout:
 //                  Sᵀ = K Qᵀ, dPᵀ = V dOᵀ          (wgmma SS, both issued before either is waited for)
 //                  Pᵀ = exp2(Sᵀ·scale·log2e + B − LSE·log2e), 0 where masked (under dPᵀ's wgmma; B:
 //                                                    ALiBi's bias in log2 units, softcap and ALiBi template flags)
@@ -38,6 +39,8 @@
 //                                                    the columns, or at hd 64 (128-row blocks) half of the rows)
 //                                                    -> the warpgroup's dQ stage in shared memory (hd 64, 128), or
 //                                                    fp32 vector atomics into dq_accum (hd 256)
+//                At hd 256 Pᵀ and dSᵀ of the warpgroup's 32 queries go to shared tiles instead, and dV, dK and
+//                dQ (each warpgroup half of the columns) read the whole tiles after the barrier.
 //                dSᵀ is double-buffered, so one barrier per query block orders its writes and reads. The block's
 //                Q/dO stage goes back to the producer once dV and dK have landed, before dQ is waited for.
 //                Epilogue: dK · scale and dV written as the dtype from registers.
@@ -71,8 +74,8 @@
 namespace flashattn::cuda::sm90 {
 namespace {
 
-// Named barrier on which both consumer warpgroups meet once their dSᵀ of a query block is in shared memory (under
-// kColumnSplit each warpgroup waits only for its own warps, on barrier 1 + warpgroup).
+// Named barrier on which both consumer warpgroups meet once their dSᵀ (and under kColumnSplit Pᵀ) of a query block
+// is in shared memory.
 constexpr int kDsReadyBarrier = 1;
 // kDqThroughSmem: consumer warpgroup wg and the dQ writer warp meet on kDqFullBarrier + wg once wg's dQ stage holds
 // a block's piece, and on kDqEmptyBarrier + wg once the writer's bulk reduce has read it.
@@ -138,10 +141,11 @@ struct BackwardSmem {
   __device__ uint8_t* v() const { return base + kVOffset; }
   __device__ uint8_t* q(int stage) const { return base + kQOffset + stage * Cfg::kQBytes; }
   __device__ uint8_t* dout(int stage) const { return base + kDoOffset + stage * Cfg::kQBytes; }
-  // dSᵀ tile of double-buffer slot `buffer` for consumer warpgroup `wg` (the same tile for both unless
-  // kColumnSplit).
-  __device__ uint8_t* ds(int buffer, int wg) const {
-    return base + kDsOffset + (buffer * Cfg::kDsTiles + (Cfg::kColumnSplit ? wg : 0)) * Cfg::kDsBytes;
+  // The dSᵀ and (kColumnSplit) Pᵀ tiles of double-buffer slot `buffer`, both warpgroups' rows or queries.
+  __device__ uint8_t* ds(int buffer) const { return base + kDsOffset + buffer * Cfg::kDsTiles * Cfg::kDsBytes; }
+  __device__ uint8_t* pt(int buffer) const {
+    static_assert(Cfg::kColumnSplit, "Pᵀ goes through shared memory only under kColumnSplit");
+    return ds(buffer) + Cfg::kDsBytes;
   }
   __device__ float* lse_log2(int stage) const {
     return reinterpret_cast<float*>(base + kLseOffset + stage * Cfg::kRowValueBytes);
@@ -317,8 +321,9 @@ struct BackwardConsumer {
   static constexpr int kD = Cfg::kHeadDim;
   static constexpr int kM = Cfg::kBlockM;
   static constexpr int kN = Cfg::kBlockN;
-  using Scores = float[kM / 2];                 // Sᵀ or dPᵀ: 64 keys x kM queries, accumulator layout
-  using Fragments = uint32_t[kM / kWgmmaK][4];  // Pᵀ or dSᵀ as the A operand, 16 queries per fragment
+  static constexpr int kSQ = Cfg::kScoreQueries;
+  using Scores = float[kSQ / 2];                 // Sᵀ or dPᵀ: 64 keys x kSQ queries, accumulator layout
+  using Fragments = uint32_t[kSQ / kWgmmaK][4];  // Pᵀ or dSᵀ as the A operand, 16 queries per fragment
 
   const BackwardSmem<Cfg>& sm;
   const KeyBlockWork& w;
@@ -353,6 +358,9 @@ struct BackwardConsumer {
     for (int i = 0; i < kOutCols / 2; ++i) dk[i] = dv[i] = 0.f;
   }
 
+  // The first of the block's queries in this warpgroup's Sᵀ and dPᵀ.
+  __device__ int score_q0() const { return Cfg::kColumnSplit ? wg * kSQ : 0; }
+
   // A tile needs per-element masking unless every (query, key) of it is visible and inside both sequences.
   __device__ bool needs_mask(int m) const {
     const int row_begin = m * kM, row_end = row_begin + kM;
@@ -360,10 +368,11 @@ struct BackwardConsumer {
     return !w.mask.tile_fully_visible(row_begin, row_end, w.key0, w.key0 + kN);
   }
 
-  // D(64 x kM) = rows key_local of `keys` times `queries`ᵀ, both K-major over the head dim: Sᵀ = K Qᵀ, dPᵀ = V dOᵀ.
+  // D(64 x kSQ) = rows key_local of `keys` times rows score_q0().. of `queries`ᵀ, both K-major over the head dim:
+  // Sᵀ = K Qᵀ, dPᵀ = V dOᵀ.
   __device__ void issue_transposed_scores(Scores& d, const uint8_t* keys, const uint8_t* queries) {
     const uint32_t key_addr = smem_address(keys) + key_row0 * kSwizzleBytes;
-    const uint32_t query_addr = smem_address(queries);
+    const uint32_t query_addr = smem_address(queries) + score_q0() * kSwizzleBytes;
     if constexpr (Cfg::kColumnSplit) {
       // 16 k-steps: the compiler would hoist every K and V descriptor out of the query-block loop and hold 64
       // registers for them. One opaque base per operand, stepped by its start-address field (address / 16, far
@@ -373,14 +382,14 @@ struct BackwardConsumer {
 #pragma unroll
       for (int kk = 0; kk < kD / kWgmmaK; ++kk) {
         const uint32_t step = (kk % 4) * kWgmmaK * 2;
-        wgmma_ss<T, kM, 0>(d, key_desc + (((kk / 4) * kN * kSwizzleBytes + step) >> 4),
+        wgmma_ss<T, kSQ, 0>(d, key_desc + (((kk / 4) * kN * kSwizzleBytes + step) >> 4),
                            query_desc + (((kk / 4) * kM * kSwizzleBytes + step) >> 4), kk > 0);
       }
     } else {
 #pragma unroll
       for (int kk = 0; kk < kD / kWgmmaK; ++kk) {
         const uint32_t step = (kk % 4) * kWgmmaK * 2;
-        wgmma_ss<T, kM, 0>(d, make_desc_k_major(key_addr + (kk / 4) * kN * kSwizzleBytes + step),
+        wgmma_ss<T, kSQ, 0>(d, make_desc_k_major(key_addr + (kk / 4) * kN * kSwizzleBytes + step),
                            make_desc_k_major(query_addr + (kk / 4) * kM * kSwizzleBytes + step), kk > 0);
       }
     }
@@ -398,26 +407,40 @@ struct BackwardConsumer {
     wgmma_commit();
   }
 
+  // kColumnSplit: the same product with the 64 x kM left operand read K-major from a shared score tile (Pᵀ or dSᵀ,
+  // queries contiguous, as the key tiles of the scores).
+  __device__ void issue_accumulate_shared(float (&acc)[kOutCols / 2], const uint8_t* tile, const uint8_t* rows) const {
+    const uint32_t tile_addr = smem_address(tile);
+    const uint32_t addr = smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes;
+#pragma unroll
+    for (int kk = 0; kk < kM / kWgmmaK; ++kk)
+      wgmma_ss<T, kOutCols, 1>(acc, make_desc_k_major(tile_addr + (kk / 4) * kN * kSwizzleBytes + (kk % 4) * kWgmmaK * 2),
+                               make_desc_mn_major(addr + kk * kWgmmaK * kSwizzleBytes, kM * kSwizzleBytes), true);
+    wgmma_commit();
+  }
+
   // The fragment slot of the accumulator pair (4j + 2r, 4j + 2r + 1): keys row r, queries 8j + 2·quad, +1
   // (primitives_sm90.cuh's accumulator_to_a_fragment, one pair at a time).
   __device__ static uint32_t& slot(Fragments& f, int j, int r) { return f[j / 2][(j % 2) * 2 + r]; }
 
-  // Pᵀ from Sᵀ in place (p, or p·(1 − tanh²) under softcap: the factor dS needs), and its 16-bit fragments
-  // (kPack; without softcap score_grads can pack them from s instead, as the fp32 values die).
+  // Pᵀ from Sᵀ in place (p, or p·(1 − tanh²) under softcap: the factor dS needs), and its 16-bit values (kPack)
+  // into fragments, or under kColumnSplit into the shared Pᵀ tile `pt_tile` (without softcap score_grads can
+  // pack the fragments from s instead, as the fp32 values die).
   // ALiBi's bias (slope2 in log2 units per key of distance) is folded into the LSE it subtracts.
   template <bool kSoftcap, bool kAlibi, bool kPack>
   __device__ void probabilities(Scores& s, Fragments& pf, const float* lse_log2, int m, bool masked,
-                                float alibi_slope2) const {
-    // Row r's distance from query 8j + 2·quad + e of the block is alibi_base[r] + 8j + e (common/alibi.h).
+                                float alibi_slope2, uint8_t* pt_tile = nullptr) const {
+    // Row r's distance from query score_q0() + 8j + 2·quad + e of the block is alibi_base[r] + 8j + e
+    // (common/alibi.h).
     float alibi_base[2] = {0.f, 0.f};
     if constexpr (kAlibi) {
 #pragma unroll
       for (int r = 0; r < 2; ++r)
-        alibi_base[r] = float(m * kM + 2 * quad + (w.seqlen_k - w.seqlen_q) - (w.key0 + key_local[r]));
+        alibi_base[r] = float(m * kM + score_q0() + 2 * quad + (w.seqlen_k - w.seqlen_q) - (w.key0 + key_local[r]));
     }
 #pragma unroll
-    for (int j = 0; j < kM / 8; ++j) {
-      const int col = 8 * j + 2 * quad;
+    for (int j = 0; j < kSQ / 8; ++j) {
+      const int col = score_q0() + 8 * j + 2 * quad;
       const float2 lse = *reinterpret_cast<const float2*>(lse_log2 + col);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -439,7 +462,10 @@ struct BackwardConsumer {
           if (masked && (query < query_lo[r] || query >= query_hi[r])) p[e] = 0.f;
           x = kSoftcap ? p[e] * dscale : p[e];
         }
-        if constexpr (kPack) slot(pf, j, r) = pack_pair<T>(p[0], p[1]);
+        if constexpr (Cfg::kColumnSplit)
+          *reinterpret_cast<uint32_t*>(pt_tile + swizzled_offset(key_local[r], col, kN)) = pack_pair<T>(p[0], p[1]);
+        else if constexpr (kPack)
+          slot(pf, j, r) = pack_pair<T>(p[0], p[1]);
       }
     }
   }
@@ -451,8 +477,8 @@ struct BackwardConsumer {
   __device__ void score_grads(const Scores& pd, const Scores& dp, Fragments& dsf, const float* dsum,
                               uint8_t* ds_tile, Fragments* pf = nullptr) const {
 #pragma unroll
-    for (int j = 0; j < kM / 8; ++j) {
-      const int col = 8 * j + 2 * quad;
+    for (int j = 0; j < kSQ / 8; ++j) {
+      const int col = score_q0() + 8 * j + 2 * quad;
       const float2 d = *reinterpret_cast<const float2*>(dsum + col);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -466,21 +492,19 @@ struct BackwardConsumer {
   }
 
   // This warpgroup's 64 x kDqTileCols piece of dQ = dS K over every key of the block (both warpgroups' dSᵀ rows
-  // in the shared tile, or its own copy of all of them under kColumnSplit): its columns, or under kDqSplitRows
+  // in the shared tile, or under kColumnSplit both warpgroups' queries): its columns, or under kDqSplitRows
   // its 64 query rows (one 64-query panel of dSᵀ) and every column.
-  __device__ int dq_col0(int piece) const {
-    return Cfg::kDqSplitRows ? 0 : (wg * Cfg::kDqPieces + piece) * Cfg::kDqTileCols;
-  }
+  __device__ int dq_col0() const { return Cfg::kDqSplitRows ? 0 : wg * Cfg::kDqTileCols; }
   __device__ int dq_row0() const { return Cfg::kDqSplitRows ? wg * kWgmmaRows : 0; }
 
-  __device__ void issue_dq(float (&dq)[Cfg::kDqTileCols / 2], const uint8_t* ds_tile, int piece = 0) const {
+  __device__ void issue_dq(float (&dq)[Cfg::kDqTileCols / 2], const uint8_t* ds_tile) const {
     // dS (queries x keys) is stored as dSᵀ, queries contiguous: M-major, one 64-query panel per 64 queries. K's
     // columns are N: N-major, one panel per 64 columns of head dim (a 32-column piece starts 64 bytes into its
     // panel's rows; the swizzle applies to the address, as for the K-major k-steps). Both step 16 keys = 16 rows
     // per k-step.
     const uint32_t a_addr = smem_address(ds_tile) + (dq_row0() / kPanelCols) * kN * kSwizzleBytes;
-    const uint32_t b_addr = smem_address(sm.k()) + (dq_col0(piece) / kPanelCols) * kN * kSwizzleBytes +
-                            (dq_col0(piece) % kPanelCols) * Cfg::kElemBytes;
+    const uint32_t b_addr = smem_address(sm.k()) + (dq_col0() / kPanelCols) * kN * kSwizzleBytes +
+                            (dq_col0() % kPanelCols) * Cfg::kElemBytes;
 #pragma unroll
     for (int kk = 0; kk < kN / kWgmmaK; ++kk)
       wgmma_ss<T, Cfg::kDqTileCols, 1, 1>(dq, make_desc_mn_major(a_addr + kk * kWgmmaK * kSwizzleBytes, kN * kSwizzleBytes),
@@ -489,16 +513,22 @@ struct BackwardConsumer {
     wgmma_commit();
   }
 
-  __device__ void accumulate_dq(const float (&dq)[Cfg::kDqTileCols / 2], float* head_rows, int m,
-                                int piece = 0) const {
+  // !kDqThroughSmem: this thread's dQ fragment added to row-major dq_accum, four columns per reduction (quad
+  // neighbours trade pairs: pairs_to_quads).
+  __device__ void accumulate_dq(const float (&dq)[Cfg::kDqTileCols / 2], float* head_rows, int m) const {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int query = m * kM + dq_row0() + 16 * warp + lane / 4 + 8 * r;
       const bool inside = query < w.seqlen_q;
-      float* dst = head_rows + int64_t(query) * kD + dq_col0(piece) + 2 * quad;
+      float* row = head_rows + int64_t(query) * kD + dq_col0();
 #pragma unroll
-      for (int j = 0; j < Cfg::kDqTileCols / 8; ++j)
-        atomic_add_pair_if(dst + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1], inside);
+      for (int j = 0; j < Cfg::kDqTileCols / 8; j += 2) {
+        int col;
+        const float4 v = pairs_to_quads(make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]),
+                                        make_float2(dq[4 * j + 4 + 2 * r], dq[4 * j + 4 + 2 * r + 1]), quad,
+                                        8 * j, &col);
+        atomic_add_quad_if(row + col, v, inside);
+      }
     }
   }
 
@@ -537,6 +567,23 @@ struct BackwardConsumer {
     wgmma_wait<1>();  // Sᵀ has landed; dPᵀ may still run
     fence_registers(s);
     Fragments pf;
+    if constexpr (Cfg::kColumnSplit) {
+      // This warpgroup's queries of Pᵀ and dSᵀ into the shared tiles; dV, dK, dQ read both warpgroups' queries.
+      uint8_t* ds_tile = sm.ds(ds_buffer);
+      uint8_t* pt_tile = sm.pt(ds_buffer);
+      Fragments dsf;  // unused: dK reads dSᵀ from the tile
+      probabilities<kSoftcap, kAlibi, false>(s, pf, sm.lse_log2(stage), m, needs_mask(m), alibi_slope2, pt_tile);
+      wgmma_wait<0>();
+      fence_registers(dp);
+      score_grads(s, dp, dsf, sm.dsum(stage), ds_tile);
+      fence_async_shared();
+      named_barrier_sync(kDsReadyBarrier, Cfg::kConsumerWarpgroups * kWarpgroupThreads);
+      wgmma_fence();
+      issue_accumulate_shared(dv, pt_tile, do_tile);
+      issue_accumulate_shared(dk, ds_tile, q_tile);
+      issue_dq(dq, ds_tile);
+      return;
+    }
     if constexpr (Cfg::kScoresBeforeDv) {
       probabilities<kSoftcap, kAlibi, kSoftcap>(s, pf, sm.lse_log2(stage), m, needs_mask(m), alibi_slope2);
       wgmma_wait<0>();
@@ -549,22 +596,13 @@ struct BackwardConsumer {
       fence_registers(dp);
     }
     Fragments dsf;
-    uint8_t* ds_tile = sm.ds(ds_buffer, wg);
+    uint8_t* ds_tile = sm.ds(ds_buffer);
     score_grads<Cfg::kScoresBeforeDv && !kSoftcap>(s, dp, dsf, sm.dsum(stage), ds_tile, &pf);
     wgmma_fence();
     if constexpr (Cfg::kScoresBeforeDv) issue_accumulate(dv, pf, do_tile);
     issue_accumulate(dk, dsf, q_tile);
     fence_async_shared();
-    if constexpr (Cfg::kColumnSplit) {
-      named_barrier_sync(kDsReadyBarrier + wg, kWarpgroupThreads);  // its own tile: its own warps wrote it
-      // dQ's 64 accumulators do not fit beside P's and dS's fragments (ptxas serialised every wgmma): let dV
-      // and dK land first.
-      wgmma_wait<0>();
-      fence_registers(dk);
-      fence_registers(dv);
-    } else {
-      named_barrier_sync(kDsReadyBarrier, Cfg::kConsumerWarpgroups * kWarpgroupThreads);
-    }
+    named_barrier_sync(kDsReadyBarrier, Cfg::kConsumerWarpgroups * kWarpgroupThreads);
     issue_dq(dq, ds_tile);
   }
 
@@ -624,14 +662,6 @@ __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int 
     } else {
       float* head_rows = c.a.dq_accum + (int64_t(head) * c.a.ws_head_stride + w.ws_row0) * Cfg::kHeadDim;
       c.accumulate_dq(dq, head_rows, m);
-#pragma unroll
-      for (int piece = 1; piece < Cfg::kDqPieces; ++piece) {
-        wgmma_fence();  // dq was just read by the reductions
-        c.issue_dq(dq, c.sm.ds(i % 2, c.wg), piece);
-        wgmma_wait<0>();
-        fence_registers(dq);
-        c.accumulate_dq(dq, head_rows, m, piece);
-      }
     }
   }
 }
