@@ -197,29 +197,4 @@ __device__ __forceinline__ void atomic_add_pair_if(float* dst, float x, float y,
 #endif
 }
 
-// Two 8-column chunks of one accumulator row, lane q of a quad holding columns 2q, 2q+1 of each (first, second):
-// quad neighbours q, q ^ 1 trade one pair so that each lane holds four consecutive columns, the even lane of the
-// first chunk, the odd lane of the second. Returns them and sets *col to their first column (chunk0_col: the
-// first chunk's first column). Every lane of the warp must take part.
-__device__ __forceinline__ float4 pairs_to_quads(float2 first, float2 second, int quad, int chunk0_col, int* col) {
-  const bool odd = (quad & 1) != 0;
-  const float2 give = odd ? first : second;
-  const float2 got = make_float2(__shfl_xor_sync(0xffffffffu, give.x, 1), __shfl_xor_sync(0xffffffffu, give.y, 1));
-  *col = odd ? chunk0_col + 8 + 2 * (quad - 1) : chunk0_col + 2 * quad;
-  return odd ? make_float4(got.x, got.y, second.x, second.y) : make_float4(first.x, first.y, got.x, got.y);
-}
-
-// dst[0..3] += v where pred, dst 16-byte aligned: one vector reduction on sm_90 (half the instructions and L2
-// requests of two pair reductions), pairs below it.
-__device__ __forceinline__ void atomic_add_quad_if(float* dst, float4 v, bool pred) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(dst),
-      "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(int(pred)));
-#else
-  atomic_add_pair_if(dst, v.x, v.y, pred);
-  atomic_add_pair_if(dst + 2, v.z, v.w, pred);
-#endif
-}
-
 }  // namespace flashattn::cuda

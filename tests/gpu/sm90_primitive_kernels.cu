@@ -382,22 +382,6 @@ cudaError_t quad_transpose_words(const uint32_t* in, uint32_t* out) {
   return finish(cudaSuccess);
 }
 
-__global__ void quad_reduce_kernel(float* out, int skipped_row) {
-  // Lane l holds row l / 4 of an accumulator pair layout: columns 8 c + 2 (l % 4), +1 of chunks c = 0, 1.
-  const int lane = int(threadIdx.x), row = lane / 4, quad = lane % 4;
-  auto value = [&](int col) { return float((blockIdx.x + 1) * (row * kQuadReduceCols + col + 1)); };
-  const float2 first = make_float2(value(2 * quad), value(2 * quad + 1));
-  const float2 second = make_float2(value(8 + 2 * quad), value(8 + 2 * quad + 1));
-  int col;
-  const float4 v = pairs_to_quads(first, second, quad, 0, &col);
-  atomic_add_quad_if(out + row * kQuadReduceCols + col, v, row != skipped_row);
-}
-
-cudaError_t quad_reduce_rows(float* out, int blocks, int skipped_row) {
-  quad_reduce_kernel<<<blocks, 32>>>(out, skipped_row);
-  return finish(cudaSuccess);
-}
-
 int descriptor_advance_mismatches(uint32_t* first_base, uint32_t* first_bytes) {
   constexpr uint32_t kWindowBytes = 227 * 1024, kMaxStep = 64 * 1024, kAddressLimit = 1u << 18;
   // MN-major leading offsets in use (V panels of 80-, 128- and 176-key tiles).

@@ -43,12 +43,6 @@ cudaError_t tma_ring_copy(const CUtensorMap& map, int tiles, uint16_t* out);
 // forward's epilogue) and stores its four words to out[4l .. 4l+3].
 cudaError_t quad_transpose_words(const uint32_t* in, uint32_t* out);
 
-// `blocks` CTAs of one warp, each lane holding two column pairs of one of 8 accumulator rows (16 columns, the
-// wgmma / mma layout): pairs_to_quads, then atomic_add_quad_if into out[8][kQuadReduceCols] (zeroed), except
-// for row skipped_row (pred false). Lane pair (row, col) of block b contributes (b + 1)(16 row + col + 1).
-constexpr int kQuadReduceCols = 16;
-cudaError_t quad_reduce_rows(float* out, int blocks, int skipped_row);
-
 // Host-only check of desc_advance against encoding the advanced address anew (both descriptor layouts) over
 // every 1024-byte tile base of the 227 KB window and every 16-byte step up to 64 KB past it, while the address stays
 // below 2^18: the number of mismatches; the first one's base and step in *first_base, *first_bytes.

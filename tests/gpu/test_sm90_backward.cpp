@@ -19,7 +19,8 @@ TEST(Sm90BackwardStress, DeterministicLaunchesGiveIdenticalGradients) {
   // B·S = 8k tokens, H·D = 2048 (the benchmark's model width, half its tokens); GQA 2 on the last shape.
   constexpr int64_t kTokens = 8192, kModelWidth = 2048;
   const StressShape shapes[] = {StressShape{64, 512, true, 400}, StressShape{128, 1024, false, 200},
-                                 StressShape{128, 512, true, 400}, StressShape{64, 2048, false, 100}};
+                                 StressShape{128, 512, true, 400}, StressShape{64, 2048, false, 100},
+                                 StressShape{256, 1024, true, 150}};
   for (const StressShape& s : shapes) {
     SCOPED_TRACE(s.name());
     const int64_t batch = kTokens / s.seqlen, heads = kModelWidth / s.head_dim;

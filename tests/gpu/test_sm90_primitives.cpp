@@ -288,23 +288,6 @@ TEST(Sm90Primitives, QuadTransposeSwapsWordsAcrossTheQuad) {
     }
 }
 
-// The Hopper backward's hd 256 dQ reductions: quad neighbours trade pairs and each lane adds four consecutive
-// columns with one vector reduction; every element gets every block's addition once, the predicated row none.
-TEST(Sm90Primitives, QuadReductionsAddEveryColumnOnce) {
-  FA_REQUIRE_SM90();
-  constexpr int kRows = 8, kBlocks = 37, kSkipped = 5;
-  DeviceBuffer<float> out(kRows * test::sm90::kQuadReduceCols);
-  out.upload(std::vector<float>(size_t(kRows * test::sm90::kQuadReduceCols), 0.f));
-  FA_CUDA_CHECK(test::sm90::quad_reduce_rows(out.ptr, kBlocks, kSkipped));
-  const std::vector<float> got = out.download();
-  for (int row = 0; row < kRows; ++row)
-    for (int col = 0; col < test::sm90::kQuadReduceCols; ++col) {
-      const float want =
-          row == kSkipped ? 0.f : float(kBlocks * (kBlocks + 1) / 2 * (row * test::sm90::kQuadReduceCols + col + 1));
-      EXPECT_EQ(got[size_t(row * test::sm90::kQuadReduceCols + col)], want) << "row " << row << " col " << col;
-    }
-}
-
 TEST(Sm90Primitives, SwizzleOffsetFollowsThe128BytePattern) {
   // The host-side layout function every other test relies on.
   FA_REQUIRE_SM90();

@@ -10,11 +10,11 @@
 // columns over all 128 keys (both warpgroups' dSᵀ needed, one named barrier), so each dQ element gets one
 // addition per key block. Splitting by keys instead (each warpgroup its own 64 keys, no exchange) was measured
 // at hd 64 first: twice the additions, 258 TFLOP/s at 16k (bench/results/hopper-backward.md, d1057f5).
-// kDqThroughSmem (hd 64, 128): each warpgroup stores its dQ piece into a shared-memory stage in its register
+// dQ through shared memory: each warpgroup stores its dQ piece into a shared-memory stage in its register
 // fragments' order (16-byte stores, no bank conflicts), and a warp of the producer warpgroup adds the stage to
-// global memory with one bulk reduce-add (TMA), instead of each consumer thread sending 8-16 small vector
+// global memory with one bulk reduce-add (TMA), instead of each consumer thread sending 8-32 small vector
 // atomics per block; dq_accum keeps the same fragment order, tile by tile (dq_convert_fragments_kernel undoes
-// it). hd 256 has no shared memory left for the stages and keeps the atomics into a row-major dq_accum.
+// it). At hd 256 a warpgroup's 64 x 128 piece goes through a 64-column stage in two hand-offs.
 // kBlockM = 128 at hd 64 in the order that overlaps dS with dV (kScoresBeforeDv false) did not fit: Sᵀ, dPᵀ and
 // their fragments beside dK and dV made ptxas serialise the wgmmas and spill 136 bytes.
 // Registers per consumer thread at hd 128: dK and dV 64 each, Sᵀ and dPᵀ 32 each, dQ 32: 224 of the 240 a
@@ -25,8 +25,9 @@
 // kScoreQueries = 32 of the block's 64 queries over the whole head dim (wgmma N = 32) and stores Pᵀ and dSᵀ
 // into shared tiles; after one barrier both read the whole tiles for dV += Pᵀ dO, dK += dSᵀ Q and dQ = dS K
 // (shared-memory A operands). Computing every score in both warpgroups instead (no exchange) cost 7 units of
-// tensor work for 5 useful (bench/results/hopper-backward.md). Shared memory: K, V 32 KB each; Q, dO 2 x 32 KB
-// each; Pᵀ and dSᵀ 2 buffers x 8 KB each; LSE, D 1 KB: 226 KB of 227.
+// tensor work for 5 useful (bench/results/hopper-backward.md). dO has a ring of one stage (kDoStages, its own
+// barriers, released once dV has landed) so that the dQ stages fit. Shared memory: K, V 32 KB each; Q 2 x 32 KB;
+// dO 32 KB; Pᵀ and dSᵀ 2 buffers x 8 KB each; LSE, D 1 KB; dQ stages 2 x 16 KB: 226 KB of 227.
 #pragma once
 
 #include "cuda/sm90/forward_config.h"
@@ -53,6 +54,9 @@ struct BackwardConfig {
   // The queries of a block whose Sᵀ and dPᵀ one warpgroup computes (the wgmma N of those products).
   static constexpr int kScoreQueries = kColumnSplit ? kBlockM / kConsumerWarpgroups : kBlockM;
   static constexpr int kStages = 2;
+  // dO's ring: Q's stages (one ring, one set of barriers), or at hd 256 one stage with barriers of its own.
+  static constexpr int kDoStages = kColumnSplit ? 1 : kStages;
+  static constexpr bool kSeparateDoRing = kDoStages != kStages;
   static constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
   static constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpgroupThreads / 32;
   static constexpr int kProducerRegisters = 24;
@@ -67,12 +71,14 @@ struct BackwardConfig {
   // column (N = 64 at hd 64 rather than two products of N = 32), reading only its own half of dSᵀ.
   static constexpr bool kDqSplitRows = kBlockM == kConsumerWarpgroups * kWgmmaRows;
   static constexpr int kDqTileCols = kDqSplitRows ? kHeadDim : kHeadDim / kConsumerWarpgroups;
-  static constexpr bool kDqThroughSmem = !kColumnSplit;
-  // One warpgroup's dQ piece: kWgmmaRows x kDqTileCols floats.
-  static constexpr int kDqStageBytes = kDqThroughSmem ? kWgmmaRows * kDqTileCols * 4 : 0;
+  // A warpgroup's piece reaches the writer in kDqStagePieces hand-offs of kDqStageCols columns (one stage each
+  // warpgroup, kWgmmaRows x kDqStageCols floats).
+  static constexpr int kDqStagePieces = kColumnSplit ? 2 : 1;
+  static constexpr int kDqStageCols = kDqTileCols / kDqStagePieces;
+  static constexpr int kDqStageBytes = kWgmmaRows * kDqStageCols * 4;
   // Rows of the workspace arrays at which every sequence starts: a whole query block for the fragment-ordered
-  // tiles of dq_accum, else 4 (TMA's 16-byte alignment of the LSE and D boxes).
-  static constexpr int kWsAlign = kDqThroughSmem ? kBlockM : 4;
+  // tiles of dq_accum (a multiple of 4, as TMA's 16-byte aligned boxes of LSE and D need).
+  static constexpr int kWsAlign = kBlockM;
 
   static constexpr int kElemBytes = 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * kElemBytes;   // K or V
@@ -81,13 +87,14 @@ struct BackwardConfig {
   // Shared score tiles per buffer: dSᵀ, and under kColumnSplit Pᵀ beside it; two buffers.
   static constexpr int kDsTiles = kColumnSplit ? 2 : 1;
   static constexpr int kRowValueBytes = kBlockM * 4;                 // one stage of LSE or D (fp32)
-  static constexpr int kStageTxBytes = 2 * kQBytes + 2 * kRowValueBytes;  // what one stage's TMA delivers
+  // What one stage's TMA delivers (Q, LSE, D, and dO unless it has a ring of its own).
+  static constexpr int kStageTxBytes = (kSeparateDoRing ? 1 : 2) * kQBytes + 2 * kRowValueBytes;
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0 && kDsBytes % 1024 == 0,
                 "sm90 backward: every tile starts on a 1024-byte swizzle atom");
-  // kv_full, full[], empty[].
-  static constexpr int kBarrierBytes = 8 * (1 + 2 * kStages);
+  // kv_full, full[], empty[] (and do_full[], do_empty[]).
+  static constexpr int kBarrierBytes = 8 * (1 + 2 * kStages + (kSeparateDoRing ? 2 * kDoStages : 0));
   static constexpr int kAlignSlack = 1024;
-  static constexpr int kSmemBytes = 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsTiles * kDsBytes +
+  static constexpr int kSmemBytes = 2 * kKVBytes + (kStages + kDoStages) * kQBytes + 2 * kDsTiles * kDsBytes +
                                     2 * kStages * kRowValueBytes + kConsumerWarpgroups * kDqStageBytes +
                                     kBarrierBytes + kAlignSlack;
   static_assert(kSmemBytes <= 227 * 1024, "sm90 backward: over the 227 KB shared-memory limit");

@@ -6,10 +6,9 @@
 //
 // Launch sequence on the call's stream (the row-wise preprocess is the sm80 backward's, backward_rows.cu):
 //   memset of the workspace; bwd_preprocess_kernel (D = rowsum(dO∘O), LSE·log2e); backward_kernel (below);
-//   dq_convert_fragments_kernel (hd 64, 128: dQ = dq_accum · scale as the dtype, from fragment-ordered tiles) or
-//   the sm80 bwd_dq_convert_kernel (hd 256: row-major dq_accum). In the workspace every sequence starts at a
-//   multiple of BackwardConfig::kWsAlign rows (sm80::ws_sequence_start): a query block, where dq_accum's tiles
-//   start, or 4 rows, where TMA boxes of LSE and D must.
+//   dq_convert_fragments_kernel (dQ = dq_accum · scale as the dtype, from fragment-ordered tiles). In the
+//   workspace every sequence starts at a multiple of BackwardConfig::kWsAlign rows (sm80::ws_sequence_start): a
+//   query block, where dq_accum's tiles start (and a multiple of 4, as TMA boxes of LSE and D need).
 //
 // backward_kernel: one CTA per (block of kBlockN = 128 keys (64 at hd 256), KV head, batch entry); key blocks with
 // the most visible queries (the first, under a causal mask) are launched first, except in the deterministic mode
@@ -19,10 +18,10 @@
 // Warp roles (384 threads):
 //   warpgroup 0  producer: gives registers away (setmaxnreg); one thread loads K and V once, then streams each
 //                query block's Q, dO (128-byte swizzled panels) and LSE·log2e, D (fp32 rows) through a
-//                kStages-deep ring with TMA (full/empty mbarriers). hd 64 / 128 (kDqThroughSmem): its warp 1 adds
-//                each consumer warpgroup's dQ stage to dq_accum with one bulk reduce-add per block (named
-//                barriers dq full / dq empty per warpgroup), in key-block order under deterministic (turn
-//                counters in the workspace).
+//                kStages-deep ring with TMA (full/empty mbarriers; at hd 256 dO in a one-stage ring of its
+//                own). Its warp 1 adds each consumer warpgroup's dQ stage to dq_accum with one bulk reduce-add
+//                per hand-off (named barriers dq full / dq empty per warpgroup), in key-block order under
+//                deterministic (turn counters in the workspace).
 //   warpgroups 1, 2  consumers, 64 keys each (setmaxnreg; at hd 256 the same 64 keys, half of dK/dV/dQ's columns
 //                and half of the block's queries in Sᵀ, dPᵀ each: backward_config.h, kColumnSplit). Per query
 //                block, in the transposed orientation so that the 64 keys are the wgmma's M and P, dS land in
@@ -37,17 +36,18 @@
 //                  named barrier: both warpgroups' dSᵀ are in shared memory
 //                  dQ piece = dS K                  (wgmma SS, dS read M-major from dSᵀ; each warpgroup half of
 //                                                    the columns, or at hd 64 (128-row blocks) half of the rows)
-//                                                    -> the warpgroup's dQ stage in shared memory (hd 64, 128), or
-//                                                    fp32 vector atomics into dq_accum (hd 256)
+//                                                    -> the warpgroup's dQ stage in shared memory (at hd 256 in
+//                                                    two hand-offs of 64 columns)
 //                At hd 256 Pᵀ and dSᵀ of the warpgroup's 32 queries go to shared tiles instead, and dV, dK and
 //                dQ (each warpgroup half of the columns) read the whole tiles after the barrier.
 //                dSᵀ is double-buffered, so one barrier per query block orders its writes and reads. The block's
-//                Q/dO stage goes back to the producer once dV and dK have landed, before dQ is waited for.
+//                Q/dO stage goes back to the producer once dV and dK have landed, before dQ is waited for (at
+//                hd 256 dO's as soon as dV has).
 //                Epilogue: dK · scale and dV written as the dtype from registers.
 // Shared memory and register budgets: backward_config.h (193-226 KB; 240 registers per consumer thread).
 // Preconditions (sm90_backward_supports): compute capability 9.0, fp16/bf16, d and d_v multiples of 8 up to 256,
-// Q, K, V, dO strides multiples of 8 elements with 16-byte aligned bases (TMA), dK/dV with even strides and 4-byte aligned
-// bases; deterministic only up to head dim 128 (the 256 bucket sums dQ with atomics in any order).
+// Q, K, V, dO strides multiples of 8 elements with 16-byte aligned bases (TMA), dK/dV with even strides and
+// 4-byte aligned bases.
 // Rows past a sequence's end are loaded (zeros past the tensor, the next sequence's rows in varlen) but masked
 // (P = 0) and never written.
 #include <cuda.h>
@@ -77,8 +77,8 @@ namespace {
 // Named barrier on which both consumer warpgroups meet once their dSᵀ (and under kColumnSplit Pᵀ) of a query block
 // is in shared memory.
 constexpr int kDsReadyBarrier = 1;
-// kDqThroughSmem: consumer warpgroup wg and the dQ writer warp meet on kDqFullBarrier + wg once wg's dQ stage holds
-// a block's piece, and on kDqEmptyBarrier + wg once the writer's bulk reduce has read it.
+// Consumer warpgroup wg and the dQ writer warp meet on kDqFullBarrier + wg once wg's dQ stage holds a piece of a
+// block's dQ, and on kDqEmptyBarrier + wg once the writer's bulk reduce has read it.
 constexpr int kDqFullBarrier = 3;
 constexpr int kDqEmptyBarrier = 5;
 constexpr int kDqWriterWarp = 1;  // of the producer warpgroup (warp 0's first thread issues the loads)
@@ -95,7 +95,7 @@ struct BackwardKernelArgs {
   int head_dim, head_dim_v;
   float* dq_accum;         // [heads_q][ws_head_stride][kHeadDim: the bucket]
   int64_t ws_head_stride;  // rows per head of the workspace arrays (a multiple of BackwardConfig::kWsAlign)
-  // Deterministic mode (kDqThroughSmem): a counter per (query head, workspace query block), zeroed; the key
+  // Deterministic mode: a counter per (query head, workspace query block), zeroed; the key
   // blocks add into a dq_accum tile one after another, each when the counter says it is its turn (dq_turn).
   int* dq_turns;           // [heads_q][ws_head_stride / kBlockM], or null: additions in any order
   // Deterministic mode under a mask with a right edge (causal, window_right >= 0): key blocks launch from the last
@@ -131,7 +131,7 @@ struct BackwardSmem {
   static constexpr int kVOffset = Cfg::kKVBytes;
   static constexpr int kQOffset = 2 * Cfg::kKVBytes;
   static constexpr int kDoOffset = kQOffset + Cfg::kStages * Cfg::kQBytes;
-  static constexpr int kDsOffset = kDoOffset + Cfg::kStages * Cfg::kQBytes;
+  static constexpr int kDsOffset = kDoOffset + Cfg::kDoStages * Cfg::kQBytes;
   static constexpr int kLseOffset = kDsOffset + 2 * Cfg::kDsTiles * Cfg::kDsBytes;
   static constexpr int kDsumOffset = kLseOffset + Cfg::kStages * Cfg::kRowValueBytes;
   static constexpr int kDqOffset = kDsumOffset + Cfg::kStages * Cfg::kRowValueBytes;
@@ -153,13 +153,16 @@ struct BackwardSmem {
   __device__ float* dsum(int stage) const {
     return reinterpret_cast<float*>(base + kDsumOffset + stage * Cfg::kRowValueBytes);
   }
-  // Consumer warpgroup wg's dQ stage (kDqThroughSmem): its 64 x kDqTileCols piece in fragment order.
+  // Consumer warpgroup wg's dQ stage: 64 x kDqStageCols floats of its piece in fragment order.
   __device__ float* dq_stage(int wg) const {
     return reinterpret_cast<float*>(base + kDqOffset + wg * Cfg::kDqStageBytes);
   }
   __device__ uint64_t* kv_full() const { return reinterpret_cast<uint64_t*>(base + kBarrierOffset); }
   __device__ uint64_t* full() const { return kv_full() + 1; }
   __device__ uint64_t* empty() const { return full() + Cfg::kStages; }
+  // dO's own ring (kSeparateDoRing).
+  __device__ uint64_t* do_full() const { return empty() + Cfg::kStages; }
+  __device__ uint64_t* do_empty() const { return do_full() + Cfg::kDoStages; }
 };
 
 // The (batch, KV head, key block) of a CTA and the query blocks that see any of its keys.
@@ -176,7 +179,7 @@ struct KeyBlockWork {
 template <typename Cfg>
 __device__ KeyBlockWork key_block_work(const BackwardKernelArgs& a) {
   KeyBlockWork w;
-  const bool reversed = Cfg::kDqThroughSmem && a.last_key_block_first;
+  const bool reversed = a.last_key_block_first;
   w.key0 = (reversed ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * Cfg::kBlockN;
   w.kv_head = blockIdx.y;
   w.batch = blockIdx.z;
@@ -222,6 +225,7 @@ __device__ void produce(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, int 
                 w.batch_coord, sm.kv_full());
   }
   RingPosition<Cfg::kStages> pos;
+  RingPosition<Cfg::kDoStages> do_pos;
   for (int g = 0; g < heads_per_kv; ++g) {
     const int head = w.kv_head * heads_per_kv + g;
     for (int m = w.m_begin; m < w.m_end; ++m) {
@@ -233,12 +237,24 @@ __device__ void produce(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, int 
       for (int p = 0; p < kPanels; ++p) {
         tma_load_4d(sm.q(pos.index) + p * Cfg::kBlockM * kSwizzleBytes, tm_q, p * kPanelCols, row, head,
                     w.batch_coord, full);
-        tma_load_4d(sm.dout(pos.index) + p * Cfg::kBlockM * kSwizzleBytes, tm_do, p * kPanelCols, row, head,
-                    w.batch_coord, full);
+        if constexpr (!Cfg::kSeparateDoRing)
+          tma_load_4d(sm.dout(pos.index) + p * Cfg::kBlockM * kSwizzleBytes, tm_do, p * kPanelCols, row, head,
+                      w.batch_coord, full);
       }
       tma_load_2d(sm.lse_log2(pos.index), tm_lse, w.ws_row0 + m * Cfg::kBlockM, head, full);
       tma_load_2d(sm.dsum(pos.index), tm_dsum, w.ws_row0 + m * Cfg::kBlockM, head, full);
       pos.advance();
+      if constexpr (Cfg::kSeparateDoRing) {
+        // After the next Q: the consumers release dO once dV has landed, later than the Q stage before it.
+        mbarrier_wait(&sm.do_empty()[do_pos.index], do_pos.phase ^ 1u);
+        uint64_t* do_full = &sm.do_full()[do_pos.index];
+        mbarrier_arrive_expect_tx(do_full, Cfg::kQBytes);
+#pragma unroll
+        for (int p = 0; p < kPanels; ++p)
+          tma_load_4d(sm.dout(do_pos.index) + p * Cfg::kBlockM * kSwizzleBytes, tm_do, p * kPanelCols, row, head,
+                      w.batch_coord, do_full);
+        do_pos.advance();
+      }
     }
   }
 }
@@ -255,15 +271,15 @@ struct QueryBlockOrder {
   __device__ int block(const KeyBlockWork& w, int i) const { return w.m_begin + i % blocks_per_head; }
 };
 
-// dq_accum's tile of query block m of `head`: kBlockM x kHeadDim floats, one piece per consumer warpgroup, each in
-// its register fragments' order (kDqThroughSmem), or kBlockM rows of kHeadDim (row-major).
+// dq_accum's tile of query block m of `head`: kBlockM x kHeadDim floats, kDqStagePieces pieces per consumer
+// warpgroup, each in its register fragments' order.
 template <typename Cfg>
 __device__ float* dq_accum_tile(const BackwardKernelArgs& a, const KeyBlockWork& w, int head, int m) {
   return a.dq_accum + (int64_t(head) * a.ws_head_stride + w.ws_row0 + int64_t(m) * Cfg::kBlockM) * Cfg::kHeadDim;
 }
 
-// ---- dQ writer (kDqThroughSmem): one warp of the producer warpgroup adds each consumer warpgroup's dQ stage to
-// dq_accum with one bulk reduce-add per block ----
+// ---- dQ writer: one warp of the producer warpgroup adds each consumer warpgroup's dQ stage to dq_accum with one
+// bulk reduce-add per hand-off (kDqStagePieces per warpgroup and block) ----
 // Deterministic mode: the key blocks that add into query block m's tile are a contiguous run of the KV head's key
 // blocks (the mask's edges move monotonically with the row), from the one holding the first key that any row of
 // the block sees to the one holding the last. They add in key order, or from the last under a mask with a right
@@ -291,25 +307,31 @@ __device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, con
     int* turns = a.dq_turns ? a.dq_turns + (int64_t(head) * a.ws_head_stride + w.ws_row0) / Cfg::kBlockM + m : nullptr;
 #pragma unroll
     for (int wg = 0; wg < Cfg::kConsumerWarpgroups; ++wg) {
-      named_barrier_sync(kDqFullBarrier + wg, kDqHandoffThreads);
-      if (leader) {
-        if (turns && wg == 0) {
-          wait_for_turn(turns, dq_turn<Cfg>(a, w, m));
-          fence_async_global();  // the bulk additions below come after the previous holder's, as the turn says
+#pragma unroll
+      for (int piece = 0; piece < Cfg::kDqStagePieces; ++piece) {
+        named_barrier_sync(kDqFullBarrier + wg, kDqHandoffThreads);
+        const bool last_piece = wg + 1 == Cfg::kConsumerWarpgroups && piece + 1 == Cfg::kDqStagePieces;
+        if (leader) {
+          if (turns && wg == 0 && piece == 0) {
+            wait_for_turn(turns, dq_turn<Cfg>(a, w, m));
+            fence_async_global();  // the bulk additions below come after the previous holder's, as the turn says
+          }
+          bulk_reduce_add_f32(tile + (wg * Cfg::kDqStagePieces + piece) * (Cfg::kDqStageBytes / 4), sm.dq_stage(wg),
+                              Cfg::kDqStageBytes);
+          bulk_commit();
+          if (turns && last_piece) {
+            bulk_wait<0>();  // the additions have completed, not only read the stages
+            fence_async_global();
+            pass_turn(turns);
+          } else {
+            bulk_wait_read<0>();
+          }
         }
-        bulk_reduce_add_f32(tile + wg * (Cfg::kDqStageBytes / 4), sm.dq_stage(wg), Cfg::kDqStageBytes);
-        bulk_commit();
-        if (turns && wg + 1 == Cfg::kConsumerWarpgroups) {
-          bulk_wait<0>();  // the additions have completed, not only read the stages
-          fence_async_global();
-          pass_turn(turns);
-        } else {
-          bulk_wait_read<0>();
-        }
+        __syncwarp();
+        // The consumers wait for an empty stage before every hand-off but their first.
+        if (i + 1 < order.blocks || piece + 1 < Cfg::kDqStagePieces)
+          named_barrier_arrive(kDqEmptyBarrier + wg, kDqHandoffThreads);
       }
-      __syncwarp();
-      // The consumers wait for an empty stage before every block but their first.
-      if (i + 1 < order.blocks) named_barrier_arrive(kDqEmptyBarrier + wg, kDqHandoffThreads);
     }
   }
   if (leader) bulk_wait<0>();
@@ -513,57 +535,54 @@ struct BackwardConsumer {
     wgmma_commit();
   }
 
-  // !kDqThroughSmem: this thread's dQ fragment added to row-major dq_accum, four columns per reduction (quad
-  // neighbours trade pairs: pairs_to_quads).
-  __device__ void accumulate_dq(const float (&dq)[Cfg::kDqTileCols / 2], float* head_rows, int m) const {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int query = m * kM + dq_row0() + 16 * warp + lane / 4 + 8 * r;
-      const bool inside = query < w.seqlen_q;
-      float* row = head_rows + int64_t(query) * kD + dq_col0();
-#pragma unroll
-      for (int j = 0; j < Cfg::kDqTileCols / 8; j += 2) {
-        int col;
-        const float4 v = pairs_to_quads(make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]),
-                                        make_float2(dq[4 * j + 4 + 2 * r], dq[4 * j + 4 + 2 * r + 1]), quad,
-                                        8 * j, &col);
-        atomic_add_quad_if(row + col, v, inside);
-      }
-    }
-  }
-
-  // kDqThroughSmem: this thread's dQ fragment into the warpgroup's stage, float4 k of thread t at 16 (128 k + t)
-  // bytes (a warp's stores cover 512 contiguous bytes: no bank conflicts), then handed to the dQ writer. The
-  // stage is reused once the writer has read the previous block's (`wait_empty`: every block but the first).
+  // This thread's dQ fragment into the warpgroup's stage, kDqStageCols columns per hand-off to the dQ writer:
+  // float4 k of thread t at 16 (128 k + t) bytes (a warp's stores cover 512 contiguous bytes: no bank conflicts).
+  // The stage is reused once the writer has read the previous hand-off (`wait_empty`: every block but the
+  // first; every piece but a block's first).
   __device__ void stage_dq(const float (&dq)[Cfg::kDqTileCols / 2], bool wait_empty) const {
-    if (wait_empty) named_barrier_sync(kDqEmptyBarrier + wg, kDqHandoffThreads);
     float4* stage = reinterpret_cast<float4*>(sm.dq_stage(wg)) + threadIdx.x % kWarpgroupThreads;
+    constexpr int kChunks = Cfg::kDqStageCols / 8;
 #pragma unroll
-    for (int k = 0; k < Cfg::kDqTileCols / 8; ++k)
-      stage[k * kWarpgroupThreads] = make_float4(dq[4 * k], dq[4 * k + 1], dq[4 * k + 2], dq[4 * k + 3]);
-    fence_async_shared();  // the bulk reduce reads the stage through the async proxy
-    named_barrier_arrive(kDqFullBarrier + wg, kDqHandoffThreads);
+    for (int piece = 0; piece < Cfg::kDqStagePieces; ++piece) {
+      if (wait_empty || piece > 0) named_barrier_sync(kDqEmptyBarrier + wg, kDqHandoffThreads);
+#pragma unroll
+      for (int k = 0; k < kChunks; ++k) {
+        const int j = piece * kChunks + k;
+        stage[k * kWarpgroupThreads] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+      }
+      fence_async_shared();  // the bulk reduce reads the stage through the async proxy
+      named_barrier_arrive(kDqFullBarrier + wg, kDqHandoffThreads);
+    }
   }
 
   __device__ void release(int stage) const {
     __syncwarp();
     if (lane == 0) mbarrier_arrive(&sm.empty()[stage]);
   }
+  __device__ void release_do(int do_stage) const {
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&sm.do_empty()[do_stage]);
+  }
 
-  // Sᵀ and dPᵀ of the query block staged in `stage`, issued as two commit groups.
-  __device__ void issue_scores(Scores& s, Scores& dp, int stage) {
+  // Sᵀ and dPᵀ of the query block staged in `stage` (its dO in `do_stage`, the same stage unless kSeparateDoRing:
+  // then waited for once Sᵀ is issued, which needs only Q), issued as two commit groups.
+  __device__ void issue_scores(Scores& s, Scores& dp, int stage, int do_stage, uint32_t do_phase) {
     wgmma_fence();
     issue_transposed_scores(s, sm.k(), sm.q(stage));
-    issue_transposed_scores(dp, sm.v(), sm.dout(stage));
+    if constexpr (Cfg::kSeparateDoRing) {
+      mbarrier_wait(&sm.do_full()[do_stage], do_phase);
+      wgmma_fence();  // after the wait's branch ptxas would insert one itself
+    }
+    issue_transposed_scores(dp, sm.v(), sm.dout(do_stage));
   }
 
   // The rest of one query block once its Sᵀ and dPᵀ are issued: P, dV, dS, dK, then dQ issued (not waited for).
   // On return the wgmma groups in flight are dV, dK and dQ, in that order.
   template <bool kSoftcap, bool kAlibi>
   __device__ void gradients(Scores& s, Scores& dp, float (&dq)[Cfg::kDqTileCols / 2], int m, int stage,
-                            int ds_buffer, float alibi_slope2) {
+                            int do_stage, int ds_buffer, float alibi_slope2) {
     const uint8_t* q_tile = sm.q(stage);
-    const uint8_t* do_tile = sm.dout(stage);
+    const uint8_t* do_tile = sm.dout(do_stage);
     wgmma_wait<1>();  // Sᵀ has landed; dPᵀ may still run
     fence_registers(s);
     Fragments pf;
@@ -639,17 +658,25 @@ __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int 
   mbarrier_wait(c.sm.kv_full(), 0);
   const QueryBlockOrder order(w, heads_per_kv);
   RingPosition<Cfg::kStages> pos;
+  RingPosition<Cfg::kDoStages> do_pos;
   for (int i = 0; i < order.blocks; ++i) {
     const int head = order.head(w, heads_per_kv, i), m = order.block(w, i);
     typename BackwardConsumer<T, Cfg>::Scores s, dp;
     mbarrier_wait(&c.sm.full()[pos.index], pos.phase);
-    c.issue_scores(s, dp, pos.index);
+    const int do_stage = Cfg::kSeparateDoRing ? do_pos.index : pos.index;
+    c.issue_scores(s, dp, pos.index, do_stage, do_pos.phase);
     float dq[Cfg::kDqTileCols / 2];
     const float alibi_slope2 =
         kAlibi ? Alibi32::make(c.a.alibi_slopes, c.a.alibi_batch_stride, w.batch, head, w.seqlen_q, w.seqlen_k)
                      .slope_log2()
                : 0.f;
-    c.template gradients<kSoftcap, kAlibi>(s, dp, dq, m, pos.index, i % 2, alibi_slope2);
+    c.template gradients<kSoftcap, kAlibi>(s, dp, dq, m, pos.index, do_stage, i % 2, alibi_slope2);
+    if constexpr (Cfg::kSeparateDoRing) {
+      wgmma_wait<2>();  // dV has landed: dO is no longer read
+      fence_registers(c.dv);
+      c.release_do(do_stage);
+      do_pos.advance();
+    }
     wgmma_wait<1>();  // dV and dK have landed: this stage's Q and dO are no longer read
     fence_registers(c.dk);
     fence_registers(c.dv);
@@ -657,12 +684,7 @@ __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int 
     pos.advance();
     wgmma_wait<0>();
     fence_registers(dq);
-    if constexpr (Cfg::kDqThroughSmem) {
-      c.stage_dq(dq, i > 0);
-    } else {
-      float* head_rows = c.a.dq_accum + (int64_t(head) * c.a.ws_head_stride + w.ws_row0) * Cfg::kHeadDim;
-      c.accumulate_dq(dq, head_rows, m);
-    }
+    c.stage_dq(dq, i > 0);
   }
 }
 
@@ -683,6 +705,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mbarrier_init(&sm.full()[s], 1);
       mbarrier_init(&sm.empty()[s], Cfg::kConsumerWarps);
     }
+    if constexpr (Cfg::kSeparateDoRing) {
+      for (int s = 0; s < Cfg::kDoStages; ++s) {
+        mbarrier_init(&sm.do_full()[s], 1);
+        mbarrier_init(&sm.do_empty()[s], Cfg::kConsumerWarps);
+      }
+    }
     mbarrier_init_fence();
   }
   __syncthreads();
@@ -696,7 +724,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tma_prefetch_map(&tm_q);
       tma_prefetch_map(&tm_do);
       produce<Cfg>(sm, w, args.heads_per_kv, &tm_q, &tm_k, &tm_v, &tm_do, &tm_lse, &tm_dsum);
-    } else if (Cfg::kDqThroughSmem && threadIdx.x / 32 == kDqWriterWarp && has_work) {
+    } else if (threadIdx.x / 32 == kDqWriterWarp && has_work) {
       write_dq<Cfg>(sm, w, args);
     }
   } else {
@@ -726,11 +754,11 @@ struct DqConvertArgs {
   bool chunk_stores;  // ... and 16-byte stores of 8 elements (head_dim a multiple of 8)
 };
 
-// dQ = dq_accum · scale as the dtype, from kDqThroughSmem's fragment-ordered tiles (write_dq): one CTA per
+// dQ = dq_accum · scale as the dtype, from the fragment-ordered tiles of write_dq: one CTA per
 // (query block of the workspace, query head), a thread per fragment slot of the consumer warpgroups; thread t's
 // float4 k of piece p holds rows r0 + 16 (t / 32) + (t % 32) / 4 (+ 8) at columns c0 + 8 k + 2 (t % 4) (+ 1), as
 // in the wgmma accumulator, where piece p starts at row r0 = 64 p, column c0 = 0 under kDqSplitRows, else at
-// row 0, column p kDqTileCols. With chunk_stores the quad's four threads swap their pairs (quad_transpose) over
+// row 0, column p kDqStageCols. With chunk_stores the quad's four threads swap their pairs (quad_transpose) over
 // two float4s k, k + 1 so that each thread stores 16 bytes: 8 consecutive columns of one row (the 4-byte pair
 // stores ran at a third of HBM speed: 182 us against cuDNN's 56 for its own conversion at hd 128, 2k,
 // bench/results/hopper-backward.md). A block past its sequence's last row (the slack between sequences) writes
@@ -757,15 +785,15 @@ __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel
           int64_t(head) * a.dq_head_stride;
   const float* tile = a.dq_accum + (int64_t(head) * a.ws_head_stride + ws_row) * Cfg::kHeadDim;
   const int t = threadIdx.x, quad = t % 4;
-  static_assert(Cfg::kDqTileCols % 16 == 0, "dq_convert_fragments_kernel: float4s in pairs");
+  static_assert(Cfg::kDqStageCols % 16 == 0, "dq_convert_fragments_kernel: float4s in pairs");
 #pragma unroll
-  for (int piece = 0; piece < Cfg::kConsumerWarpgroups; ++piece) {
+  for (int piece = 0; piece < Cfg::kConsumerWarpgroups * Cfg::kDqStagePieces; ++piece) {
     const int row_in_block = (Cfg::kDqSplitRows ? piece * kWgmmaRows : 0) + 16 * (t / 32) + (t % 32) / 4;
-    const int col0 = Cfg::kDqSplitRows ? 0 : piece * Cfg::kDqTileCols;
+    const int col0 = Cfg::kDqSplitRows ? 0 : piece * Cfg::kDqStageCols;
     const float4* stage = reinterpret_cast<const float4*>(tile + piece * (Cfg::kDqStageBytes / 4));
     if (a.chunk_stores) {
 #pragma unroll
-      for (int k = 0; k < Cfg::kDqTileCols / 8; k += 2) {
+      for (int k = 0; k < Cfg::kDqStageCols / 8; k += 2) {
         const float4 v0 = stage[k * kWarpgroupThreads + t], v1 = stage[(k + 1) * kWarpgroupThreads + t];
         // Word c: float4 k + c / 2, row half c % 2; after the transpose, this thread's chunk c = quad.
         uint32_t words[4] = {
@@ -781,7 +809,7 @@ __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel
       continue;
     }
 #pragma unroll
-    for (int k = 0; k < Cfg::kDqTileCols / 8; ++k) {
+    for (int k = 0; k < Cfg::kDqStageCols / 8; ++k) {
       const float4 v = stage[k * kWarpgroupThreads + t];
       const int col = col0 + 8 * k + 2 * (t % 4);
       if (col >= a.head_dim) continue;
@@ -842,8 +870,6 @@ Status launch(const BwdParams& p) {
   rows.dsum = static_cast<float*>(ws);
   rows.lse_log2 = rows.dsum + row_elems;
   rows.dq_accum = rows.lse_log2 + row_elems;
-  rows.dq_accum_ld = kHeadDim;
-  rows.accumulate_dq = true;
 
   Status st = [&]() -> Status {
     if (ws_bytes == 0) return Status::success();
@@ -925,29 +951,25 @@ Status launch(const BwdParams& p) {
       kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a, tm_q, tm_k, tm_v, tm_do, tm_lse, tm_dsum);
       FA_CUDA_TRY(cudaGetLastError());
     }
-    if constexpr (!Cfg::kDqThroughSmem) {
-      return sm80_backward_dq_convert(rows, p.dtype, stream);
-    } else {
-      if (p.heads_q == 0 || p.batch == 0) return Status::success();
-      cuda::sm90::DqConvertArgs c{};
-      c.dq = p.dq;
-      c.dq_batch_stride = p.dq_batch_stride, c.dq_row_stride = p.dq_row_stride, c.dq_head_stride = p.dq_head_stride;
-      c.dq_accum = rows.dq_accum;
-      c.ws_head_stride = ws_head_stride;
-      c.cu_seqlens_q = p.cu_seqlens_q;
-      c.batch = int(p.batch);
-      c.seqlen_q = int(p.seqlen_q);
-      c.head_dim = int(p.head_dim);
-      c.scale = rows.scale;
-      c.pair_stores = aligned(p.dq, 4) && p.dq_row_stride % 2 == 0 && p.dq_head_stride % 2 == 0 &&
-                      (varlen || p.dq_batch_stride % 2 == 0);
-      c.chunk_stores = aligned(p.dq, 16) && tma_stride_ok(p.dq_row_stride) && tma_stride_ok(p.dq_head_stride) &&
-                       (varlen || tma_stride_ok(p.dq_batch_stride)) && p.head_dim % 8 == 0;
-      const dim3 grid(unsigned(ws_head_stride / Cfg::kBlockM), unsigned(p.heads_q));
-      cuda::sm90::dq_convert_fragments_kernel<T, Cfg><<<grid, cuda::sm90::kWarpgroupThreads, 0, stream>>>(c);
-      FA_CUDA_TRY(cudaGetLastError());
-      return Status::success();
-    }
+    if (p.heads_q == 0 || p.batch == 0) return Status::success();
+    cuda::sm90::DqConvertArgs c{};
+    c.dq = p.dq;
+    c.dq_batch_stride = p.dq_batch_stride, c.dq_row_stride = p.dq_row_stride, c.dq_head_stride = p.dq_head_stride;
+    c.dq_accum = rows.dq_accum;
+    c.ws_head_stride = ws_head_stride;
+    c.cu_seqlens_q = p.cu_seqlens_q;
+    c.batch = int(p.batch);
+    c.seqlen_q = int(p.seqlen_q);
+    c.head_dim = int(p.head_dim);
+    c.scale = rows.scale;
+    c.pair_stores = aligned(p.dq, 4) && p.dq_row_stride % 2 == 0 && p.dq_head_stride % 2 == 0 &&
+                    (varlen || p.dq_batch_stride % 2 == 0);
+    c.chunk_stores = aligned(p.dq, 16) && tma_stride_ok(p.dq_row_stride) && tma_stride_ok(p.dq_head_stride) &&
+                     (varlen || tma_stride_ok(p.dq_batch_stride)) && p.head_dim % 8 == 0;
+    const dim3 grid(unsigned(ws_head_stride / Cfg::kBlockM), unsigned(p.heads_q));
+    cuda::sm90::dq_convert_fragments_kernel<T, Cfg><<<grid, cuda::sm90::kWarpgroupThreads, 0, stream>>>(c);
+    FA_CUDA_TRY(cudaGetLastError());
+    return Status::success();
   }();
   if (ws) {
     Status freed = workspace_free(ws, stream);
@@ -970,12 +992,6 @@ Status launch_head_dim(const BwdParams& p) {
 Status sm90_backward_supports(const BwdParams& p) {
   Status common = sm90_checks::common(p);
   if (!common.ok()) return common;
-  const int bucket = sm90_checks::head_dim_bucket(p.head_dim, p.head_dim_v, sm90_checks::Pass::backward);
-  if (p.deterministic && bucket == 256)
-    return Status::unsupported("cuda_sm90: the deterministic backward runs head dims up to 128 (" +
-                               sm90_checks::head_dims_named(p) +
-                               " runs the 256 kernel, which sums dQ with atomics; its deterministic mode runs on "
-                               "cuda_sm80)");
   const bool varlen = p.is_varlen();
   const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.k_row_stride, p.k_head_stride, p.v_row_stride,
                              p.v_head_stride, p.do_row_stride, p.do_head_stride, varlen ? 0 : p.q_batch_stride,
