@@ -13,6 +13,9 @@ Status cpu_reference_backward(const BwdParams& p);
 Status cpu_flash_forward(const FwdParams& p);
 Status cpu_flash_backward(const BwdParams& p);
 const char* cpu_flash_level();
+// Whether that level runs bf16 on pair dot products, and so rounds the backward's P and dS to bf16
+// (flash_backward.cpp).
+bool cpu_flash_bf16_pair_products();
 
 // CUDA backends. In a build without CUDA these report that (src/cuda_unavailable.cpp).
 Status cuda_sm80_supports(const FwdParams& p, bool backward);

@@ -6,8 +6,10 @@
 //   dV += (P ∘ Z)ᵀ dO,    dK += dSᵀ Q,    dQ += dS K
 // (Z: dropout's factors, 1 / (1 - p) where kept and 0 where dropped, regenerated from the seed; 1 without dropout)
 // five register-blocked products per tile (micro_gemm.h), the transposed uses of P and dS read through strides.
-// bf16 at the avx512_bf16 level: S and dP, whose operands are the inputs themselves, on AVX-512 BF16 pair dot
-// products (gemm_bf16_pairs: exact products, fp32 sums), the other three in fp32 as at every level.
+// bf16 at the avx512_bf16 level: all five on AVX-512 BF16 pair dot products (gemm_bf16_pairs: exact products, fp32
+// sums). S and dP take the inputs themselves; dV, dK, dQ take P ∘ Z and dS rounded to bf16, as the GPU kernels
+// do (the tests' naive rounds them too at that level); query tiles then start on even rows so that a tile's pairs
+// of queries are pairs of the head's rows.
 //
 // Work split, chosen so that the result is bitwise identical whatever the number of threads: a task owns one
 // (batch, KV head), or a fixed part of it when there are fewer than kBackwardMinTasks such units:
@@ -143,8 +145,11 @@ struct BackwardScratch {
   AlignedBuffer<Acc> q, dout, dq, lse2, dsum;  // query side of one head
   AlignedBuffer<Acc> dk, dv;                   // dK / dV of one key chunk
   AlignedBuffer<Acc> kt, vt, krow, s, prob, ds, keep, m, l;  // keep: dropout's factors Z of a tile
-  // bf16 with pair products (kBf16PairProducts): Q and dO of one head, K and V of a key block, in pairs.
+  // bf16 with pair products (kBf16PairProducts): Q and dO of one head, K and V of a key block, in pairs along the
+  // head dim (S, dP); Q and dO in pairs of rows (dK's and dV's B operands), the key block's K in pairs of keys
+  // (dQ's), and a tile's P and dS, rounded to bf16: Pᵀ and dSᵀ in pairs of queries, dS in pairs of keys.
   AlignedBuffer<uint32_t> q_pairs, dout_pairs, k_pairs, v_pairs;
+  AlignedBuffer<uint32_t> q_row_pairs, dout_row_pairs, k_row_pairs, pt_pairs, dst_pairs, ds_pairs;
   // Row strides of Q, dO and the K rows: micro-kernel B operands, padded (tile_config.h); of the pairs.
   int64_t ldq, lddo, ldk, ldq_pairs, lddo_pairs;
 
@@ -174,6 +179,10 @@ struct BackwardScratch {
       dout_pairs.resize(rows * lddo_pairs);
       k_pairs.resize(ldq_pairs * C::kBlockK);
       v_pairs.resize(lddo_pairs * C::kBlockK);
+      q_row_pairs.resize((rows + 1) / 2 * dp);
+      dout_row_pairs.resize((rows + 1) / 2 * dvp);
+      k_row_pairs.resize(C::kBlockK / 2 * dp);
+      for (auto* b : {&pt_pairs, &dst_pairs, &ds_pairs}) b->resize(C::kBlockQ * C::kBlockK / 2);
     }
   }
 };
@@ -206,7 +215,7 @@ void score_tile_pairs(const ScoreTransform<Acc>& score, const MaskSpec& mask, co
                       int64_t nk, Acc* s) {
   constexpr int64_t kBk = CpuTiles<Acc>::kBlockK;
   const int64_t nkp = round_up(nk, CpuTiles<Acc>::kVec);
-  gemm_bf16_pairs(nq, nkp, d_pairs, q_pairs, ldq_pairs, k_pairs, kBk, s, kBk, score.qk_scale);
+  gemm_bf16_pairs(nq, nkp, d_pairs, q_pairs, ldq_pairs, 1, k_pairs, kBk, s, kBk, GemmMode::overwrite, score.qk_scale);
   finish_scores(score, mask, i0, nq, j0, nk, s);
 }
 
@@ -251,15 +260,16 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
                    Acc* dq_partial, Acc* dkv_partial) {
   using C = CpuTiles<Acc>;
   constexpr int64_t kBq = C::kBlockQ, kBk = C::kBlockK;
-  // bf16 on a level with pair dot products: S = Q·Kᵀ and dP = dO·Vᵀ, whose operands are the inputs themselves,
-  // run on them (micro_gemm.h, gemm_bf16_pairs); the other three products take P and dS, which are fp32.
+  // bf16 on a level with pair dot products: every product on them (file header).
   constexpr bool kPairs = std::is_same_v<T, bfloat16_t> && kBf16PairProducts;
   const int64_t d = p.head_dim, dv = p.head_dim_v;
   const int64_t dp = round_up(d, C::kVec), dvp = round_up(dv, C::kVec);
   const SequenceExtent ext = sequence_extent(p, t.batch);
   const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right);
   const ScoreTransform<Acc> score(p);
-  const Acc ds_scale = Acc(p.softmax_scale);
+  // With pairs dS is rounded to bf16 before its scale, which its products apply (the tests' naive rounds there).
+  const Acc ds_scale = kPairs ? Acc(1) : Acc(p.softmax_scale);
+  const float pair_ds_scale = float(p.softmax_scale);
   const Acc keep_scale = Acc(1.0 / (1.0 - double(p.dropout_p)));
   const auto k = key_view<const T>(p, p.k, ext, t.kv_head, false);
   const auto v = key_view<const T>(p, p.v, ext, t.kv_head, true);
@@ -272,6 +282,7 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
   // Query rows that see any key of the chunk; the others get dQ = 0 from this task.
   int64_t qlo = 0, qhi = 0;
   if (chunk_keys > 0) mask.query_range_for_keys(kc0, kc1, &qlo, &qhi);
+  if (kPairs && qhi > qlo) qlo -= qlo % 2;  // pairs of rows start on even rows; the row added sees no key here
   const int64_t rows = qhi - qlo;
   Acc *q = w.q.data(), *dout = w.dout.data(), *dq = w.dq.data(), *lse2 = w.lse2.data(), *dsum = w.dsum.data();
   const int64_t ldq = w.ldq, lddo = w.lddo;
@@ -289,6 +300,8 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
     if constexpr (kPairs) {
       load_row_pairs(qv.row(qlo), qv.row_stride, rows, d, w.q_pairs.data(), w.ldq_pairs);
       load_row_pairs(dov.row(qlo), dov.row_stride, rows, dv, w.dout_pairs.data(), w.lddo_pairs);
+      pack_row_pairs(q, ldq, rows, dp, w.q_row_pairs.data());
+      pack_row_pairs(dout, lddo, rows, dvp, w.dout_row_pairs.data());
     }
     for (int64_t i = 0; i < rows; ++i) {
       const T* o_row = ov.row(qlo + i);
@@ -318,10 +331,12 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
         load_transposed(v.row(j0), v.row_stride, nk, dv, w.vt.data(), kBk, nkp);
       }
       const RowTile<Acc> krow = rows_as_acc<Acc>(k.row(j0), k.row_stride, nk, d, w.ldk, w.krow.data());
+      if constexpr (kPairs) pack_row_pairs(krow.data, krow.ld, nk, dp, w.k_row_pairs.data());
       Acc* dk_blk = dk_acc + (j0 - kc0) * dp;
       Acc* dv_blk = dv_acc + (j0 - kc0) * dvp;
       int64_t ilo, ihi;
       mask.query_range_for_keys(j0, j0 + nk, &ilo, &ihi);
+      if (kPairs && ihi > ilo) ilo -= ilo % 2;  // still >= qlo, which is even
       for (int64_t i0 = ilo; i0 < ihi; i0 += kBq) {
         const int64_t nq = std::min(kBq, ihi - i0), r0 = i0 - qlo;
         if constexpr (kPairs) {
@@ -342,8 +357,8 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
           }
         }
         if constexpr (kPairs) {  // dP
-          gemm_bf16_pairs(nq, nkp, w.lddo_pairs, w.dout_pairs.data() + r0 * w.lddo_pairs, w.lddo_pairs,
-                          w.v_pairs.data(), kBk, ds, kBk);
+          gemm_bf16_pairs(nq, nkp, w.lddo_pairs, w.dout_pairs.data() + r0 * w.lddo_pairs, w.lddo_pairs, 1,
+                          w.v_pairs.data(), kBk, ds, kBk, GemmMode::overwrite);
         } else {
           gemm<Acc>(nq, nkp, dv, dout + r0 * lddo, lddo, 1, w.vt.data(), kBk, ds, kBk, GemmMode::overwrite);
         }
@@ -370,9 +385,23 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
           }
         }
         // dV += Pᵀ dO, dK += dSᵀ Q (P and dS read transposed through their strides), dQ += dS K.
-        gemm<Acc>(nk, dvp, nq, prob, 1, kBk, dout + r0 * lddo, lddo, dv_blk, dvp, GemmMode::add);
-        gemm<Acc>(nk, dp, nq, ds, 1, kBk, q + r0 * ldq, ldq, dk_blk, dp, GemmMode::add);
-        gemm<Acc>(nq, dp, nk, ds, kBk, 1, krow.data, krow.ld, dq + r0 * dp, dp, GemmMode::add);
+        if constexpr (kPairs) {
+          // Pᵀ and dSᵀ as A(key, query pair) at [pair][key]; dS as A(query, key pair); r0 is even.
+          const int64_t nq2 = (nq + 1) / 2, nk2 = (nk + 1) / 2;
+          pack_row_pairs(prob, kBk, nq, nkp, w.pt_pairs.data());
+          pack_row_pairs(ds, kBk, nq, nkp, w.dst_pairs.data());
+          for (int64_t r = 0; r < nq; ++r) pack_adjacent_pairs(ds + r * kBk, nk, w.ds_pairs.data() + r * (kBk / 2));
+          gemm_bf16_pairs(nk, dvp, nq2, w.pt_pairs.data(), 1, nkp, w.dout_row_pairs.data() + r0 / 2 * dvp, dvp,
+                          dv_blk, dvp, GemmMode::add);
+          gemm_bf16_pairs(nk, dp, nq2, w.dst_pairs.data(), 1, nkp, w.q_row_pairs.data() + r0 / 2 * dp, dp, dk_blk,
+                          dp, GemmMode::add, pair_ds_scale);
+          gemm_bf16_pairs(nq, dp, nk2, w.ds_pairs.data(), kBk / 2, 1, w.k_row_pairs.data(), dp, dq + r0 * dp, dp,
+                          GemmMode::add, pair_ds_scale);
+        } else {
+          gemm<Acc>(nk, dvp, nq, prob, 1, kBk, dout + r0 * lddo, lddo, dv_blk, dvp, GemmMode::add);
+          gemm<Acc>(nk, dp, nq, ds, 1, kBk, q + r0 * ldq, ldq, dk_blk, dp, GemmMode::add);
+          gemm<Acc>(nq, dp, nk, ds, kBk, 1, krow.data, krow.ld, dq + r0 * dp, dp, GemmMode::add);
+        }
       }
     }
 
@@ -480,6 +509,8 @@ Status backward_typed(const BwdParams& p) {
 inline namespace FLASHATTN_CPU_ISA {
 
 // This instruction-set level's backward (src/cpu/isa.cpp chooses the level).
+bool bf16_pair_products() { return kBf16PairProducts; }
+
 Status flash_backward_kernels(const BwdParams& p) {
   switch (p.dtype) {
     case DType::f32: return backward_typed<float, float>(p);

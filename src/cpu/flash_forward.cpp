@@ -142,8 +142,8 @@ void forward_task(const FwdParams& p, int64_t block_q, const QueryBlockTask& t, 
 
     // Sᵀ (nk x [c0, c1), key-major) in log2 units.
     if constexpr (kPairs) {
-      gemm_bf16_pairs(nk, c1 - c0, d_pairs, w.k_pairs.data(), d_pairs, w.qt_pairs.data() + c0, ldq, sc, lds,
-                      score.qk_scale);
+      gemm_bf16_pairs(nk, c1 - c0, d_pairs, w.k_pairs.data(), d_pairs, 1, w.qt_pairs.data() + c0, ldq, sc, lds,
+                      GemmMode::overwrite, score.qk_scale);
     } else {
       gemm<Acc>(nk, c1 - c0, d, kt.data, kt.ld, 1, w.qt.data() + c0, ldq, sc, lds, GemmMode::overwrite);
     }

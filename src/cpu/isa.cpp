@@ -17,6 +17,7 @@ namespace flashattn::detail {
   namespace ns {                                        \
   Status flash_forward_kernels(const FwdParams& p);     \
   Status flash_backward_kernels(const BwdParams& p);    \
+  bool bf16_pair_products();                            \
   }
 #if defined(FLASHATTN_CPU_LEVEL_NATIVE)
 FA_DECLARE_LEVEL(isa_native)
@@ -42,27 +43,31 @@ struct Level {
   Status (*forward)(const FwdParams&);
   Status (*backward)(const BwdParams&);
   bool (*supported)();
+  bool (*bf16_pair_products)();
 };
 
 // Lowest first: the choice is the last supported level at or below the cap.
 constexpr Level kLevels[] = {
 #if defined(FLASHATTN_CPU_LEVEL_NATIVE)
-    {"native", isa_native::flash_forward_kernels, isa_native::flash_backward_kernels, [] { return true; }},
+    {"native", isa_native::flash_forward_kernels, isa_native::flash_backward_kernels, [] { return true; },
+     isa_native::bf16_pair_products},
 #endif
 #if defined(FLASHATTN_CPU_LEVEL_BASELINE)
-    {"baseline", isa_baseline::flash_forward_kernels, isa_baseline::flash_backward_kernels, [] { return true; }},
+    {"baseline", isa_baseline::flash_forward_kernels, isa_baseline::flash_backward_kernels, [] { return true; },
+     isa_baseline::bf16_pair_products},
 #endif
 #if defined(FLASHATTN_CPU_LEVEL_AVX2)
     {"avx2", isa_avx2_fma::flash_forward_kernels, isa_avx2_fma::flash_backward_kernels,
-     [] { return __builtin_cpu_supports("x86-64-v3") > 0; }},
+     [] { return __builtin_cpu_supports("x86-64-v3") > 0; }, isa_avx2_fma::bf16_pair_products},
 #endif
 #if defined(FLASHATTN_CPU_LEVEL_AVX512)
     {"avx512", isa_avx512::flash_forward_kernels, isa_avx512::flash_backward_kernels,
-     [] { return __builtin_cpu_supports("x86-64-v4") > 0; }},
+     [] { return __builtin_cpu_supports("x86-64-v4") > 0; }, isa_avx512::bf16_pair_products},
 #endif
 #if defined(FLASHATTN_CPU_LEVEL_AVX512_BF16)
     {"avx512_bf16", isa_avx512_bf16::flash_forward_kernels, isa_avx512_bf16::flash_backward_kernels,
-     [] { return __builtin_cpu_supports("x86-64-v4") > 0 && __builtin_cpu_supports("avx512bf16") > 0; }},
+     [] { return __builtin_cpu_supports("x86-64-v4") > 0 && __builtin_cpu_supports("avx512bf16") > 0; },
+     isa_avx512_bf16::bf16_pair_products},
 #endif
 };
 
@@ -108,6 +113,8 @@ const Choice& chosen() {
 }  // namespace
 
 const char* cpu_flash_level() { return chosen().level ? chosen().level->name : "none"; }
+
+bool cpu_flash_bf16_pair_products() { return chosen().level && chosen().level->bf16_pair_products(); }
 
 Status cpu_flash_forward(const FwdParams& p) {
   const Choice& c = chosen();

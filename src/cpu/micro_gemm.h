@@ -168,16 +168,17 @@ void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t a_rs, int64_t a_k
 }
 
 #if defined(__AVX512BF16__) && defined(__GNUC__)
-// C (M x N, fp32) = scale · A B for bf16 A (M x 2 K2) and B (2 K2 x N) stored in pairs (tile_io.h, bf16_pair): word
-// a[r * a_rs + k2] holds A(r, 2 k2) and A(r, 2 k2 + 1); row k2 of B (b + k2 * ldb, N words) holds, per column n,
-// B(2 k2, n) and B(2 k2 + 1, n). One vdpbf16ps multiplies 16 columns by both elements of a pair: the products of
-// two bf16 are exact in fp32, so C is the fp32 product of the same values up to the order of its additions (and
-// subnormal terms flushed to zero), at twice the fp32 FMA's rate (bench/results/cpu.md). N a multiple of 16.
+// C (M x N, fp32) = scale · A B (GemmMode::overwrite) or C += scale · A B (add) for bf16 A (M x 2 K2) and B
+// (2 K2 x N) stored in pairs (tile_io.h, bf16_pair): word a[r * a_rs + k2 * a_ks] holds A(r, 2 k2) and
+// A(r, 2 k2 + 1); row k2 of B (b + k2 * ldb, N words) holds, per column n, B(2 k2, n) and B(2 k2 + 1, n). One
+// vdpbf16ps multiplies 16 columns by both elements of a pair: the products of two bf16 are exact in fp32, so C is
+// the fp32 product of the same values up to the order of its additions (and subnormal terms flushed to zero), at
+// twice the fp32 FMA's rate (bench/results/cpu.md). N a multiple of 16.
 constexpr bool kBf16PairProducts = true;
 
-template <int MR, int NV>
-void micro_tile_bf16_pairs(int64_t K2, const uint32_t* __restrict a, int64_t a_rs, const uint32_t* __restrict b,
-                           int64_t ldb, float* __restrict c, int64_t ldc, float scale) {
+template <int MR, int NV, bool kAdd>
+void micro_tile_bf16_pairs(int64_t K2, const uint32_t* __restrict a, int64_t a_rs, int64_t a_ks,
+                           const uint32_t* __restrict b, int64_t ldb, float* __restrict c, int64_t ldc, float scale) {
   __m512 acc[MR][NV];
   FA_UNROLL(8)
   for (int r = 0; r < MR; ++r) {
@@ -190,7 +191,7 @@ void micro_tile_bf16_pairs(int64_t K2, const uint32_t* __restrict a, int64_t a_r
     for (int v = 0; v < NV; ++v) bk[v] = (__m512bh)_mm512_loadu_si512(b + k2 * ldb + 16 * v);
     FA_UNROLL(8)
     for (int r = 0; r < MR; ++r) {
-      const __m512bh ar = (__m512bh)_mm512_set1_epi32(int(a[r * a_rs + k2]));
+      const __m512bh ar = (__m512bh)_mm512_set1_epi32(int(a[r * a_rs + k2 * a_ks]));
       FA_UNROLL(8)
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], ar, bk[v]);
     }
@@ -199,20 +200,26 @@ void micro_tile_bf16_pairs(int64_t K2, const uint32_t* __restrict a, int64_t a_r
   FA_UNROLL(8)
   for (int r = 0; r < MR; ++r) {
     FA_UNROLL(8)
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, _mm512_mul_ps(acc[r][v], s));
+    for (int v = 0; v < NV; ++v) {
+      float* cv = c + r * ldc + 16 * v;
+      _mm512_storeu_ps(cv, kAdd ? _mm512_fmadd_ps(acc[r][v], s, _mm512_loadu_ps(cv)) : _mm512_mul_ps(acc[r][v], s));
+    }
   }
 }
 
 namespace gemm_impl {
-using PairTileFn = void (*)(int64_t, const uint32_t*, int64_t, const uint32_t*, int64_t, float*, int64_t, float);
+using PairTileFn = void (*)(int64_t, const uint32_t*, int64_t, int64_t, const uint32_t*, int64_t, float*, int64_t,
+                            float);
 
+// fn[add][rows - 1][vectors - 1].
 struct PairTileTable {
   static constexpr int kRows = CpuTiles<float>::kMicroRows;
   static constexpr int kVecs = CpuTiles<float>::kMicroVecs;
-  PairTileFn fn[kRows][kVecs] = {};
+  PairTileFn fn[2][kRows][kVecs] = {};
   template <int MR, int... NVs>
   constexpr void fill_row(std::integer_sequence<int, NVs...>) {
-    ((fn[MR - 1][NVs] = &micro_tile_bf16_pairs<MR, NVs + 1>), ...);
+    ((fn[0][MR - 1][NVs] = &micro_tile_bf16_pairs<MR, NVs + 1, false>), ...);
+    ((fn[1][MR - 1][NVs] = &micro_tile_bf16_pairs<MR, NVs + 1, true>), ...);
   }
   template <int... MRs>
   constexpr explicit PairTileTable(std::integer_sequence<int, MRs...>) {
@@ -221,24 +228,27 @@ struct PairTileTable {
 };
 }  // namespace gemm_impl
 
-inline void gemm_bf16_pairs(int64_t M, int64_t N, int64_t K2, const uint32_t* a, int64_t a_rs, const uint32_t* b,
-                            int64_t ldb, float* c, int64_t ldc, float scale = 1.f) {
+// mode: overwrite or add (scale_add is the fp32 gemm's alone).
+inline void gemm_bf16_pairs(int64_t M, int64_t N, int64_t K2, const uint32_t* a, int64_t a_rs, int64_t a_ks,
+                            const uint32_t* b, int64_t ldb, float* c, int64_t ldc, GemmMode mode,
+                            float scale = 1.f) {
   constexpr int MR = CpuTiles<float>::kMicroRows, NR = CpuTiles<float>::kMicroCols;
   static_assert(CpuTiles<float>::kVec == 16, "gemm_bf16_pairs: 16 fp32 columns per vector");
   static const gemm_impl::PairTileTable table(std::make_integer_sequence<int, MR>{});
+  const int add = mode == GemmMode::add ? 1 : 0;
   for (int64_t n0 = 0; n0 < N; n0 += NR) {
     const int nv = int((N - n0 < NR ? N - n0 : NR) / 16);
     for (int64_t m0 = 0; m0 < M; m0 += MR) {
       const int mr = int(M - m0 < MR ? M - m0 : MR);
-      table.fn[mr - 1][nv - 1](K2, a + m0 * a_rs, a_rs, b + n0, ldb, c + m0 * ldc + n0, ldc, scale);
+      table.fn[add][mr - 1][nv - 1](K2, a + m0 * a_rs, a_rs, a_ks, b + n0, ldb, c + m0 * ldc + n0, ldc, scale);
     }
   }
 }
 #else
 constexpr bool kBf16PairProducts = false;
 // Declared for the kernels' `if constexpr (kBf16PairProducts)` branches, which this level never instantiates.
-void gemm_bf16_pairs(int64_t M, int64_t N, int64_t K2, const uint32_t* a, int64_t a_rs, const uint32_t* b,
-                     int64_t ldb, float* c, int64_t ldc, float scale = 1.f);
+void gemm_bf16_pairs(int64_t M, int64_t N, int64_t K2, const uint32_t* a, int64_t a_rs, int64_t a_ks,
+                     const uint32_t* b, int64_t ldb, float* c, int64_t ldc, GemmMode mode, float scale = 1.f);
 #endif
 
 }  // namespace FLASHATTN_CPU_ISA

@@ -44,6 +44,31 @@ inline uint32_t bf16_pair(const bfloat16_t* row, int64_t c2, int64_t cols) {
   return lo | (hi << 16);
 }
 
+// fp32 values rounded to bf16 (to_bfloat16) in pairs, for the pair dot products' operands computed in fp32 (the
+// backward's P and dS) and fp32 copies of bf16 inputs (exact): rows 2 r2 and 2 r2 + 1 of src (ld apart; rows past
+// `rows` are 0) interleaved column by column, dst[r2 * cols + c] = (src(2 r2, c), src(2 r2 + 1, c)), for
+// r2 < ceil(rows / 2).
+inline void pack_row_pairs(const float* src, int64_t ld, int64_t rows, int64_t cols, uint32_t* dst) {
+  for (int64_t r2 = 0; 2 * r2 < rows; ++r2) {
+    const float* x = src + 2 * r2 * ld;
+    uint32_t* d = dst + r2 * cols;
+    if (2 * r2 + 1 < rows) {
+      const float* y = x + ld;
+      for (int64_t c = 0; c < cols; ++c) d[c] = uint32_t(to_bfloat16(x[c]).bits) | uint32_t(to_bfloat16(y[c]).bits) << 16;
+    } else {
+      for (int64_t c = 0; c < cols; ++c) d[c] = uint32_t(to_bfloat16(x[c]).bits);
+    }
+  }
+}
+
+// The same along a row: dst[c2] = (src[2 c2], src[2 c2 + 1]) rounded to bf16, for c2 < ceil(cols / 2) (a missing
+// last element is 0).
+inline void pack_adjacent_pairs(const float* src, int64_t cols, uint32_t* dst) {
+  for (int64_t c2 = 0; 2 * c2 + 1 < cols; ++c2)
+    dst[c2] = uint32_t(to_bfloat16(src[2 * c2]).bits) | uint32_t(to_bfloat16(src[2 * c2 + 1]).bits) << 16;
+  if (cols % 2) dst[cols / 2] = uint32_t(to_bfloat16(src[cols - 1]).bits);
+}
+
 // dst[r * ld + c2] = the pair (c2) of row r, for c2 < ceil(cols / 2); zero for the rest of ld.
 inline void load_row_pairs(const bfloat16_t* src, int64_t src_rs, int64_t rows, int64_t cols, uint32_t* dst,
                            int64_t ld) {

@@ -18,6 +18,10 @@
 //   kTermsFactor·u(acc)·terms, elementwise. The first term allows the two to round to neighbouring storage values
 //   (tiny: below the smallest value the type keeps apart from 0), the last their different summation orders. A bug confined to a few rows, or a small bias (a 1% error in D), fails it where the norm-wise rule
 //   would average it away; an element that must be exactly 0 (a row that sees no key) must be exactly 0.
+// - bf16 at a level with pair dot products (cpu_flash_bf16_pair_products): the backward rounds P ∘ Z and dS to bf16
+//   before dV, dK and dQ, as the GPU kernels do, and so does the naive of the gradients. The two compute each
+//   such operand in fp32 in different orders, so one may round to the other's neighbouring bf16 value: the
+//   per-element rule of dQ, dK, dV adds 2·u(storage)·terms.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -29,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "backend.h"
 #include "common/host_tensor.h"
 #include "common/oracle.h"
 #include "flashattn/flashattn.h"
@@ -290,13 +295,24 @@ inline AttnResult oracle_for(const AttnProblem& pb, bool backward) {
 // The same-precision naive of the problem (file header). Its backward reads `forward_o` for D, as the backward
 // under test reads its own forward's O: two forwards may round an element of O to neighbouring values, and D
 // would carry that difference into every gradient of the row.
+// Whether the cpu_flash backward rounds P ∘ Z and dS to the storage type before their products (file header).
+inline bool backward_rounds_operands(DType t) { return t == DType::bf16 && detail::cpu_flash_bf16_pair_products(); }
+
 inline AttnResult naive_for(const AttnProblem& pb, bool backward, const std::vector<double>* forward_o = nullptr) {
   const AttnCase& c = pb.c();
   const HostTensor* dout = backward ? &pb.dout() : nullptr;
   const Rounding rounding{c.dtype, false};
-  return c.dtype == DType::f64
-             ? textbook_attention<double>(pb.q(), pb.k(), pb.v(), dout, c.spec(), rounding, forward_o)
-             : textbook_attention<float>(pb.q(), pb.k(), pb.v(), dout, c.spec(), rounding, forward_o);
+  if (c.dtype == DType::f64)
+    return textbook_attention<double>(pb.q(), pb.k(), pb.v(), dout, c.spec(), rounding, forward_o);
+  AttnResult r = textbook_attention<float>(pb.q(), pb.k(), pb.v(), dout, c.spec(), rounding, forward_o);
+  if (backward && backward_rounds_operands(c.dtype)) {
+    // The gradients with rounded operands; O and LSE as the forward computes them.
+    AttnResult g = textbook_attention<float>(pb.q(), pb.k(), pb.v(), dout, c.spec(), Rounding{c.dtype, true},
+                                             forward_o);
+    r.dq = std::move(g.dq), r.dk = std::move(g.dk), r.dv = std::move(g.dv);
+    r.dq_mag = std::move(g.dq_mag), r.dk_mag = std::move(g.dk_mag), r.dv_mag = std::move(g.dv_mag);
+  }
+  return r;
 }
 
 // Below this an output may differ from the naive's by its whole value: fp16's subnormal step; for fp32 and bf16
@@ -318,7 +334,7 @@ constexpr double kTermsFactor = 16;
 // `u_acc` of the accumulation type.
 inline void expect_close(const char* what, const std::vector<double>& got, const std::vector<double>& ref,
                          const std::vector<double>& naive, const std::vector<double>& mag, double u, double u_acc,
-                         double tiny) {
+                         double tiny, double u_operands = 0) {
   ASSERT_EQ(got.size(), ref.size()) << what;
   const double err = l2_distance(got, ref);
   const double bound = 2 * l2_distance(naive, ref) + 4 * u * l2_norm(ref) + u_acc * l2_norm(mag);
@@ -326,7 +342,7 @@ inline void expect_close(const char* what, const std::vector<double>& got, const
                         << ", ‖ref‖ = " << l2_norm(ref) << ", ‖terms‖ = " << l2_norm(mag) << ", u = " << u;
   std::vector<double> element_bound(naive.size());
   for (size_t i = 0; i < naive.size(); ++i)
-    element_bound[i] = 2 * u * std::fabs(naive[i]) + tiny + kTermsFactor * u_acc * mag[i];
+    element_bound[i] = 2 * u * std::fabs(naive[i]) + tiny + (kTermsFactor * u_acc + 2 * u_operands) * mag[i];
   std::string worst;
   const int64_t outside = count_outside(got, naive, element_bound, &worst);
   EXPECT_EQ(outside, 0) << what << ": elements outside 2·u·|naive| + " << kTermsFactor
@@ -342,9 +358,10 @@ inline void expect_matches_reference(const AttnCase& c, const AttnResult& got, c
   expect_close("O", got.o, ref.o, naive.o, naive.o_mag, u, u_acc, tiny);
   expect_close("LSE", got.lse, ref.lse, naive.lse, naive.lse_mag, u32, u_acc, tiny32);
   if (!backward) return;
-  expect_close("dQ", got.dq, ref.dq, naive.dq, naive.dq_mag, u, u_acc, tiny);
-  expect_close("dK", got.dk, ref.dk, naive.dk, naive.dk_mag, u, u_acc, tiny);
-  expect_close("dV", got.dv, ref.dv, naive.dv, naive.dv_mag, u, u_acc, tiny);
+  const double u_operands = backward_rounds_operands(c.dtype) ? u : 0.0;
+  expect_close("dQ", got.dq, ref.dq, naive.dq, naive.dq_mag, u, u_acc, tiny, u_operands);
+  expect_close("dK", got.dk, ref.dk, naive.dk, naive.dk_mag, u, u_acc, tiny, u_operands);
+  expect_close("dV", got.dv, ref.dv, naive.dv, naive.dv_mag, u, u_acc, tiny, u_operands);
 }
 
 }  // namespace flashattn::test
