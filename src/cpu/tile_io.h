@@ -54,7 +54,8 @@ inline void pack_row_pairs(const float* src, int64_t ld, int64_t rows, int64_t c
     uint32_t* d = dst + r2 * cols;
     if (2 * r2 + 1 < rows) {
       const float* y = x + ld;
-      for (int64_t c = 0; c < cols; ++c) d[c] = uint32_t(to_bfloat16(x[c]).bits) | uint32_t(to_bfloat16(y[c]).bits) << 16;
+      for (int64_t c = 0; c < cols; ++c)
+        d[c] = uint32_t(to_bfloat16(x[c]).bits) | uint32_t(to_bfloat16(y[c]).bits) << 16;
     } else {
       for (int64_t c = 0; c < cols; ++c) d[c] = uint32_t(to_bfloat16(x[c]).bits);
     }

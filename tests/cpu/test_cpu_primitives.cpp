@@ -12,6 +12,7 @@
 #include "common/softmax_state.h"
 #include "cpu/attention_tile.h"
 #include "cpu/micro_gemm.h"
+#include "cpu/tile_io.h"
 #include "cpu/vec_math.h"
 
 namespace flashattn::detail {
@@ -130,6 +131,33 @@ void check_gemm_all_shapes() {
 
 TEST(CpuPrimitives, GemmFp32EveryTailAndMode) { check_gemm_all_shapes<float>(); }
 TEST(CpuPrimitives, GemmFp64EveryTailAndMode) { check_gemm_all_shapes<double>(); }
+
+// The bf16 pair operands the avx512_bf16 backward builds from fp32 values (its P and dS): rounded to nearest even,
+// NaN kept, the first element of a pair in the low half, a missing partner 0.
+TEST(CpuPrimitives, PairPackingRoundsToBf16InPairOrder) {
+  EXPECT_EQ(to_bfloat16(1.0f + 0x1p-8f).bits, 0x3f80);      // halfway: to the even 1.0
+  EXPECT_EQ(to_bfloat16(1.0f + 3 * 0x1p-8f).bits, 0x3f82);  // halfway: to the even 1 + 2^-6
+  constexpr int64_t kRows = 3, kCols = 5, kLd = 7;
+  std::vector<float> src(size_t(kRows * kLd), -1.f);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  for (int64_t r = 0; r < kRows; ++r)
+    for (int64_t c = 0; c < kCols; ++c) src[size_t(r * kLd + c)] = nd(rng);
+  src[size_t(kLd + 2)] = std::numeric_limits<float>::quiet_NaN();
+  auto bits = [&](int64_t r, int64_t c) { return uint32_t(to_bfloat16(src[size_t(r * kLd + c)]).bits); };
+  std::vector<uint32_t> rows((kRows + 1) / 2 * kCols, 0xdeadbeefu);
+  pack_row_pairs(src.data(), kLd, kRows, kCols, rows.data());
+  for (int64_t r2 = 0; r2 < (kRows + 1) / 2; ++r2)
+    for (int64_t c = 0; c < kCols; ++c) {
+      const uint32_t want = bits(2 * r2, c) | (2 * r2 + 1 < kRows ? bits(2 * r2 + 1, c) << 16 : 0u);
+      EXPECT_EQ(rows[size_t(r2 * kCols + c)], want) << "row pair " << r2 << " column " << c;
+    }
+  EXPECT_TRUE(std::isnan(to_float(bfloat16_t{uint16_t(rows[2] >> 16)})));  // row 1, column 2
+  std::vector<uint32_t> adjacent((kCols + 1) / 2, 0xdeadbeefu);
+  pack_adjacent_pairs(src.data(), kCols, adjacent.data());
+  for (int64_t c2 = 0; c2 < (kCols + 1) / 2; ++c2)
+    EXPECT_EQ(adjacent[size_t(c2)], bits(0, 2 * c2) | (2 * c2 + 1 < kCols ? bits(0, 2 * c2 + 1) << 16 : 0u)) << c2;
+}
 
 TEST(CpuPrimitives, TileMasksAgreeWithMaskSpec) {
   const int64_t shapes[][2] = {{40, 70}, {70, 40}, {64, 64}};
