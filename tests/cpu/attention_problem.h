@@ -304,9 +304,11 @@ inline AttnResult naive_for(const AttnProblem& pb, bool backward, const std::vec
   const Rounding rounding{c.dtype, false};
   if (c.dtype == DType::f64)
     return textbook_attention<double>(pb.q(), pb.k(), pb.v(), dout, c.spec(), rounding, forward_o);
-  AttnResult r = textbook_attention<float>(pb.q(), pb.k(), pb.v(), dout, c.spec(), rounding, forward_o);
-  if (backward && backward_rounds_operands(c.dtype)) {
-    // The gradients with rounded operands; O and LSE as the forward computes them.
+  const bool rounded = backward && backward_rounds_operands(c.dtype);
+  AttnResult r =
+      textbook_attention<float>(pb.q(), pb.k(), pb.v(), rounded ? nullptr : dout, c.spec(), rounding, forward_o);
+  if (rounded) {
+    // The gradients with rounded operands; O and LSE (above) as the forward computes them.
     AttnResult g = textbook_attention<float>(pb.q(), pb.k(), pb.v(), dout, c.spec(), Rounding{c.dtype, true},
                                              forward_o);
     r.dq = std::move(g.dq), r.dk = std::move(g.dk), r.dv = std::move(g.dv);

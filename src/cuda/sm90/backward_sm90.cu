@@ -601,28 +601,28 @@ struct BackwardConsumer {
       issue_accumulate_shared(dv, pt_tile, do_tile);
       issue_accumulate_shared(dk, ds_tile, q_tile);
       issue_dq(dq, ds_tile);
-      return;
-    }
-    if constexpr (Cfg::kScoresBeforeDv) {
-      probabilities<kSoftcap, kAlibi, kSoftcap>(s, pf, sm.lse_log2(stage), m, needs_mask(m), alibi_slope2);
-      wgmma_wait<0>();
-      fence_registers(dp);
     } else {
-      probabilities<kSoftcap, kAlibi, true>(s, pf, sm.lse_log2(stage), m, needs_mask(m), alibi_slope2);
+      if constexpr (Cfg::kScoresBeforeDv) {
+        probabilities<kSoftcap, kAlibi, kSoftcap>(s, pf, sm.lse_log2(stage), m, needs_mask(m), alibi_slope2);
+        wgmma_wait<0>();
+        fence_registers(dp);
+      } else {
+        probabilities<kSoftcap, kAlibi, true>(s, pf, sm.lse_log2(stage), m, needs_mask(m), alibi_slope2);
+        wgmma_fence();
+        issue_accumulate(dv, pf, do_tile);
+        wgmma_wait<1>();  // dPᵀ has landed; dV may still run
+        fence_registers(dp);
+      }
+      Fragments dsf;
+      uint8_t* ds_tile = sm.ds(ds_buffer);
+      score_grads<Cfg::kScoresBeforeDv && !kSoftcap>(s, dp, dsf, sm.dsum(stage), ds_tile, &pf);
       wgmma_fence();
-      issue_accumulate(dv, pf, do_tile);
-      wgmma_wait<1>();  // dPᵀ has landed; dV may still run
-      fence_registers(dp);
+      if constexpr (Cfg::kScoresBeforeDv) issue_accumulate(dv, pf, do_tile);
+      issue_accumulate(dk, dsf, q_tile);
+      fence_async_shared();
+      named_barrier_sync(kDsReadyBarrier, Cfg::kConsumerWarpgroups * kWarpgroupThreads);
+      issue_dq(dq, ds_tile);
     }
-    Fragments dsf;
-    uint8_t* ds_tile = sm.ds(ds_buffer);
-    score_grads<Cfg::kScoresBeforeDv && !kSoftcap>(s, dp, dsf, sm.dsum(stage), ds_tile, &pf);
-    wgmma_fence();
-    if constexpr (Cfg::kScoresBeforeDv) issue_accumulate(dv, pf, do_tile);
-    issue_accumulate(dk, dsf, q_tile);
-    fence_async_shared();
-    named_barrier_sync(kDsReadyBarrier, Cfg::kConsumerWarpgroups * kWarpgroupThreads);
-    issue_dq(dq, ds_tile);
   }
 
   __device__ void epilogue() const {
