@@ -131,8 +131,7 @@ def _native_options(int_options: List[int], float_options: List[float]) -> dict:
     return o
 
 
-@torch.library.custom_op("flashattn::attention_forward", mutates_args=())
-def attention_forward(
+def _attention_forward_impl(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -158,6 +157,9 @@ def attention_forward(
     return out, lse
 
 
+attention_forward = torch.library.custom_op("flashattn::attention_forward", mutates_args=())(_attention_forward_impl)
+
+
 @attention_forward.register_fake
 def _attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_options, float_options, backend):
     return _forward_outputs(q, v, cu_seqlens_q is not None)
@@ -166,8 +168,7 @@ def _attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, i
 FP8_OUT_DTYPES = (torch.bfloat16, torch.float16)
 
 
-@torch.library.custom_op("flashattn::attention_forward_fp8", mutates_args=())
-def attention_forward_fp8(
+def _attention_forward_fp8_impl(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -202,14 +203,17 @@ def _fp8_outputs(q, v, varlen, out_dtype):
     return _outputs_like(q, v.shape[-1], varlen, out_dtype)
 
 
+attention_forward_fp8 = torch.library.custom_op("flashattn::attention_forward_fp8", mutates_args=())(
+    _attention_forward_fp8_impl)
+
+
 @attention_forward_fp8.register_fake
 def _attention_forward_fp8_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, q_descale, k_descale, v_descale, int_options,
                                 float_options, out_dtype, backend):
     return _fp8_outputs(q, v, cu_seqlens_q is not None, out_dtype)
 
 
-@torch.library.custom_op("flashattn::attention_backward", mutates_args=())
-def attention_backward(
+def _attention_backward_impl(
     dout: Tensor,
     q: Tensor,
     k: Tensor,
@@ -235,6 +239,10 @@ def attention_backward(
     return dq, dk, dv
 
 
+attention_backward = torch.library.custom_op("flashattn::attention_backward", mutates_args=())(
+    _attention_backward_impl)
+
+
 @attention_backward.register_fake
 def _attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_options,
                              float_options, backend):
@@ -258,6 +266,59 @@ def _backward(ctx, dout, _dlse):
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---- eager calls without torch's operator dispatch -----------------------------------------------------------------
+# An eager call through a custom op pays for torch's dispatcher and, with autograd, for the custom-op autograd
+# wrapper: ~40-60 µs of host time per call on top of the ~5 µs the native call takes (bench/results/host-overhead.md),
+# more than a decode step's kernel. Where nothing can observe the difference (plain tensors, no torch.compile or
+# tracing, no dispatch or function mode such as FakeTensorMode or FlopCounterMode, no functorch transform), the
+# entry points call the operators' implementations directly, with a torch.autograd.Function for the backward.
+# Everywhere else they go through the operators, which is what makes torch.compile, export and the modes work.
+_PLAIN_TENSOR_TYPES = (Tensor, torch.nn.Parameter)
+
+
+def _dispatch_free(*tensors: Optional[Tensor]) -> bool:
+    """Whether the call may skip the operators (see above)."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
+    for t in tensors:
+        if t is not None and type(t) not in _PLAIN_TENSOR_TYPES:
+            return False
+    try:
+        return (torch._C._len_torch_dispatch_stack() == 0 and not torch._C._is_torch_function_mode_enabled()
+                and torch._C._functorch.peek_interpreter_stack() is None)
+    except AttributeError:  # a torch without these introspection hooks: always dispatch
+        return False
+
+
+class _DirectAttention(torch.autograd.Function):
+    """attention_forward with its backward, as the operator's autograd registration does it, for eager calls."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_options, float_options, backend):
+        out, lse = _attention_forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_options,
+                                           float_options, backend)
+        _setup_context(ctx, (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_options, float_options, backend),
+                       (out, lse))
+        return out, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
+        dq, dk, dv = _attention_backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+                                              *ctx.options)
+        return (dq, dk, dv) + (None,) * 6
+
+
+def _call_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_options, float_options, backend):
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_options, float_options, backend)
+    if not _dispatch_free(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+        return torch.ops.flashattn.attention_forward(*args)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _DirectAttention.apply(*args)
+    return _attention_forward_impl(*args)
 
 
 # ---- the KV-cache operator (forward only) -----------------------------------------------------------------------
@@ -324,8 +385,7 @@ def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.contiguous()
 
 
-@torch.library.custom_op("flashattn::attention_with_kvcache", mutates_args=("k_cache", "v_cache"))
-def attention_with_kvcache(
+def _attention_with_kvcache_impl(
     q: Tensor,
     k_cache: Tensor,
     v_cache: Tensor,
@@ -370,6 +430,10 @@ def attention_with_kvcache(
                               alibi_slopes=_dl(alibi_slopes), cu_seqlens_k_new=_dl(cu_seqlens_k_new),
                               rotary_seqlens=_dl(rotary_seqlens), backend=backend, stream=_stream(q), **o)
     return out, lse
+
+
+attention_with_kvcache = torch.library.custom_op("flashattn::attention_with_kvcache",
+                                                mutates_args=("k_cache", "v_cache"))(_attention_with_kvcache_impl)
 
 
 @attention_with_kvcache.register_fake
@@ -550,8 +614,7 @@ def attention(
     ints, floats = op_options(max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap,
                               deterministic, num_threads, dropout_p, seed, offset)
     _check_slopes_type(alibi_slopes)
-    return torch.ops.flashattn.attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, ints, floats,
-                                                 str(backend))
+    return _call_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, ints, floats, str(backend))
 
 
 def fp8_attention(
@@ -591,8 +654,14 @@ def fp8_attention(
     options = _call_options(q, k, softmax_scale, max_seqlen_q, max_seqlen_k, causal, window_left, window_right,
                             softcap, False, num_threads)
     ints, floats = op_options(*options)
-    return torch.ops.flashattn.attention_forward_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, q_descale, k_descale,
-                                                     v_descale, ints, floats, out_dtype, str(backend))
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, q_descale, k_descale, v_descale, ints, floats, out_dtype,
+            str(backend))
+    # Forward only: inputs that require grad take the operator, whose autograd says that it has no backward.
+    tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, q_descale, k_descale, v_descale)
+    if _dispatch_free(*tensors) and not (torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in tensors)):
+        return _attention_forward_fp8_impl(*args)
+    return torch.ops.flashattn.attention_forward_fp8(*args)
 
 
 def _call_options(q, k, softmax_scale, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap,
@@ -772,12 +841,22 @@ def kvcache_attention(
     _check_slopes_type(alibi_slopes)
     args = (q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, cu_seqlens_q, alibi_slopes, cu_seqlens_k_new, rotary_seqlens, ints, floats, str(backend))
+    call = _direct_kvcache if _dispatch_free(*args[:15]) else torch.ops.flashattn.attention_with_kvcache
     if not names or torch.compiler.is_compiling():
-        return torch.ops.flashattn.attention_with_kvcache(*args)
+        return call(*args)
     try:
-        return torch.ops.flashattn.attention_with_kvcache(*args)
+        return call(*args)
     except (ValueError, TypeError, NotImplementedError) as e:
         raise _renamed(e, names) from None
+
+
+def _direct_kvcache(*args):
+    """attention_with_kvcache without the dispatcher (_dispatch_free): the caches' version counters move as the
+    operator's declared mutation moves them, so autograd still sees the in-place append."""
+    out = _attention_with_kvcache_impl(*args)
+    torch.autograd.graph.increment_version(args[1])
+    torch.autograd.graph.increment_version(args[2])
+    return out
 
 
 class BackendChoice(NamedTuple):

@@ -160,3 +160,95 @@ def test_compile_sdpa_and_varlen_without_graph_breaks():
     out = compiled(q, k, v, cu)
     out.backward()
     torch.testing.assert_close(out, f(q, k, v, cu))
+
+
+# ---- eager calls without the dispatcher --------------------------------------------------------------------------
+# Eager calls on plain tensors skip torch's operator dispatch (flashattn._ops._dispatch_free); anything that has to
+# see the operators (modes, tracing, torch.compile) must still see them.
+
+
+def _calls_through_ops(fn):
+    """The flashattn operators that dispatch while fn runs (through a dispatch mode of our own)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "flashattn":
+                seen.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        fn()
+    return seen
+
+
+def test_direct_eager_forward_backward_matches_the_operators():
+    from flashattn import _ops
+
+    q, k, v = (torch.randn(2, 5, 2, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    dout = torch.randn(2, 5, 2, 8, dtype=torch.float64)
+    assert _ops._dispatch_free(q, k, v)
+    results = []
+    for direct in (True, False):
+        if not direct:
+            saved, _ops._dispatch_free = _ops._dispatch_free, lambda *a: False
+        try:
+            out = flashattn.flash_attn_func(q, k, v, causal=True, backend="cpu_reference")
+            assert out.requires_grad and out.grad_fn is not None
+            results.append((out.detach(), *torch.autograd.grad(out, (q, k, v), dout)))
+        finally:
+            if not direct:
+                _ops._dispatch_free = saved
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # Without grad the direct forward records nothing.
+    with torch.no_grad():
+        assert flashattn.flash_attn_func(q, k, v, backend="cpu_reference").grad_fn is None
+
+
+def test_direct_eager_gradcheck():
+    q, k, v = (torch.randn(1, 4, 2, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    fn = lambda q, k, v: flashattn.flash_attn_func(q, k, v, causal=True, backend="cpu_reference")  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+def test_direct_eager_double_backward_raises():
+    q, k, v = (torch.randn(1, 4, 2, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = flashattn.flash_attn_func(q, k, v, backend="cpu_reference")
+    (dq,) = torch.autograd.grad(out.sum(), (q,), create_graph=True)
+    with pytest.raises(RuntimeError):
+        dq.sum().backward()
+
+
+def test_modes_still_see_the_operators():
+    q, k, v = (torch.randn(1, 4, 2, 8) for _ in range(3))
+    seen = _calls_through_ops(lambda: flashattn.flash_attn_func(q, k, v, backend="cpu_reference"))
+    assert "attention_forward" in seen
+    kc, vc = torch.zeros(1, 8, 2, 8), torch.zeros(1, 8, 2, 8)
+    seen = _calls_through_ops(lambda: flashattn.flash_attn_with_kvcache(q[:, :1], kc, vc, k=k[:, :1], v=v[:, :1],
+                                                                          cache_seqlens=3))
+    assert "attention_with_kvcache" in seen
+    # FakeTensorMode: shapes only, from the operators' fake implementations.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
+        out = flashattn.flash_attn_func(fq, fk, fv, backend="cpu_reference")
+        assert out.shape == q.shape and type(out).__name__ == "FakeTensor"
+
+
+def test_direct_kvcache_append_moves_the_caches_version():
+    kc, vc = torch.zeros(1, 8, 2, 8), torch.zeros(1, 8, 2, 8)
+    q, k, v = (torch.randn(1, 1, 2, 8) for _ in range(3))
+    versions = kc._version, vc._version
+    out = flashattn.flash_attn_with_kvcache(q, kc, vc, k=k, v=v, cache_seqlens=3, backend="cpu_reference")
+    assert kc._version > versions[0] and vc._version > versions[1]
+    torch.testing.assert_close(kc[:, 3], k[:, 0], rtol=0, atol=0)
+    assert out.shape == q.shape and not out.requires_grad
+    # Inference tensors have no version counter: the direct path must not trip over that.
+    with torch.inference_mode():
+        kc2, vc2 = torch.zeros(1, 8, 2, 8), torch.zeros(1, 8, 2, 8)
+        flashattn.flash_attn_with_kvcache(q, kc2, vc2, k=k, v=v, cache_seqlens=3, backend="cpu_reference")
+    torch.testing.assert_close(vc2[:, 3], v[:, 0], rtol=0, atol=0)
