@@ -157,9 +157,14 @@ TEST(GpuKVCacheClamps, VarlenNewRowOffsetsStayInBounds) {
   run_unchecked(c);
 }
 
-// A decode loop captured once in a CUDA graph and replayed with new lengths and rows gives what eager calls give.
-TEST(GpuKVCacheGraph, CapturedDecodeLoopMatchesEager) {
+// A decode loop captured once in a CUDA graph and replayed with new lengths and rows gives what eager calls give,
+// with the splits merged in one cluster (4 on Hopper) and by the combine kernel launched behind the decode
+// kernel (12: past kMaxClusterSplits).
+class GpuKVCacheGraph : public ::testing::TestWithParam<int> {};
+
+TEST_P(GpuKVCacheGraph, CapturedDecodeLoopMatchesEager) {
   FA_REQUIRE_GPU();
+  const int splits = GetParam();
   KVCaseSpec s;
   s.batch = 4, s.h_q = 32, s.h_kv = 8, s.d = 128, s.d_v = 128, s.capacity = 512, s.page_size = 16, s.s_new = 1;
   s.rotary_dim = 64, s.causal = true, s.full = false;
@@ -173,9 +178,9 @@ TEST(GpuKVCacheGraph, CapturedDecodeLoopMatchesEager) {
   opt.stream = stream;
   KVCacheArgs ag = kv_args(graphed, dg.views);
   ag.check_index_values = false;
-  ag.num_splits = 4;  // fixed: the graph's grid must not depend on the lengths
+  ag.num_splits = splits;  // fixed: the graph's grid must not depend on the lengths
   KVCacheArgs ae = kv_args(eager, de.views);
-  ae.num_splits = 4;
+  ae.num_splits = splits;
 
   // Warm-up outside capture (first-use attribute setting and the workspace pool).
   ASSERT_TRUE(attention_with_kvcache(ag, opt).ok());
@@ -221,6 +226,9 @@ TEST(GpuKVCacheGraph, CapturedDecodeLoopMatchesEager) {
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
+
+INSTANTIATE_TEST_SUITE_P(Splits, GpuKVCacheGraph, ::testing::Values(4, 12),
+                         [](const ::testing::TestParamInfo<int>& i) { return std::to_string(i.param) + "splits"; });
 
 }  // namespace
 }  // namespace flashattn::test

@@ -4,6 +4,8 @@
 // GQA ratio, causal / window / softcap and the split count are runtime.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 namespace flashattn::cuda::sm80 {
@@ -40,16 +42,72 @@ constexpr DecodeTile decode_tile(int bucket, int block_m) {
   return DecodeTile{block_m, 64, 4, bucket == 64 ? 4 : bucket == 128 ? 3 : 2, 1};
 }
 
-// Dynamic shared memory: Q tile + stages x (K + V), 2-byte elements; the warps' merge reuses the K/V buffers.
+// Dynamic shared memory: Q tile + stages x (K + V), 2-byte elements; the warps' merge reuses the K/V buffers, and
+// behind it the block's partial (O and LSE in fp32) waits for the other splits of its cluster (cluster combine).
+constexpr int decode_merge_bytes(int bucket, int block_m) {
+  const DecodeTile t = decode_tile(bucket, block_m);
+  return t.key_warps() * t.block_m * (bucket + 2) * 4;  // per key warp and row: O (fp32) + max and sum
+}
 constexpr int decode_smem_bytes(int bucket, int block_m) {
   const DecodeTile t = decode_tile(bucket, block_m);
   const int pipeline = (t.block_m + 2 * t.stages * t.block_n) * bucket * 2;
-  // per key warp and row: O (fp32) + max and sum
-  const int merge = t.key_warps() * t.block_m * (bucket + 2) * 4;
-  return pipeline > merge ? pipeline : merge;
+  const int merge_and_partial = decode_merge_bytes(bucket, block_m) + t.block_m * (bucket + 1) * 4;
+  return pipeline > merge_and_partial ? pipeline : merge_and_partial;
 }
 
 // The largest split count the combine kernel reads (FA3's limit).
 constexpr int kMaxDecodeSplits = 256;
+// Splits merged inside the decode kernel (sm_90 and later): the splits of one row block form a thread-block cluster
+// and read each other's partials from shared memory, so no combine kernel and no fp32 workspace: the b = 1 decode
+// step is one launch. The portable cluster size: larger split counts take the combine kernel.
+constexpr int kMaxClusterSplits = 8;
+// The split count the heuristic keeps to unless one block per SM takes more (decode_num_splits below).
+constexpr int kDecodeCombineSplits = 16;
+// The most key tiles more per split for which the heuristic takes kMaxClusterSplits clustered splits over more
+// splits through the combine kernel (decode_num_splits below).
+constexpr int kClusterExtraTiles = 12;
+
+// Key splits per sequence when the caller leaves it to us (num_splits = 0). `tiles` = blocks of one split,
+// `key_blocks` = key tiles of the longest possible sequence (the capacity: lengths live on the device); the device
+// has `sms` SMs of `per_sm` blocks each; cluster_fits(s) says whether s splits would merge in clusters
+// (decode_launch.cuh launch_decode_plan). Each step measured on the H200 (bench/results/decode.md, 2026-12-02):
+// 1. FA2's wave rule over the block slots: among the split counts that keep at least two key tiles per split, the
+//    smallest whose wave efficiency (blocks / (waves x slots)) reaches 85% of the best.
+// 2. Rounded up to an even share of the key tiles (16 tiles: 8 splits of 2, not 7 of up to 3: 13.5 vs 15.0 µs).
+// 3. At most kDecodeCombineSplits, or one block per SM if that is more: the combine kernel's warp walks a row's
+//    splits one after the other, so past that count its latency outgrows what a second block per SM adds
+//    (b = 1, 128k keys: 16 splits 135 µs, the wave rule's 33 splits 153 µs; at b = 8, 4 and 8 splits run level).
+// 4. kMaxClusterSplits instead where those merge in clusters and each reads at most kClusterExtraTiles tiles more
+//    than the splits above would: the one launch saves about that much (b = 1: 4k keys, 8 splits in clusters
+//    14.2 µs, 16 through the combine kernel 19.9; 16k keys, 16 tiles more, 34.6 against 33.3).
+template <typename ClusterFits>
+int decode_num_splits(int64_t tiles, int64_t key_blocks, int sms, int per_sm, ClusterFits cluster_fits) {
+  sms = std::max(sms, 1);
+  const int slots = sms * std::max(per_sm, 1);
+  if (tiles <= 0 || tiles >= int64_t(slots) * 8 / 10) return 1;
+  const int most = int(std::min<int64_t>({int64_t(kMaxDecodeSplits), key_blocks / 2, int64_t(slots)}));
+  if (most <= 1) return 1;
+  auto efficiency = [&](int s) {
+    const double blocks = double(tiles) * s, waves = std::ceil(blocks / slots);
+    return blocks / (waves * slots);
+  };
+  double best = 0;
+  for (int s = 1; s <= most; ++s) best = std::max(best, efficiency(s));
+  int splits = 1;
+  for (int s = 1; s <= most; ++s) {
+    if (efficiency(s) >= 0.85 * best) {
+      splits = s;
+      break;
+    }
+  }
+  splits = int(std::min<int64_t>(most, (key_blocks + key_blocks / splits - 1) / (key_blocks / splits)));
+  splits = int(std::min<int64_t>(splits, std::max<int64_t>(kDecodeCombineSplits, sms / tiles)));
+  const int64_t extra_tiles = (key_blocks + kMaxClusterSplits - 1) / kMaxClusterSplits -
+                              (key_blocks + splits - 1) / splits;  // per split, in clusters
+  if (splits > kMaxClusterSplits && extra_tiles <= kClusterExtraTiles && cluster_fits(kMaxClusterSplits)) {
+    splits = kMaxClusterSplits;
+  }
+  return splits;
+}
 
 }  // namespace flashattn::cuda::sm80

@@ -4,7 +4,9 @@
 // What it computes: one thread block takes one (split, packed-row block, KV head, batch entry). Packed rows are
 // the (query row i, query head of the KV group) pairs r = i * group + g, so that the query heads sharing a KV
 // head read its K/V once (FA2's "seqlen_q x ngroups" view, done in the kernel for every s_q). The split takes an
-// equal share of the key blocks the rows can see; with one split the block writes O and LSE itself, otherwise it
+// equal share of the key blocks the rows can see; with one split the block writes O and LSE itself. With up to
+// kMaxClusterSplits splits on sm_90+ the splits of a row block are one thread-block cluster and merge their
+// partials through distributed shared memory (combine_in_cluster): one launch, no workspace. Otherwise each block
 // writes its normalised partial O and LSE (fp32) for decode_combine_kernel.
 //
 // Warp roles: none. All threads issue the cp.async copies. The warps split the block's rows into m16 tiles and
@@ -13,7 +15,7 @@
 // online softmax, and the warps merge (max, sum, O) once at the end through shared memory.
 //
 // Shared memory (decode_config.h): Q tile (block_m x D) + stages x (K + V tiles, block_n x D each), swizzled
-// (tile_io.cuh); the merge reuses the K/V buffers. K/V rows come from KVCacheLayout's addressing (any page size,
+// (tile_io.cuh); the merge reuses the K/V buffers, followed by the block's partial in a cluster combine. K/V rows come from KVCacheLayout's addressing (any page size,
 // pages in any order; rows of a page out of range read as zeros): strided rows for a dense cache, rows looked up
 // in the block table one tile ahead for a paged one (PagedTileRows).
 //
@@ -28,6 +30,7 @@
 #include "common/alibi.h"
 #include "common/kv_cache.h"
 #include "common/mask.h"
+#include "cuda/cluster.cuh"
 #include "cuda/primitives.cuh"
 #include "cuda/sm80/decode_config.h"
 #include "cuda/sm80/mask.cuh"
@@ -57,6 +60,8 @@ struct DecodeKernelArgs {
   int heads_q, head_group;
   int head_dim, head_dim_v;
   int num_splits;
+  // splits > 1 merged in the kernel: grid.x (the splits) is one cluster; partial_o / partial_lse unused.
+  bool cluster_combine;
   bool causal;
   int64_t window_left, window_right;
   float scale_log2, unit_scale, softcap_pre;  // as in ForwardKernelArgs
@@ -375,6 +380,8 @@ struct DecodeKernel {
     __syncthreads();
 
     const bool single = a.num_splits == 1;
+    float* sPartialO = sMerge + decode_merge_bytes(kD, kBlockM) / 4;  // [kBlockM][kD] (cluster combine)
+    float* sPartialLse = sPartialO + kBlockM * kD;                     // [kBlockM]
     for (int idx = int(threadIdx.x); idx < rows * kD; idx += kThreads) {
       const int row = idx / kD, c = idx % kD;
       if (c >= a.head_dim_v) continue;
@@ -396,6 +403,9 @@ struct DecodeKernel {
         T* go = static_cast<T*>(a.o) + b * a.o_batch_stride + (start_q + i) * a.o_row_stride + h * a.o_head_stride;
         go[c] = from_float<T>(out);
         if (c == 0 && a.lse != nullptr) a.lse[b * a.lse_batch_stride + h * a.lse_head_stride + start_q + i] = lse;
+      } else if (a.cluster_combine) {
+        sPartialO[row * kD + c] = out;
+        if (c == 0) sPartialLse[row] = lse;
       } else {
         const int64_t prow = (a.cu_seqlens_q != nullptr ? start_q : int64_t(b) * a.seqlen_q) + i;
         const int64_t slot = (int64_t(split) * a.rows_total + prow) * a.heads_q + h;
@@ -403,6 +413,46 @@ struct DecodeKernel {
         if (c == 0) a.partial_lse[slot] = lse;
       }
     }
+    if (a.cluster_combine) combine_in_cluster(a, sPartialO, sPartialLse, rows, r0, b, hk, start_q);
+  }
+
+  // The splits of this row block are the CTAs of one cluster, each with its partial (normalised O, LSE) in shared
+  // memory: after one cluster barrier, CTA r merges every r-th share of the block's (row, column) outputs from all
+  // of them (decode_combine_kernel's arithmetic), and a second barrier keeps every CTA's partial alive until the
+  // others have read it. Every CTA of the cluster reaches both barriers (a block with no keys has LSE = -inf).
+  __device__ static void combine_in_cluster(const DecodeKernelArgs& a, const float* sPartialO,
+                                            const float* sPartialLse, int rows, int r0, int b, int hk,
+                                            int64_t start_q) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cluster_sync();
+    const int splits = a.num_splits, rank = int(cluster_cta_rank());
+    for (int idx = rank * kThreads + int(threadIdx.x); idx < rows * kD; idx += splits * kThreads) {
+      const int row = idx / kD, c = idx % kD;
+      if (c >= a.head_dim_v) continue;
+      float m = -INFINITY;
+      auto split_lse = [&](int s) { return ld_shared_cluster_f32(cluster_shared_address(sPartialLse + row, s)); };
+      for (int s = 0; s < splits; ++s) m = fmaxf(m, split_lse(s));
+      float sum = 0.f;
+      if (m != -INFINITY) {
+        for (int s = 0; s < splits; ++s) sum += expf(split_lse(s) - m);
+      }
+      const float lse = sum > 0.f ? m + logf(sum) : -INFINITY;
+      float o = 0.f;
+      if (sum > 0.f) {
+        for (int s = 0; s < splits; ++s) {
+          const float w = expf(split_lse(s) - lse);
+          if (w > 0.f) o += w * ld_shared_cluster_f32(cluster_shared_address(sPartialO + row * kD + c, s));
+        }
+      }
+      const int pr = r0 + row, i = pr / a.head_group, h = hk * a.head_group + pr % a.head_group;
+      T* go = static_cast<T*>(a.o) + b * a.o_batch_stride + (start_q + i) * a.o_row_stride + h * a.o_head_stride;
+      go[c] = from_float<T>(o);
+      if (c == 0 && a.lse != nullptr) a.lse[b * a.lse_batch_stride + h * a.lse_head_stride + start_q + i] = lse;
+    }
+    cluster_sync();
+#else
+    __trap();  // the launcher sets cluster_combine only for sm_90+ binaries (decode_launch.cuh)
+#endif
   }
 };
 

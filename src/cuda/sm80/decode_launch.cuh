@@ -1,5 +1,5 @@
 // Host side of the split-KV decode: FwdParams -> DecodeKernelArgs, the split count, the partials' workspace and
-// the two launches (decode_kernel, then decode_combine_kernel when split). Instantiated once per head-dim
+// the launches (decode_kernel; then decode_combine_kernel when split and not merged in clusters). Instantiated once per head-dim
 // bucket in decode_hd*.cu so that the buckets compile in parallel.
 #pragma once
 
@@ -19,23 +19,35 @@
 
 namespace flashattn::cuda::sm80 {
 
-// Key splits per sequence when the caller leaves it to us (num_splits = 0): enough blocks to fill the GPU's
-// block slots, by FA2's rule: among the split counts that keep at least two key tiles per split, the smallest
-// whose wave efficiency (blocks / (waves x slots)) reaches 85% of the best. `tiles` = blocks of one split,
-// `key_blocks` = key tiles of the longest possible sequence (the capacity: lengths live on the device).
-inline int decode_num_splits(int64_t tiles, int64_t key_blocks, int slots) {
-  if (tiles >= int64_t(slots) * 8 / 10) return 1;
-  const int most = int(std::min<int64_t>({int64_t(kMaxDecodeSplits), key_blocks / 2, int64_t(slots)}));
-  if (most <= 1) return 1;
-  auto efficiency = [&](int s) {
-    const double blocks = double(tiles) * s, waves = std::ceil(blocks / slots);
-    return blocks / (waves * slots);
-  };
-  double best = 0;
-  for (int s = 1; s <= most; ++s) best = std::max(best, efficiency(s));
-  for (int s = 1; s <= most; ++s)
-    if (efficiency(s) >= 0.85 * best) return s;
-  return 1;
+// How many clusters of `splits` CTAs of decode_kernel<T, kD, kRowsPlan> run at once on the current device,
+// `device`: 0 where the binary that runs there is older than sm_90 (the sm_80 one has no cluster code). Asked once
+// per device, kernel and cluster size (static storage: -1 stored as 0 = not asked).
+template <typename T, int kD, int kRowsPlan>
+int decode_cluster_capacity(int device, int splits) {
+  using Kernel = DecodeKernel<T, kD, kRowsPlan>;
+  static std::atomic<int> asked[kMaxDevices][kMaxClusterSplits + 1];  // capacity + 1; 0: not asked
+  const bool cached = device >= 0 && device < kMaxDevices && splits >= 0 && splits <= kMaxClusterSplits;
+  const int known = cached ? asked[device][splits].load(std::memory_order_relaxed) : 0;
+  if (known != 0) return known - 1;
+  int capacity = 0;
+  cudaFuncAttributes attributes{};
+  auto kernel = decode_kernel<T, kD, kRowsPlan>;
+  if (cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess && attributes.binaryVersion >= 90) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(unsigned(splits));
+    config.blockDim = dim3(Kernel::kThreads);
+    config.dynamicSmemBytes = size_t(Kernel::kSmemBytes);
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = unsigned(splits);
+    cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&capacity, kernel, &config) != cudaSuccess) capacity = 0;
+  }
+  cudaGetLastError();  // a refusal above is an answer, not an error of the launch that follows
+  if (cached) asked[device][splits].store(capacity + 1, std::memory_order_relaxed);
+  return capacity;
 }
 
 template <typename T, int kD, int kRowsPlan>
@@ -64,31 +76,58 @@ Status launch_decode_plan(const FwdParams& p) {
 
   const int64_t m_blocks = (p.seqlen_q * a.head_group + Kernel::kBlockM - 1) / Kernel::kBlockM;
   const int64_t tiles = m_blocks * p.heads_kv * p.batch;
+  if (p.heads_kv * p.batch > INT32_MAX) return Status::unsupported("cuda decode: batch x heads_kv above 2^31");
+  // Clusters of `s` splits merge in the kernel where every cluster of the grid runs at once: a cluster waits for
+  // room for all its CTAs, so a grid of more clusters than fit would run a second wave that the plain launch does
+  // not (measured on the H200: b = 8, 128k keys, 4 splits 1.27x slower in clusters).
+  auto cluster_fits = [&](int s) {
+    return s > 1 && s <= kMaxClusterSplits &&
+           m_blocks * p.heads_kv * p.batch <= decode_cluster_capacity<T, kD, kRowsPlan>(p.device.index, s);
+  };
   int splits = p.num_splits;
   if (splits == 0) {
-    // The device's block slots for this kernel, asked once per device (static storage starts at 0, "not asked").
-    static std::atomic<int> slots_asked[kMaxDevices];
-    int block_slots = cached ? slots_asked[p.device.index].load(std::memory_order_relaxed) : 0;
-    if (block_slots == 0) {
-      int sms = 0, per_sm = 0;
+    // The device's SMs and blocks per SM for this kernel, asked once per device (static storage: 0, "not asked").
+    static std::atomic<int> sms_asked[kMaxDevices], per_sm_asked[kMaxDevices];
+    int sms = cached ? sms_asked[p.device.index].load(std::memory_order_relaxed) : 0;
+    int per_sm = cached ? per_sm_asked[p.device.index].load(std::memory_order_relaxed) : 0;
+    if (sms == 0 || per_sm == 0) {
       FA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device.index));
       FA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Kernel::kThreads, kSmem));
-      block_slots = sms * std::max(per_sm, 1);
-      if (cached) slots_asked[p.device.index].store(block_slots, std::memory_order_relaxed);
+      sms = std::max(sms, 1), per_sm = std::max(per_sm, 1);
+      if (cached) {
+        sms_asked[p.device.index].store(sms, std::memory_order_relaxed);
+        per_sm_asked[p.device.index].store(per_sm, std::memory_order_relaxed);
+      }
     }
-    splits = decode_num_splits(tiles, (p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN, block_slots);
+    splits = decode_num_splits(tiles, (p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN, sms, per_sm,
+                               cluster_fits);
   }
   a.num_splits = splits;
   if (m_blocks > 65535) {
     return Status::unsupported("cuda decode: more than 65535 x " + std::to_string(Kernel::kBlockM) +
                                " packed query rows per sequence");
   }
-  if (p.heads_kv * p.batch > INT32_MAX) return Status::unsupported("cuda decode: batch x heads_kv above 2^31");
   const dim3 grid(unsigned(splits), unsigned(m_blocks), unsigned(p.heads_kv * p.batch));
 
   if (splits == 1) {
     kernel<<<grid, Kernel::kThreads, kSmem, stream>>>(a);
     FA_CUDA_TRY(cudaGetLastError());
+    return Status::success();
+  }
+  if (cluster_fits(splits)) {
+    a.cluster_combine = true;
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = dim3(Kernel::kThreads);
+    config.dynamicSmemBytes = kSmem;
+    config.stream = stream;
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = unsigned(splits);
+    cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    FA_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, a));
     return Status::success();
   }
   const int64_t slots = int64_t(a.rows_total) * p.heads_q;

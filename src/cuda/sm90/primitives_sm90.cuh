@@ -26,6 +26,7 @@
 
 #include <cstdint>
 
+#include "cuda/cluster.cuh"
 #include "cuda/primitives.cuh"
 #include "cuda/sm90/swizzle.h"
 #include "cuda/sm90/warpgroup.h"
@@ -296,29 +297,7 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 }
 
 // ---- thread-block clusters: another CTA's shared memory (distributed shared memory) ----
-// This CTA's rank in its cluster (blockIdx.x % cluster size for the forward's one-dimensional clusters). Read
-// anew at every call (a volatile read of the special register, where CCCL's get_sreg_cluster_ctarank lets the
-// compiler keep the value): a thread short of registers then holds no register for it between uses.
-__device__ __forceinline__ uint32_t cluster_cta_rank() {
-  uint32_t rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-  return rank;
-}
-// Every thread of every CTA of the cluster: the arrive releases this thread's earlier shared-memory writes
-// (barrier initialisation included) to the cluster, the wait acquires the others'. Also a barrier for the CTA.
-__device__ __forceinline__ void cluster_sync() {
-  ::cuda::ptx::barrier_cluster_arrive();
-  ::cuda::ptx::barrier_cluster_wait();
-}
-// The shared::cluster address of the variable at `local` in the CTA of rank `rank`: the same offset in that CTA's
-// window. Inline PTX: CCCL has no mapa, and its remote-arrive wrapper takes a generic pointer, not this address.
-__device__ __forceinline__ uint32_t cluster_shared_address(const void* local, uint32_t rank) {
-  uint32_t remote;
-  asm("mapa.shared::cluster.u32 %0, %1, %2;\n"
-      : "=r"(remote)
-      : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(local))), "r"(rank));
-  return remote;
-}
+// cluster_cta_rank, cluster_sync, cluster_shared_address: cuda/cluster.cuh.
 // One arrival on a barrier of any CTA of the cluster (cluster_shared_address), releasing this thread's earlier
 // memory operations at cluster scope: what it wrote (st_shared_cluster) is seen by whoever waits with
 // mbarrier_wait_cluster. The release compiles to MEMBAR.ALL.GPU, which waits for every outstanding store of the
