@@ -19,6 +19,22 @@
 
 namespace flashattn::cuda::sm80 {
 
+// A launch of `grid` whose x dimension is clusters of `splits` CTAs; *cluster holds the attribute it points to.
+inline cudaLaunchConfig_t cluster_launch_config(dim3 grid, int threads, int smem_bytes, cudaStream_t stream,
+                                                int splits, cudaLaunchAttribute* cluster) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(unsigned(threads));
+  config.dynamicSmemBytes = size_t(smem_bytes);
+  config.stream = stream;
+  cluster->id = cudaLaunchAttributeClusterDimension;
+  cluster->val.clusterDim.x = unsigned(splits);
+  cluster->val.clusterDim.y = cluster->val.clusterDim.z = 1;
+  config.attrs = cluster;
+  config.numAttrs = 1;
+  return config;
+}
+
 // How many clusters of `splits` CTAs of decode_kernel<T, kD, kRowsPlan> run at once on the current device,
 // `device`: 0 where the binary that runs there is older than sm_90 (the sm_80 one has no cluster code). Asked once
 // per device, kernel and cluster size (static storage: -1 stored as 0 = not asked).
@@ -33,16 +49,9 @@ int decode_cluster_capacity(int device, int splits) {
   cudaFuncAttributes attributes{};
   auto kernel = decode_kernel<T, kD, kRowsPlan>;
   if (cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess && attributes.binaryVersion >= 90) {
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(unsigned(splits));
-    config.blockDim = dim3(Kernel::kThreads);
-    config.dynamicSmemBytes = size_t(Kernel::kSmemBytes);
     cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = unsigned(splits);
-    cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
+    const cudaLaunchConfig_t config = cluster_launch_config(dim3(unsigned(splits)), Kernel::kThreads,
+                                                            Kernel::kSmemBytes, nullptr, splits, &cluster);
     if (cudaOccupancyMaxActiveClusters(&capacity, kernel, &config) != cudaSuccess) capacity = 0;
   }
   cudaGetLastError();  // a refusal above is an answer, not an error of the launch that follows
@@ -116,17 +125,8 @@ Status launch_decode_plan(const FwdParams& p) {
   }
   if (cluster_fits(splits)) {
     a.cluster_combine = true;
-    cudaLaunchConfig_t config{};
-    config.gridDim = grid;
-    config.blockDim = dim3(Kernel::kThreads);
-    config.dynamicSmemBytes = kSmem;
-    config.stream = stream;
     cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = unsigned(splits);
-    cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
+    const cudaLaunchConfig_t config = cluster_launch_config(grid, Kernel::kThreads, kSmem, stream, splits, &cluster);
     FA_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, a));
     return Status::success();
   }
