@@ -15,9 +15,10 @@
 // online softmax, and the warps merge (max, sum, O) once at the end through shared memory.
 //
 // Shared memory (decode_config.h): Q tile (block_m x D) + stages x (K + V tiles, block_n x D each), swizzled
-// (tile_io.cuh); the merge reuses the K/V buffers, followed by the block's partial in a cluster combine. K/V rows come from KVCacheLayout's addressing (any page size,
-// pages in any order; rows of a page out of range read as zeros): strided rows for a dense cache, rows looked up
-// in the block table one tile ahead for a paged one (PagedTileRows).
+// (tile_io.cuh); the merge reuses the K/V buffers, followed by the block's partial in a cluster combine. K/V
+// rows come from KVCacheLayout's addressing (any page size, pages in any order; rows of a page out of range read
+// as zeros): strided rows for a dense cache, rows looked up in the block table one tile ahead for a paged one
+// (PagedTileRows).
 //
 // Preconditions (checked by the launcher, decode.cu): fp16 or bf16; head dims <= D; 2-byte aligned pointers;
 // `vec` flags only for 16-byte aligned tensors with strides and head dims that are multiples of 8 elements;
