@@ -1,4 +1,5 @@
-"""The kernels one attention backward launches and how long each takes, for flashattn or a PyTorch SDPA backend.
+"""The kernels one attention backward launches and how long each takes, for flashattn, a PyTorch SDPA backend or
+FlashAttention-4's Hopper kernels (`--lib fa4`, where `flash_attn.cute` is installed).
 
 Run under Nsight Compute, which times only the profiled range (one backward after warm-up ones):
   ncu --profile-from-start off --metrics gpu__time_duration.sum --csv \\
@@ -24,6 +25,10 @@ def run(args):
         import flashattn
 
         out = flashattn.flash_attn_func(q, k, v, causal=args.causal)
+    elif args.lib == "fa4":  # FlashAttention-4's Hopper kernels (shared/tools/fa4-anchor), returns (out, lse)
+        from flash_attn.cute import flash_attn_func
+
+        out = flash_attn_func(q, k, v, causal=args.causal)[0]
     else:
         backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[args.lib]
         with sdpa_kernel(backend):
@@ -58,7 +63,7 @@ def summarize(path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lib", choices=["ours", "cudnn", "flash"], default="ours")
+    ap.add_argument("--lib", choices=["ours", "cudnn", "flash", "fa4"], default="ours")
     ap.add_argument("--hd", type=int, default=128)
     ap.add_argument("--seqlen", type=int, default=2048)
     ap.add_argument("--causal", action="store_true")

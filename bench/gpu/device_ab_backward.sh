@@ -8,6 +8,9 @@
 #   AB_BASE=.ab/old bash bench/gpu/device_ab_backward.sh      (carry .ab and, without a system googletest, .gtest-src)
 #   AB_TESTS=<gtest filter> (default: all), AB_SANITIZE=0, AB_HD="64 128", AB_SEQLENS="2048 16384", AB_REPEATS=2,
 #   AB_SECONDS=0.5, AB_SKIP_BASE=1 (time the tree alone)
+#   AB_VARIANTS="a b": more builds, each the tree with .ab/<name>'s files laid over it (a copy of the tree's build
+#   directory: only what those files touch recompiles), their GPU suite run too (AB_VARIANT_TESTS, default
+#   AB_TESTS) and timed after the tree, at the head dims in .ab/<name>.hd, else AB_VARIANT_HD, else AB_HD
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ab-out}
@@ -30,6 +33,13 @@ if [ "${AB_SKIP_BASE:-0}" != 1 ]; then
    echo "build rc=$?" >> "$OUT/build-base.log") &
 fi
 wait
+for v in ${AB_VARIANTS:-}; do
+  # One at a time: each lays its files over the source tree, builds, and puts the tree's files back.
+  cp -a /tmp/build /tmp/build-$v && cp -a src /tmp/src-orig && cp -r ".ab/$v/." .
+  ninja -C /tmp/build-$v _C flashattn_gpu_tests > "$OUT/build-$v.log" 2>&1
+  echo "build rc=$? (variant $v)" >> "$OUT/build-$v.log"
+  rm -rf src && mv /tmp/src-orig src
+done
 grep -h "build rc" "$OUT"/build*.log | tee -a "$summary"
 grep -hE "\(C75[0-9]+\)|error" "$OUT"/build*.log | head -20 | tee -a "$summary"
 
@@ -39,6 +49,13 @@ timeout "${AB_TEST_TIMEOUT:-330}" $t --gtest_filter="${AB_TESTS:-*}" > "$OUT/gpu
 echo "gpu tests rc=$?" | tee -a "$summary"
 grep -E "^\[==========\]|^\[  PASSED  \]|^\[  FAILED  \]" "$OUT/gpu_tests.log" | head -40 | tee -a "$summary"
 grep -E "Failure|Which is|error|worst" "$OUT/gpu_tests.log" | head -30 | tee -a "$summary"
+for v in ${AB_VARIANTS:-}; do
+  timeout "${AB_TEST_TIMEOUT:-330}" /tmp/build-$v/tests/flashattn_gpu_tests \
+    --gtest_filter="${AB_VARIANT_TESTS:-${AB_TESTS:-*}}" \
+    > "$OUT/gpu_tests_$v.log" 2>&1
+  echo "gpu tests rc=$? (variant $v)" | tee -a "$summary"
+  grep -E "^\[  PASSED  \]|^\[  FAILED  \]" "$OUT/gpu_tests_$v.log" | head -10 | tee -a "$summary"
+done
 
 if [ "${AB_SANITIZE:-1}" = 1 ]; then
   say "compute-sanitizer on the backward's small cases"
@@ -51,14 +68,15 @@ if [ "${AB_SANITIZE:-1}" = 1 ]; then
   done
 fi
 
-burst() {  # burst BUILD NAME
-  PYTHONPATH=$1/python timeout 200 python3 bench/gpu/burst_grid.py --backward --hd ${AB_HD:-64 128} \
+burst() {  # burst BUILD NAME [HEAD DIMS]
+  PYTHONPATH=$1/python timeout 200 python3 bench/gpu/burst_grid.py --backward --hd ${3:-${AB_HD:-64 128}} \
     --seqlens ${AB_SEQLENS:-2048 16384} --repeats "${AB_REPEATS:-2}" --seconds "${AB_SECONDS:-0.5}" \
     > "$OUT/ab_$2.md" 2>&1
 }
 say "backward against cuDNN in bursts: baseline, then the tree"
 [ "${AB_SKIP_BASE:-0}" != 1 ] && burst /tmp/build-base base
 burst /tmp/build tree
+for v in ${AB_VARIANTS:-}; do burst /tmp/build-$v "$v" "$(cat .ab/$v.hd 2>/dev/null || echo "${AB_VARIANT_HD:-}")"; done
 for f in "$OUT"/ab_*.md; do echo "-- $(basename "$f")"; cat "$f"; done | tee -a "$summary"
 echo "done ($(elapsed))" | tee -a "$summary"
 (cd "$OUT" && tar czf logs.tgz --remove-files ./*.log 2>/dev/null)
