@@ -122,11 +122,16 @@ template <typename Cfg>
 struct BackwardSmem {
   uint8_t* base;
 
-  // align_to_swizzle_atom written out: calling it changes this kernel's machine code, which then needs a
-  // device run before it can replace the verified one (bench/results/hopper-backward.md, "Open").
+  // Stepped from `raw` by pointer arithmetic (not rebuilt from an integer), so that the compiler still knows it
+  // points into shared memory: the LSE / D loads and the dSᵀ and dQ stores are then LDS / STS, not generic.
+  // Not with 128-row blocks (hd 64): there the shared-memory addressing makes ptxas serialise the wgmmas (C7512).
   __device__ explicit BackwardSmem(uint8_t* raw) {
-    const uintptr_t p = reinterpret_cast<uintptr_t>(raw);
-    base = reinterpret_cast<uint8_t*>((p + kSwizzleAtomBytes - 1) & ~uintptr_t(kSwizzleAtomBytes - 1));
+    if constexpr (Cfg::kScoresBeforeDv) {
+      const uintptr_t p = reinterpret_cast<uintptr_t>(raw);
+      base = reinterpret_cast<uint8_t*>((p + kSwizzleAtomBytes - 1) & ~uintptr_t(kSwizzleAtomBytes - 1));
+    } else {
+      base = raw + (kSwizzleAtomBytes - smem_address(raw) % kSwizzleAtomBytes) % kSwizzleAtomBytes;
+    }
   }
   static constexpr int kVOffset = Cfg::kKVBytes;
   static constexpr int kQOffset = 2 * Cfg::kKVBytes;
@@ -395,25 +400,16 @@ struct BackwardConsumer {
   __device__ void issue_transposed_scores(Scores& d, const uint8_t* keys, const uint8_t* queries) {
     const uint32_t key_addr = smem_address(keys) + key_row0 * kSwizzleBytes;
     const uint32_t query_addr = smem_address(queries) + score_q0() * kSwizzleBytes;
-    if constexpr (Cfg::kColumnSplit) {
-      // 16 k-steps: the compiler would hoist every K and V descriptor out of the query-block loop and hold 64
-      // registers for them. One opaque base per operand, stepped by its start-address field (address / 16, far
-      // below the field's 2^14 limit in shared memory), costs an add per k-step instead.
-      uint64_t key_desc = make_desc_k_major(key_addr), query_desc = make_desc_k_major(query_addr);
-      asm volatile("" : "+l"(key_desc), "+l"(query_desc));
+    // One opaque base descriptor per operand, stepped by its start-address field (desc_advance) at each k-step:
+    // re-encoding costs about ten instructions per wgmma, and without the opaque base the compiler hoists every
+    // K and V descriptor out of the query-block loop into registers (64 of them at hd 256).
+    uint64_t key_desc = make_desc_k_major(key_addr), query_desc = make_desc_k_major(query_addr);
+    asm volatile("" : "+l"(key_desc), "+l"(query_desc));
 #pragma unroll
-      for (int kk = 0; kk < kD / kWgmmaK; ++kk) {
-        const uint32_t step = (kk % 4) * kWgmmaK * 2;
-        wgmma_ss<T, kSQ, 0>(d, key_desc + (((kk / 4) * kN * kSwizzleBytes + step) >> 4),
-                           query_desc + (((kk / 4) * kM * kSwizzleBytes + step) >> 4), kk > 0);
-      }
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < kD / kWgmmaK; ++kk) {
-        const uint32_t step = (kk % 4) * kWgmmaK * 2;
-        wgmma_ss<T, kSQ, 0>(d, make_desc_k_major(key_addr + (kk / 4) * kN * kSwizzleBytes + step),
-                           make_desc_k_major(query_addr + (kk / 4) * kM * kSwizzleBytes + step), kk > 0);
-      }
+    for (int kk = 0; kk < kD / kWgmmaK; ++kk) {
+      const uint32_t step = (kk % 4) * kWgmmaK * 2;
+      wgmma_ss<T, kSQ, 0>(d, desc_advance(key_desc, (kk / 4) * kN * kSwizzleBytes + step),
+                         desc_advance(query_desc, (kk / 4) * kM * kSwizzleBytes + step), kk > 0);
     }
     wgmma_commit();
   }
@@ -422,10 +418,11 @@ struct BackwardConsumer {
   // staged Q or dO tile.
   __device__ void issue_accumulate(float (&acc)[kOutCols / 2], const Fragments& f, const uint8_t* rows) const {
     const uint32_t addr = smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes;
+    uint64_t desc = make_desc_mn_major(addr, kM * kSwizzleBytes);
+    asm volatile("" : "+l"(desc));
 #pragma unroll
     for (int kk = 0; kk < kM / kWgmmaK; ++kk)
-      wgmma_rs<T, kOutCols, 1>(acc, f[kk],
-                               make_desc_mn_major(addr + kk * kWgmmaK * kSwizzleBytes, kM * kSwizzleBytes), true);
+      wgmma_rs<T, kOutCols, 1>(acc, f[kk], desc_advance(desc, kk * kWgmmaK * kSwizzleBytes), true);
     wgmma_commit();
   }
 
@@ -434,10 +431,12 @@ struct BackwardConsumer {
   __device__ void issue_accumulate_shared(float (&acc)[kOutCols / 2], const uint8_t* tile, const uint8_t* rows) const {
     const uint32_t tile_addr = smem_address(tile);
     const uint32_t addr = smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes;
+    uint64_t tile_desc = make_desc_k_major(tile_addr), rows_desc = make_desc_mn_major(addr, kM * kSwizzleBytes);
+    asm volatile("" : "+l"(tile_desc), "+l"(rows_desc));
 #pragma unroll
     for (int kk = 0; kk < kM / kWgmmaK; ++kk)
-      wgmma_ss<T, kOutCols, 1>(acc, make_desc_k_major(tile_addr + (kk / 4) * kN * kSwizzleBytes + (kk % 4) * kWgmmaK * 2),
-                               make_desc_mn_major(addr + kk * kWgmmaK * kSwizzleBytes, kM * kSwizzleBytes), true);
+      wgmma_ss<T, kOutCols, 1>(acc, desc_advance(tile_desc, (kk / 4) * kN * kSwizzleBytes + (kk % 4) * kWgmmaK * 2),
+                               desc_advance(rows_desc, kk * kWgmmaK * kSwizzleBytes), true);
     wgmma_commit();
   }
 
@@ -449,9 +448,21 @@ struct BackwardConsumer {
   // into fragments, or under kColumnSplit into the shared Pᵀ tile `pt_tile` (without softcap score_grads can
   // pack the fragments from s instead, as the fp32 values die).
   // ALiBi's bias (slope2 in log2 units per key of distance) is folded into the LSE it subtracts.
+  // The masked and the unmasked block as two copies: as one, the compiler computes every element's query range
+  // test on every block and selects (about 140 instructions per block and thread at hd 128). Not with 128-row
+  // blocks (hd 64), where the second copy makes ptxas serialise the wgmmas (C7512).
   template <bool kSoftcap, bool kAlibi, bool kPack>
   __device__ void probabilities(Scores& s, Fragments& pf, const float* lse_log2, int m, bool masked,
                                 float alibi_slope2, uint8_t* pt_tile = nullptr) const {
+    if (!Cfg::kScoresBeforeDv && !masked)
+      probabilities<kSoftcap, kAlibi, kPack, false>(s, pf, lse_log2, m, false, alibi_slope2, pt_tile);
+    else
+      probabilities<kSoftcap, kAlibi, kPack, true>(s, pf, lse_log2, m, masked, alibi_slope2, pt_tile);
+  }
+  // kMaybeMasked false: `masked` is known false.
+  template <bool kSoftcap, bool kAlibi, bool kPack, bool kMaybeMasked>
+  __device__ void probabilities(Scores& s, Fragments& pf, const float* lse_log2, int m, bool masked,
+                                float alibi_slope2, uint8_t* pt_tile) const {
     // Row r's distance from query score_q0() + 8j + 2·quad + e of the block is alibi_base[r] + 8j + e
     // (common/alibi.h).
     float alibi_base[2] = {0.f, 0.f};
@@ -481,7 +492,7 @@ struct BackwardConsumer {
             p[e] = exp2_approx(x * a.scale_log2 - lse_e);
           }
           const int query = m * kM + col + e;
-          if (masked && (query < query_lo[r] || query >= query_hi[r])) p[e] = 0.f;
+          if (kMaybeMasked && masked && (query < query_lo[r] || query >= query_hi[r])) p[e] = 0.f;
           x = kSoftcap ? p[e] * dscale : p[e];
         }
         if constexpr (Cfg::kColumnSplit)
@@ -498,6 +509,10 @@ struct BackwardConsumer {
   template <bool kPackP = false>
   __device__ void score_grads(const Scores& pd, const Scores& dp, Fragments& dsf, const float* dsum,
                               uint8_t* ds_tile, Fragments* pf = nullptr) const {
+    // The shared copy goes out with stmatrix, four 8 x 8 blocks (keys 8r.., queries 8j..) per instruction:
+    // lane l addresses row l % 8 of block (r, j + jj) = (l / 8 % 2, l / 16), its 16 bytes one swizzle chunk.
+    const int st_row = key_row0 + 16 * warp + 8 * (lane / 8 % 2) + lane % 8;
+    const uint32_t st_base = smem_address(ds_tile) + st_row * kSwizzleBytes;
 #pragma unroll
     for (int j = 0; j < kSQ / 8; ++j) {
       const int col = score_q0() + 8 * j + 2 * quad;
@@ -508,7 +523,12 @@ struct BackwardConsumer {
         const uint32_t bits = pack_pair<T>(pd[i] * (dp[i] - d.x), pd[i + 1] * (dp[i + 1] - d.y));
         slot(dsf, j, r) = bits;
         if constexpr (kPackP) slot(*pf, j, r) = pack_pair<T>(pd[i], pd[i + 1]);
-        *reinterpret_cast<uint32_t*>(ds_tile + swizzled_offset(key_local[r], col, kN)) = bits;
+      }
+      if (j % 2 == 1) {
+        const int st_col = score_q0() + 8 * (j - 1) + 8 * (lane / 16);
+        const uint32_t addr = st_base + (st_col / kPanelCols) * kN * kSwizzleBytes +
+                              ((((st_col % kPanelCols) / 8) ^ (st_row % 8)) * kChunkBytes);
+        stmatrix_x4(addr, slot(dsf, j - 1, 0), slot(dsf, j - 1, 1), slot(dsf, j, 0), slot(dsf, j, 1));
       }
     }
   }
@@ -527,11 +547,12 @@ struct BackwardConsumer {
     const uint32_t a_addr = smem_address(ds_tile) + (dq_row0() / kPanelCols) * kN * kSwizzleBytes;
     const uint32_t b_addr = smem_address(sm.k()) + (dq_col0() / kPanelCols) * kN * kSwizzleBytes +
                             (dq_col0() % kPanelCols) * Cfg::kElemBytes;
+    uint64_t a_desc = make_desc_mn_major(a_addr, kN * kSwizzleBytes), b_desc = make_desc_mn_major(b_addr, kN * kSwizzleBytes);
+    asm volatile("" : "+l"(a_desc), "+l"(b_desc));
 #pragma unroll
     for (int kk = 0; kk < kN / kWgmmaK; ++kk)
-      wgmma_ss<T, Cfg::kDqTileCols, 1, 1>(dq, make_desc_mn_major(a_addr + kk * kWgmmaK * kSwizzleBytes, kN * kSwizzleBytes),
-                                          make_desc_mn_major(b_addr + kk * kWgmmaK * kSwizzleBytes, kN * kSwizzleBytes),
-                                          kk > 0);
+      wgmma_ss<T, Cfg::kDqTileCols, 1, 1>(dq, desc_advance(a_desc, kk * kWgmmaK * kSwizzleBytes),
+                                          desc_advance(b_desc, kk * kWgmmaK * kSwizzleBytes), kk > 0);
     wgmma_commit();
   }
 
@@ -576,8 +597,10 @@ struct BackwardConsumer {
     issue_transposed_scores(dp, sm.v(), sm.dout(do_stage));
   }
 
-  // The rest of one query block once its Sᵀ and dPᵀ are issued: P, dV, dS, dK, then dQ issued (not waited for).
-  // On return the wgmma groups in flight are dV, dK and dQ, in that order.
+  // The rest of one query block once its Sᵀ and dPᵀ are issued: P, dV, dS, then dQ and dK issued (not waited
+  // for). On return the wgmma groups in flight are dV, dQ and dK, in that order: dQ lands while dK still runs, so
+  // the consumer hands dQ to the writer under dK's products instead of with the tensor pipe idle
+  // (FlashAttention-3's order; bench/results/hopper-backward.md).
   template <bool kSoftcap, bool kAlibi>
   __device__ void gradients(Scores& s, Scores& dp, float (&dq)[Cfg::kDqTileCols / 2], int m, int stage,
                             int do_stage, int ds_buffer, float alibi_slope2) {
@@ -599,8 +622,8 @@ struct BackwardConsumer {
       named_barrier_sync(kDsReadyBarrier, Cfg::kConsumerWarpgroups * kWarpgroupThreads);
       wgmma_fence();
       issue_accumulate_shared(dv, pt_tile, do_tile);
-      issue_accumulate_shared(dk, ds_tile, q_tile);
       issue_dq(dq, ds_tile);
+      issue_accumulate_shared(dk, ds_tile, q_tile);
     } else {
       if constexpr (Cfg::kScoresBeforeDv) {
         probabilities<kSoftcap, kAlibi, kSoftcap>(s, pf, sm.lse_log2(stage), m, needs_mask(m), alibi_slope2);
@@ -616,12 +639,12 @@ struct BackwardConsumer {
       Fragments dsf;
       uint8_t* ds_tile = sm.ds(ds_buffer);
       score_grads<Cfg::kScoresBeforeDv && !kSoftcap>(s, dp, dsf, sm.dsum(stage), ds_tile, &pf);
+      fence_async_shared();
       wgmma_fence();
       if constexpr (Cfg::kScoresBeforeDv) issue_accumulate(dv, pf, do_tile);
-      issue_accumulate(dk, dsf, q_tile);
-      fence_async_shared();
       named_barrier_sync(kDsReadyBarrier, Cfg::kConsumerWarpgroups * kWarpgroupThreads);
       issue_dq(dq, ds_tile);
+      issue_accumulate(dk, dsf, q_tile);
     }
   }
 
@@ -677,14 +700,14 @@ __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int 
       c.release_do(do_stage);
       do_pos.advance();
     }
-    wgmma_wait<1>();  // dV and dK have landed: this stage's Q and dO are no longer read
-    fence_registers(c.dk);
+    wgmma_wait<1>();  // dV and dQ have landed; dK may still run
     fence_registers(c.dv);
-    c.release(pos.index);
-    pos.advance();
-    wgmma_wait<0>();
     fence_registers(dq);
     c.stage_dq(dq, i > 0);
+    wgmma_wait<0>();  // dK has landed: this stage's Q and dO are no longer read
+    fence_registers(c.dk);
+    c.release(pos.index);
+    pos.advance();
   }
 }
 

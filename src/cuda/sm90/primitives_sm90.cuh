@@ -353,6 +353,15 @@ struct RingPosition {
 // ---- proxy fences ----
 // Ordinary (generic-proxy) shared-memory stores that wgmma or TMA read next need this in each writing
 // thread, before the barrier that publishes them.
+// Four 8 x 8 matrices of 16-bit elements from registers to shared memory: register i of every lane holds its
+// accumulator-layout pair of matrix i (row lane / 4, columns 2 (lane % 4), +1), and lane l gives the address of
+// row l % 8 of matrix l / 8 (16 contiguous bytes). CCCL has no wrapper for it.
+__device__ __forceinline__ void stmatrix_x4(uint32_t smem_addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 __device__ __forceinline__ void fence_async_shared() { ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared); }
 
 // ---- TMA: bulk tensor copies global -> shared, completing on an mbarrier ----
