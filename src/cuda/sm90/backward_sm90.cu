@@ -32,17 +32,16 @@
 //                  dV += Pᵀ dO                      (wgmma RS: Pᵀ from registers, dO N-major from the ring)
 //                  dSᵀ = Pᵀ∘(dPᵀ − D) [∘(1 − tanh²) with softcap] -> registers and shared memory (swizzled)
 //                                                   (while dV runs; at hd 64, kScoresBeforeDv, before dV is issued)
-//                  dK += dSᵀ Q                      (wgmma RS)
-//                  named barrier: both warpgroups' dSᵀ are in shared memory
+//                  named barrier: both warpgroups' dSᵀ are in shared memory (stmatrix)
 //                  dQ piece = dS K                  (wgmma SS, dS read M-major from dSᵀ; each warpgroup half of
 //                                                    the columns, or at hd 64 (128-row blocks) half of the rows)
-//                                                    -> the warpgroup's dQ stage in shared memory (at hd 256 in
-//                                                    two hand-offs of 64 columns)
+//                  dK += dSᵀ Q                      (wgmma RS; issued after dQ, so dQ goes to the warpgroup's dQ
+//                                                    stage in shared memory while dK runs; at hd 256 in two
+//                                                    hand-offs of 64 columns)
 //                At hd 256 Pᵀ and dSᵀ of the warpgroup's 32 queries go to shared tiles instead, and dV, dK and
 //                dQ (each warpgroup half of the columns) read the whole tiles after the barrier.
 //                dSᵀ is double-buffered, so one barrier per query block orders its writes and reads. The block's
-//                Q/dO stage goes back to the producer once dV and dK have landed, before dQ is waited for (at
-//                hd 256 dO's as soon as dV has).
+//                Q/dO stage goes back to the producer once dK has landed (at hd 256 dO's as soon as dV has).
 //                Epilogue: dK · scale and dV written as the dtype from registers.
 // Shared memory and register budgets: backward_config.h (193-226 KB; 240 registers per consumer thread).
 // Preconditions (sm90_backward_supports): compute capability 9.0, fp16/bf16, d and d_v multiples of 8 up to 256,
@@ -672,9 +671,8 @@ struct BackwardConsumer {
   }
 };
 
-// The query blocks of every query head of the group. A block's stage is released as soon as dV and dK have
-// landed (dQ reads only dSᵀ and K), before dQ is waited for: +6-10% at hd 128 over releasing after dQ
-// (bench/results/hopper-backward.md, 53a4bb5). Issuing the next block's Sᵀ and dPᵀ behind dQ instead of waiting
+// The query blocks of every query head of the group. dQ lands before dK (gradients' order) and is staged while dK
+// runs; the block's stage goes back once dK has landed (bench/results/hopper-backward.md, 81ae37a). Issuing the next block's Sᵀ and dPᵀ behind dQ instead of waiting
 // was slower at hd 64 (324 -> 262 TFLOP/s at 16k) and spilled at hd 128 (the same entry).
 template <typename T, typename Cfg, bool kSoftcap, bool kAlibi>
 __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int heads_per_kv) {
