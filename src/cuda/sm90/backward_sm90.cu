@@ -672,8 +672,9 @@ struct BackwardConsumer {
 };
 
 // The query blocks of every query head of the group. dQ lands before dK (gradients' order) and is staged while dK
-// runs; the block's stage goes back once dK has landed (bench/results/hopper-backward.md, 81ae37a). Issuing the next block's Sᵀ and dPᵀ behind dQ instead of waiting
-// was slower at hd 64 (324 -> 262 TFLOP/s at 16k) and spilled at hd 128 (the same entry).
+// runs; the block's stage goes back once dK has landed (bench/results/hopper-backward.md, 81ae37a). Issuing the
+// next block's Sᵀ and dPᵀ behind dQ instead of waiting was slower at hd 64 (324 -> 262 TFLOP/s at 16k) and
+// spilled at hd 128 (53a4bb5).
 template <typename T, typename Cfg, bool kSoftcap, bool kAlibi>
 __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int heads_per_kv) {
   mbarrier_wait(c.sm.kv_full(), 0);

@@ -350,9 +350,7 @@ struct RingPosition {
   }
 };
 
-// ---- proxy fences ----
-// Ordinary (generic-proxy) shared-memory stores that wgmma or TMA read next need this in each writing
-// thread, before the barrier that publishes them.
+// ---- stmatrix ----
 // Four 8 x 8 matrices of 16-bit elements from registers to shared memory: register i of every lane holds its
 // accumulator-layout pair of matrix i (row lane / 4, columns 2 (lane % 4), +1), and lane l gives the address of
 // row l % 8 of matrix l / 8 (16 contiguous bytes). CCCL has no wrapper for it.
@@ -362,6 +360,9 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t smem_addr, uint32_t r0, uin
                : "memory");
 }
 
+// ---- proxy fences ----
+// Ordinary (generic-proxy) shared-memory stores that wgmma or TMA read next need this in each writing
+// thread, before the barrier that publishes them.
 __device__ __forceinline__ void fence_async_shared() { ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared); }
 
 // ---- TMA: bulk tensor copies global -> shared, completing on an mbarrier ----
