@@ -34,11 +34,6 @@ namespace {
 
 bool on_cpu(const FwdParams& p) { return p.device.type == DeviceType::cpu; }
 
-Status dropout_unsupported(Backend b) {
-  return Status::unsupported(std::string("dropout_p: attention dropout is not supported by ") + backend_name(b) +
-                             " yet (cuda_sm80 and the CPU backends run it)");
-}
-
 // bwd: the backward's params when choosing for the backward (they say more than the forward's: dout's layout,
 // the deterministic mode); null for the forward.
 Status supports(Backend b, const FwdParams& p, const BwdParams* bwd) {
@@ -52,7 +47,6 @@ Status supports(Backend b, const FwdParams& p, const BwdParams* bwd) {
       return detail::cuda_sm80_supports(p, bwd != nullptr);
     case Backend::cuda_sm90:
       if (on_cpu(p)) return Status::unsupported("cuda_sm90 runs on CUDA tensors; these are on the CPU");
-      if (p.dropout_p > 0) return dropout_unsupported(b);
       return bwd ? detail::cuda_sm90_backward_supports(*bwd) : detail::cuda_sm90_supports(p);
     case Backend::automatic: break;
   }

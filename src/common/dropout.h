@@ -79,6 +79,20 @@ struct DropoutSpec {
   FA_HD bool kept(const uint32_t (&w)[4], int slot) const {
     return ((w[slot >> 1] >> (16 * (slot & 1))) & 0xffffu) < keep_threshold;
   }
+  // Bit s set iff slot s of group g of row i is kept: the eight keep decisions of one Philox call. A slot's
+  // 16-bit draw x is compared in place: the high half as the word against keep_threshold << 16, the low half
+  // shifted up first.
+  FA_HD uint32_t kept_slots(int64_t i, uint32_t g) const {
+    uint32_t w[4];
+    draws(i, g, w);
+    const uint32_t high_threshold = keep_threshold << 16;  // keep_threshold < 2^16 whenever dropout is active
+    uint32_t slots = 0;
+    for (int k = 0; k < 4; ++k) {
+      slots |= uint32_t(w[k] << 16 < high_threshold) << (2 * k);
+      slots |= uint32_t(w[k] < high_threshold) << (2 * k + 1);
+    }
+    return slots;
+  }
   FA_HD bool keep(int64_t i, int64_t j) const {
     uint32_t w[4];
     draws(i, group_of(j), w);

@@ -108,6 +108,23 @@ TEST(Oracle, DropoutMaskIsTheDocumentedOne) {
   }
 }
 
+// kept_slots (the GPU kernels' eight keep decisions per Philox call) says what keep says for each key of the
+// group, at keep rates down to 0 and up to the last threshold below 2^16.
+TEST(Oracle, DropoutKeptSlotsAgreeWithKeep) {
+  for (float p : {0.9999f, 0.5f, 0.1f, 1.f / 65536.f, 0.f + 1.5f / 65536.f}) {
+    const DropoutSpec d = DropoutSpec::make(p, 0x9e3779b97f4a7c15ull, 12, 1, 2);
+    ASSERT_TRUE(d.active()) << p;
+    int64_t differ = 0;
+    for (int64_t i = 0; i < 64; ++i)
+      for (uint32_t g = 0; g < 64; ++g) {
+        const uint32_t slots = d.kept_slots(i, g);
+        for (int s = 0; s < DropoutSpec::kKeysPerGroup; ++s)
+          differ += bool(slots >> s & 1u) != d.keep(i, DropoutSpec::key_of(g, s));
+      }
+    EXPECT_EQ(differ, 0) << "p " << p;
+  }
+}
+
 // The reference in fp64 is the oracle's arithmetic in another order: every element within a few fp64 units of the
 // terms it sums, LSE within its fp32 storage.
 TEST(Oracle, ReferenceBackendAgrees) {

@@ -1,8 +1,7 @@
 // ALiBi and dropout on the CUDA backends, forward and backward, against the fp64 oracle (tests/common/oracle.h,
 // whose dropout mask comes from the tests' own Philox): both slope shapes, with and without causal, s_q != s_k,
 // GQA, windows, softcap, varlen, head dims of the Hopper kernels (64, 128, 256) and of the sm80 ones (80), each
-// through cuda_sm80 forced and through automatic dispatch (cuda_sm90 on Hopper for ALiBi at its head dims;
-// cuda_sm80 for dropout, which the sm90 kernels do not run yet).
+// through cuda_sm80 forced and through automatic dispatch (cuda_sm90 on Hopper at its head dims).
 //
 // Rule, per output: ‖gpu − ref‖ ≤ 2‖emu − ref‖ + u‖ref‖ + atol·√n and the same for the largest element, where emu
 // is the textbook algorithm in fp32 with P and dS rounded to the storage type before their products, as the
@@ -89,7 +88,7 @@ TEST_P(GpuAlibiDropout, MatchesOracle) {
   if (g.backend == Backend::automatic && cuda_compute_capability(0) == 90 && sm90_takes_head_dims(c.d, c.dv)) {
     BwdParams p;
     ASSERT_TRUE(make_backward_params(a, opt, &p).ok());
-    const Backend want = c.dropout_p > 0 ? Backend::cuda_sm80 : Backend::cuda_sm90;
+    const Backend want = Backend::cuda_sm90;
     EXPECT_EQ(choose_backend(static_cast<const FwdParams&>(p), Backend::automatic, false).backend, want);
     EXPECT_EQ(choose_backend(p, Backend::automatic).backend, want);
   }

@@ -28,15 +28,22 @@
 // tensor work for 5 useful (bench/results/hopper-backward.md). dO has a ring of one stage (kDoStages, its own
 // barriers, released once dV has landed) so that the dQ stages fit. Shared memory: K, V 32 KB each; Q 2 x 32 KB;
 // dO 32 KB; Pᵀ and dSᵀ 2 buffers x 8 KB each; LSE, D 1 KB; dQ stages 2 x 16 KB: 226 KB of 227.
+// kExtras (the kernel with ALiBi and dropout compiled in): each ring stage also holds dropout's keep bits of its
+// query block (kMaskBytes: one or two 32-bit words per consumer thread), which two spare warps of the producer
+// warpgroup draw within its 24 registers (setmaxnreg moves registers within the launch's 384 x 168: a producer
+// at 32 would leave the consumers' increase waiting forever). At hd 256 that needs the dQ stages halved: 4
+// hand-offs of 32 columns per warpgroup and block (2 x 8 KB).
+// hd 64 +4 KB, hd 128 +2 KB, hd 256 +1 - 16 KB.
 #pragma once
 
 #include "cuda/sm90/forward_config.h"
 
 namespace flashattn::cuda::sm90 {
 
-template <int kHeadDim_>
+template <int kHeadDim_, bool kExtras_ = false>
 struct BackwardConfig {
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kExtras = kExtras_;
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "sm90 backward: head dim 64, 128 or 256");
   static constexpr int kConsumerWarpgroups = 2;
   // The warpgroups share the CTA's keys and split the gradients' columns (hd 256), or own 64 keys each.
@@ -61,8 +68,12 @@ struct BackwardConfig {
   static constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpgroupThreads / 32;
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
-  static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters) <= 65536,
-                "sm90 backward: register budgets over the 64K-register file");
+  // setmaxnreg redistributes what the launch gave the CTA: kThreads x the per-thread count of
+  // __launch_bounds__(kThreads, 1), 65536 / kThreads rounded down to a multiple of 8.
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters) <=
+                    kLaunchRegisters * kThreads,
+                "sm90 backward: register budgets over what the launch allocates");
 
   // dQ's split (above): each consumer warpgroup's kDqTileCols columns in one accumulator (at hd 256, 64 x 128:
   // beside P's and dS's fragments it made ptxas serialise every wgmma, and two 64 x 64 pieces were computed one
@@ -73,7 +84,7 @@ struct BackwardConfig {
   static constexpr int kDqTileCols = kDqSplitRows ? kHeadDim : kHeadDim / kConsumerWarpgroups;
   // A warpgroup's piece reaches the writer in kDqStagePieces hand-offs of kDqStageCols columns (one stage each
   // warpgroup, kWgmmaRows x kDqStageCols floats).
-  static constexpr int kDqStagePieces = kColumnSplit ? 2 : 1;
+  static constexpr int kDqStagePieces = kColumnSplit ? (kExtras ? 4 : 2) : 1;
   static constexpr int kDqStageCols = kDqTileCols / kDqStagePieces;
   static constexpr int kDqStageBytes = kWgmmaRows * kDqStageCols * 4;
   // Rows of the workspace arrays at which every sequence starts: a whole query block for the fragment-ordered
@@ -87,6 +98,11 @@ struct BackwardConfig {
   // Shared score tiles per buffer: dSᵀ, and under kColumnSplit Pᵀ beside it; two buffers.
   static constexpr int kDsTiles = kColumnSplit ? 2 : 1;
   static constexpr int kRowValueBytes = kBlockM * 4;                 // one stage of LSE or D (fp32)
+  // One stage of dropout's keep bits (kExtras): kKeepWords 32-bit words per consumer thread, a bit for each of its
+  // Sᵀ elements (draw_keep_masks).
+  static constexpr int kKeySpans = kBlockN / 32;
+  static constexpr int kKeepWords = (kScoreQueries / 2 + 31) / 32;
+  static constexpr int kMaskBytes = kExtras ? kConsumerWarpgroups * kWarpgroupThreads * kKeepWords * 4 : 0;
   // What one stage's TMA delivers (Q, LSE, D, and dO unless it has a ring of its own).
   static constexpr int kStageTxBytes = (kSeparateDoRing ? 1 : 2) * kQBytes + 2 * kRowValueBytes;
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0 && kDsBytes % 1024 == 0,
@@ -95,7 +111,8 @@ struct BackwardConfig {
   static constexpr int kBarrierBytes = 8 * (1 + 2 * kStages + (kSeparateDoRing ? 2 * kDoStages : 0));
   static constexpr int kAlignSlack = 1024;
   static constexpr int kSmemBytes = 2 * kKVBytes + (kStages + kDoStages) * kQBytes + 2 * kDsTiles * kDsBytes +
-                                    2 * kStages * kRowValueBytes + kConsumerWarpgroups * kDqStageBytes +
+                                    2 * kStages * kRowValueBytes + kStages * kMaskBytes +
+                                    kConsumerWarpgroups * kDqStageBytes +
                                     kBarrierBytes + kAlignSlack;
   static_assert(kSmemBytes <= 227 * 1024, "sm90 backward: over the 227 KB shared-memory limit");
 };

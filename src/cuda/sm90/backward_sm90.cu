@@ -1,7 +1,7 @@
 // Hopper backward: dQ, dK, dV of O = softmax(Q Kᵀ · scale) V from the forward's LSE, fp16/bf16 in, fp32
 // accumulation, for head dims d and d_v that are multiples of 8 up to 256, in buckets of 64, 128 and 256
 // (support_checks.h: columns past d / d_v are TMA's zeros and never written), with causal / sliding-window masks,
-// softcap, ALiBi, GQA, varlen and arbitrary tails. P is recomputed from the LSE tile by tile and never reaches
+// softcap, ALiBi, dropout, GQA, varlen and arbitrary tails. P is recomputed from the LSE tile by tile and never reaches
 // global memory.
 //
 // Launch sequence on the call's stream (the row-wise preprocess is the sm80 backward's, backward_rows.cu):
@@ -21,7 +21,8 @@
 //                kStages-deep ring with TMA (full/empty mbarriers; at hd 256 dO in a one-stage ring of its
 //                own). Its warp 1 adds each consumer warpgroup's dQ stage to dq_accum with one bulk reduce-add
 //                per hand-off (named barriers dq full / dq empty per warpgroup), in key-block order under
-//                deterministic (turn counters in the workspace).
+//                deterministic (turn counters in the workspace). With dropout (kExtras) its warps 2 and 3 draw
+//                each query block's keep bits into the block's ring stage (draw_keep_masks).
 //   warpgroups 1, 2  consumers, 64 keys each (setmaxnreg; at hd 256 the same 64 keys, half of dK/dV/dQ's columns
 //                and half of the block's queries in Sᵀ, dPᵀ each: backward_config.h, kColumnSplit). Per query
 //                block, in the transposed orientation so that the 64 keys are the wgmma's M and P, dS land in
@@ -55,9 +56,11 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "backend.h"
 #include "common/alibi.h"
+#include "common/dropout.h"
 #include "common/mask.h"
 #include "cuda/check.h"
 #include "cuda/primitives.cuh"
@@ -82,6 +85,9 @@ constexpr int kDqFullBarrier = 3;
 constexpr int kDqEmptyBarrier = 5;
 constexpr int kDqWriterWarp = 1;  // of the producer warpgroup (warp 0's first thread issues the loads)
 constexpr int kDqHandoffThreads = kWarpgroupThreads + 32;
+// Warps of the producer warpgroup that draw dropout's keep bits (kExtras).
+constexpr int kMaskWarp0 = 2;
+constexpr int kMaskWarps = 2;
 
 // What the kernel reads besides the tensor maps; lengths and strides in elements.
 struct BackwardKernelArgs {
@@ -112,8 +118,13 @@ struct BackwardKernelArgs {
   float softcap_log2;      // softcap · log2(e)
   bool causal;
   int window_left, window_right;
+  // ALiBi and dropout run only in the kernel with kExtras, each when asked for.
   const float* alibi_slopes;  // null: no ALiBi (common/alibi.h)
   int64_t alibi_batch_stride;
+  bool dropout;               // dropout_p draws a mask (DropoutSpec::active)
+  float dropout_p;
+  uint64_t dropout_seed, dropout_offset;
+  float keep_scale;           // 1 / (1 - dropout_p): dV's and dS's factor for kept probabilities
 };
 
 // One base pointer; every region a constant offset from it (backward_config.h has the sizes).
@@ -138,7 +149,8 @@ struct BackwardSmem {
   static constexpr int kDsOffset = kDoOffset + Cfg::kDoStages * Cfg::kQBytes;
   static constexpr int kLseOffset = kDsOffset + 2 * Cfg::kDsTiles * Cfg::kDsBytes;
   static constexpr int kDsumOffset = kLseOffset + Cfg::kStages * Cfg::kRowValueBytes;
-  static constexpr int kDqOffset = kDsumOffset + Cfg::kStages * Cfg::kRowValueBytes;
+  static constexpr int kMaskOffset = kDsumOffset + Cfg::kStages * Cfg::kRowValueBytes;
+  static constexpr int kDqOffset = kMaskOffset + Cfg::kStages * Cfg::kMaskBytes;
   static constexpr int kBarrierOffset = kDqOffset + Cfg::kConsumerWarpgroups * Cfg::kDqStageBytes;
 
   __device__ uint8_t* k() const { return base; }
@@ -156,6 +168,10 @@ struct BackwardSmem {
   }
   __device__ float* dsum(int stage) const {
     return reinterpret_cast<float*>(base + kDsumOffset + stage * Cfg::kRowValueBytes);
+  }
+  // Dropout's keep bits of the query block in ring stage `stage` (kExtras; backward_config.h).
+  __device__ uint32_t* keep_mask(int stage) const {
+    return reinterpret_cast<uint32_t*>(base + kMaskOffset + stage * Cfg::kMaskBytes);
   }
   // Consumer warpgroup wg's dQ stage: 64 x kDqStageCols floats of its piece in fragment order.
   __device__ float* dq_stage(int wg) const {
@@ -341,8 +357,72 @@ __device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, con
   if (leader) bulk_wait<0>();
 }
 
+// ---- keep-bit warps (kExtras with dropout): kMaskWarps warps of the producer warpgroup draw each query block's
+// dropout mask into its ring stage, already in the consumers' layout, so that a consumer thread loads its bits of
+// the block with one load and holds them in kKeepWords registers ----
+// The mask's Philox groups (common/dropout.h) are query rows' runs of 8 keys: keys 2q + b + 8c (b < 2, c < 4) of a
+// 32-key span. A consumer thread holds two keys k, k + 8 (accumulator rows r) of many queries (Sᵀ), so a group drawn
+// there would serve a quarter of its draws. Keys 2q + b + 8c of the span are rows r = c % 2 of the consumer threads
+// with lane / 4 = 2q + b in warp (span · 32 + 8c) / 16 of the CTA's consumers (the warpgroup is span / 2; at hd 256
+// both warpgroups hold the same 64 keys and split the queries), and the thread's queries are 8j + 2·quad + e of its
+// warpgroup's: so one keep-bit lane per (span, q, quad) and, under kColumnSplit, query half, draws every group
+// those four consumer threads need, and writes their words whole (no other lane touches them).
+template <typename Cfg>
+__device__ void draw_keep_masks(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, const BackwardKernelArgs& a) {
+  constexpr int kSQ = Cfg::kScoreQueries;
+  constexpr int kKeepWords = Cfg::kKeepWords;
+  constexpr int kLanes = Cfg::kKeySpans * 4 * 4 * (Cfg::kColumnSplit ? Cfg::kConsumerWarpgroups : 1);
+  static_assert(kLanes == kMaskWarps * 32, "draw_keep_masks: one lane per (span, group, quad[, query half])");
+  const int t = int(threadIdx.x) - kMaskWarp0 * 32;
+  const int quad = t % 4, q = t / 4 % 4;
+  const int span = Cfg::kColumnSplit ? t / 16 % Cfg::kKeySpans : t / 16;
+  const int query_half = Cfg::kColumnSplit ? t / (16 * Cfg::kKeySpans) : 0;  // the consumer warpgroup's queries
+  // The consumer threads of keys 2q + b + 16h + 32·span (h = c / 2), as indices among the consumers.
+  auto consumer = [&](int b, int h) {
+    const int key = 32 * span + 16 * h + 2 * q + b;  // row 0 of that thread
+    const int wg = Cfg::kColumnSplit ? query_half : key / kWgmmaRows;
+    return wg * kWarpgroupThreads + (key % kWgmmaRows) / 16 * 32 + 4 * (key % 8) + quad;
+  };
+  const QueryBlockOrder order(w, a.heads_per_kv);
+  RingPosition<Cfg::kStages> pos;
+  for (int i = 0; i < order.blocks; ++i) {
+    const int head = order.head(w, a.heads_per_kv, i), m = order.block(w, i);
+    const DropoutSpec drop = DropoutSpec::make(a.dropout_p, a.dropout_seed, a.dropout_offset, w.batch, head);
+    const uint32_t group = uint32_t(w.key0 / 32 + span) << 2 | uint32_t(q);
+    const int64_t query0 = int64_t(m) * Cfg::kBlockM + query_half * kSQ + 2 * quad;
+    mbarrier_wait(&sm.empty()[pos.index], pos.phase ^ 1u);
+    uint32_t* stage_words = sm.keep_mask(pos.index);
+    // One word of the four consumer threads at a time (the lanes' 32 registers hold no more beside Philox).
+#pragma unroll
+    for (int k = 0; k < kKeepWords; ++k) {
+      uint32_t words[2][2] = {};  // [b][h]: bit 4j + 2r + e - 32k for query 8j + e, row r = c % 2
+      // Not unrolled: interleaved Philox calls would not fit the 32 registers either.
+#pragma unroll 1
+      for (int j = 8 * k; j < 8 * k + 8 && j < kSQ / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const uint32_t slots = drop.kept_slots(query0 + 8 * j + e, group);  // bit 2c + b
+#pragma unroll
+          for (int c = 0; c < 4; ++c)
+#pragma unroll
+            for (int b = 0; b < 2; ++b)
+              words[b][c / 2] |= (slots >> (2 * c + b) & 1u) << (4 * j + 2 * (c % 2) + e - 32 * k);
+        }
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) stage_words[consumer(b, h) * kKeepWords + k] = words[b][h];
+    }
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) mbarrier_arrive(&sm.full()[pos.index]);
+    pos.advance();
+  }
+}
+
 // ---- consumer: one warpgroup, 64 keys ----
-template <typename T, typename Cfg>
+// kDropout (only with Cfg::kExtras): the call drops; a copy of its own, so that a call with ALiBi alone runs the
+// code it ran before dropout came (as one copy with a run-time switch, the hd 64 and 128 loops spilled either way).
+template <typename T, typename Cfg, bool kDropout = false>
 struct BackwardConsumer {
   static constexpr int kD = Cfg::kHeadDim;
   static constexpr int kM = Cfg::kBlockM;
@@ -361,6 +441,10 @@ struct BackwardConsumer {
   static constexpr int kOutCols = Cfg::kOutCols;
   int key_row0, out_col0;
   float dk[kOutCols / 2], dv[kOutCols / 2];
+  // Dropout's keep bits of the current block (Cfg::kExtras and the call drops): bit i for Sᵀ's element i.
+  static constexpr int kKeepWords = Cfg::kKeepWords;
+  static constexpr bool dropping = Cfg::kExtras && kDropout;
+  uint32_t keep[kKeepWords];
 
   __device__ BackwardConsumer(const BackwardSmem<Cfg>& sm_, const KeyBlockWork& w_, const BackwardKernelArgs& a_,
                               int wg_)
@@ -382,6 +466,25 @@ struct BackwardConsumer {
     }
 #pragma unroll
     for (int i = 0; i < kOutCols / 2; ++i) dk[i] = dv[i] = 0.f;
+  }
+
+  // This thread's keep bits of the query block in ring stage `stage` (draw_keep_masks).
+  __device__ void load_keep_bits(int stage) {
+    const uint32_t* words = sm.keep_mask(stage) + (threadIdx.x - kWarpgroupThreads) * kKeepWords;
+    if constexpr (kKeepWords == 2) {
+      const uint2 v = *reinterpret_cast<const uint2*>(words);
+      keep[0] = v.x, keep[1] = v.y;
+    } else {
+      keep[0] = words[0];
+    }
+  }
+
+  // Dropout's keep bits of the pair of scores (4j + 2r, 4j + 2r + 1): bit e for query 8j + 2·quad + e, key row
+  // r. 3 (both kept) without dropout.
+  __device__ uint32_t keep_pair(int j, int r) const {
+    if (!Cfg::kExtras || !dropping) return 3u;
+    const int i = 4 * j + 2 * r;
+    return keep[i / 32] >> (i % 32) & 3u;
   }
 
   // The first of the block's queries in this warpgroup's Sᵀ and dPᵀ.
@@ -446,7 +549,10 @@ struct BackwardConsumer {
   // Pᵀ from Sᵀ in place (p, or p·(1 − tanh²) under softcap: the factor dS needs), and its 16-bit values (kPack)
   // into fragments, or under kColumnSplit into the shared Pᵀ tile `pt_tile` (without softcap score_grads can
   // pack the fragments from s instead, as the fp32 values die).
-  // ALiBi's bias (slope2 in log2 units per key of distance) is folded into the LSE it subtracts.
+  // ALiBi's bias (slope2 in log2 units per key of distance, 0 without slopes) is folded into the LSE it subtracts.
+  // With dropout the packed Pᵀ (dV's operand) is P ∘ keep, and s keeps P for dS with a dropped element's sign
+  // flipped (P >= 0: score_grads reads the decision back from the sign, and a dropped 0 read as kept has the same
+  // effect). Reading the bits again there instead spilled at hd 64 and 128.
   // The masked and the unmasked block as two copies: as one, the compiler computes every element's query range
   // test on every block and selects (about 140 instructions per block and thread at hd 128). Not with 128-row
   // blocks (hd 64), where the second copy makes ptxas serialise the wgmmas (C7512).
@@ -476,6 +582,7 @@ struct BackwardConsumer {
       const float2 lse = *reinterpret_cast<const float2*>(lse_log2 + col);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
+        const uint32_t kp = keep_pair(j, r);
         float p[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
@@ -493,11 +600,16 @@ struct BackwardConsumer {
           const int query = m * kM + col + e;
           if (kMaybeMasked && masked && (query < query_lo[r] || query >= query_hi[r])) p[e] = 0.f;
           x = kSoftcap ? p[e] * dscale : p[e];
+          if (Cfg::kExtras && dropping && !(kp >> e & 1u)) x = -x;
         }
-        if constexpr (Cfg::kColumnSplit)
-          *reinterpret_cast<uint32_t*>(pt_tile + swizzled_offset(key_local[r], col, kN)) = pack_pair<T>(p[0], p[1]);
-        else if constexpr (kPack)
-          slot(pf, j, r) = pack_pair<T>(p[0], p[1]);
+        // dV's operand: P ∘ keep (the factor 1 / (1 - p) comes in the epilogue).
+        if constexpr (Cfg::kColumnSplit || kPack) {
+          const uint32_t packed = pack_pair<T>(kp & 1u ? p[0] : 0.f, kp & 2u ? p[1] : 0.f);
+          if constexpr (Cfg::kColumnSplit)
+            *reinterpret_cast<uint32_t*>(pt_tile + swizzled_offset(key_local[r], col, kN)) = packed;
+          else
+            slot(pf, j, r) = packed;
+        }
       }
     }
   }
@@ -505,6 +617,8 @@ struct BackwardConsumer {
   // dSᵀ = Pᵀ∘(dPᵀ − D) into fragments and into the shared dSᵀ buffer (queries contiguous, 128-byte swizzled:
   // the M-major A operand of dQ = dS K). kPackP: also Pᵀ's fragments from pd (Pᵀ itself without softcap), in the
   // same pass, so that each pair of fp32 scores dies where its two 16-bit values are made.
+  // Dropout: dSᵀ = Pᵀ∘(Z∘dPᵀ − D) with Z = keep / (1 - p), and the packed Pᵀ is P ∘ keep; pd holds P with a
+  // dropped element's sign flipped (probabilities).
   template <bool kPackP = false>
   __device__ void score_grads(const Scores& pd, const Scores& dp, Fragments& dsf, const float* dsum,
                               uint8_t* ds_tile, Fragments* pf = nullptr) const {
@@ -519,9 +633,16 @@ struct BackwardConsumer {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i = 4 * j + 2 * r;
-        const uint32_t bits = pack_pair<T>(pd[i] * (dp[i] - d.x), pd[i + 1] * (dp[i + 1] - d.y));
-        slot(dsf, j, r) = bits;
-        if constexpr (kPackP) slot(*pf, j, r) = pack_pair<T>(pd[i], pd[i + 1]);
+        float p0 = pd[i], p1 = pd[i + 1], z0 = dp[i], z1 = dp[i + 1];  // P and Z ∘ dPᵀ
+        if (Cfg::kExtras && dropping) {
+          if constexpr (kPackP) slot(*pf, j, r) = pack_pair<T>(fmaxf(p0, 0.f), fmaxf(p1, 0.f));
+          z0 = p0 >= 0.f ? z0 * a.keep_scale : 0.f;
+          z1 = p1 >= 0.f ? z1 * a.keep_scale : 0.f;
+          p0 = fabsf(p0), p1 = fabsf(p1);
+        } else if constexpr (kPackP) {
+          slot(*pf, j, r) = pack_pair<T>(p0, p1);
+        }
+        slot(dsf, j, r) = pack_pair<T>(p0 * (z0 - d.x), p1 * (z1 - d.y));
       }
       if (j % 2 == 1) {
         const int st_col = score_q0() + 8 * (j - 1) + 8 * (lane / 16);
@@ -605,6 +726,7 @@ struct BackwardConsumer {
                             int do_stage, int ds_buffer, float alibi_slope2) {
     const uint8_t* q_tile = sm.q(stage);
     const uint8_t* do_tile = sm.dout(do_stage);
+    if (Cfg::kExtras && dropping) load_keep_bits(stage);
     wgmma_wait<1>();  // Sᵀ has landed; dPᵀ may still run
     fence_registers(s);
     Fragments pf;
@@ -648,6 +770,7 @@ struct BackwardConsumer {
   }
 
   __device__ void epilogue() const {
+    const float dv_scale = Cfg::kExtras && dropping ? a.keep_scale : 1.f;  // (P ∘ Z)ᵀ dO
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = w.key0 + key_local[r];
@@ -665,7 +788,8 @@ struct BackwardConsumer {
           *reinterpret_cast<uint32_t*>(dk_row + col) =
               pack_pair<T>(dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale);
         if (col < a.head_dim_v)
-          *reinterpret_cast<uint32_t*>(dv_row + col) = pack_pair<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+          *reinterpret_cast<uint32_t*>(dv_row + col) =
+              pack_pair<T>(dv[4 * j + 2 * r] * dv_scale, dv[4 * j + 2 * r + 1] * dv_scale);
       }
     }
   }
@@ -675,15 +799,15 @@ struct BackwardConsumer {
 // runs; the block's stage goes back once dK has landed (bench/results/hopper-backward.md, 81ae37a). Issuing the
 // next block's Sᵀ and dPᵀ behind dQ instead of waiting was slower at hd 64 (324 -> 262 TFLOP/s at 16k) and
 // spilled at hd 128 (53a4bb5).
-template <typename T, typename Cfg, bool kSoftcap, bool kAlibi>
-__device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int heads_per_kv) {
+template <typename T, typename Cfg, bool kSoftcap, bool kAlibi, bool kDropout>
+__device__ void consume(BackwardConsumer<T, Cfg, kDropout>& c, const KeyBlockWork& w, int heads_per_kv) {
   mbarrier_wait(c.sm.kv_full(), 0);
   const QueryBlockOrder order(w, heads_per_kv);
   RingPosition<Cfg::kStages> pos;
   RingPosition<Cfg::kDoStages> do_pos;
   for (int i = 0; i < order.blocks; ++i) {
     const int head = order.head(w, heads_per_kv, i), m = order.block(w, i);
-    typename BackwardConsumer<T, Cfg>::Scores s, dp;
+    typename BackwardConsumer<T, Cfg, kDropout>::Scores s, dp;
     mbarrier_wait(&c.sm.full()[pos.index], pos.phase);
     const int do_stage = Cfg::kSeparateDoRing ? do_pos.index : pos.index;
     c.issue_scores(s, dp, pos.index, do_stage, do_pos.phase);
@@ -710,8 +834,9 @@ __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int 
   }
 }
 
-// kAlibi: a kernel of its own, so that the plain kernel's register allocation stays what it was without ALiBi.
-template <typename T, typename Cfg, bool kAlibi>
+// Cfg::kExtras: ALiBi and dropout in a kernel of their own, so that the plain kernel's register allocation stays
+// what it was without them.
+template <typename T, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     backward_kernel(const __grid_constant__ BackwardKernelArgs args, const __grid_constant__ CUtensorMap tm_q,
                     const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
@@ -721,10 +846,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   BackwardSmem<Cfg> sm(smem_raw);
   const KeyBlockWork w = key_block_work<Cfg>(args);
   if (w.key0 >= w.seqlen_k) return;  // a varlen sequence shorter than this block: the whole CTA leaves
+  const bool dropping = Cfg::kExtras && args.dropout;
   if (threadIdx.x == 0) {
     mbarrier_init(sm.kv_full(), 1);
     for (int s = 0; s < Cfg::kStages; ++s) {
-      mbarrier_init(&sm.full()[s], 1);
+      mbarrier_init(&sm.full()[s], 1 + (dropping ? kMaskWarps : 0));  // the loads, and each keep-bit warp
       mbarrier_init(&sm.empty()[s], Cfg::kConsumerWarps);
     }
     if constexpr (Cfg::kSeparateDoRing) {
@@ -748,17 +874,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       produce<Cfg>(sm, w, args.heads_per_kv, &tm_q, &tm_k, &tm_v, &tm_do, &tm_lse, &tm_dsum);
     } else if (threadIdx.x / 32 == kDqWriterWarp && has_work) {
       write_dq<Cfg>(sm, w, args);
+    } else if (dropping && threadIdx.x / 32 >= kMaskWarp0 && threadIdx.x / 32 < kMaskWarp0 + kMaskWarps && has_work) {
+      draw_keep_masks<Cfg>(sm, w, args);
     }
   } else {
     setmaxnreg_increase<Cfg::kConsumerRegisters>();
-    BackwardConsumer<T, Cfg> c(sm, w, args, wg - 1);
-    if (has_work) {
-      if (args.softcap > 0.f)
-        consume<T, Cfg, true, kAlibi>(c, w, args.heads_per_kv);
-      else
-        consume<T, Cfg, false, kAlibi>(c, w, args.heads_per_kv);
-    }
-    c.epilogue();
+    auto run = [&](auto dropout) {
+      BackwardConsumer<T, Cfg, decltype(dropout)::value> c(sm, w, args, wg - 1);
+      if (has_work) {
+        if (args.softcap > 0.f)
+          consume<T, Cfg, true, Cfg::kExtras>(c, w, args.heads_per_kv);
+        else
+          consume<T, Cfg, false, Cfg::kExtras>(c, w, args.heads_per_kv);
+      }
+      c.epilogue();
+    };
+    if (dropping)
+      run(std::true_type{});
+    else
+      run(std::false_type{});
   }
 }
 
@@ -862,9 +996,9 @@ namespace {
 using sm90_checks::aligned;
 using sm90_checks::tma_stride_ok;
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kExtras>
 Status launch(const BwdParams& p) {
-  using Cfg = cuda::sm90::BackwardConfig<kHeadDim>;
+  using Cfg = cuda::sm90::BackwardConfig<kHeadDim, kExtras>;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   const bool varlen = p.is_varlen();
   cuda::sm80::BwdKernelArgs rows = sm80_backward_args(p);
@@ -965,9 +1099,11 @@ Status launch(const BwdParams& p) {
       a.window_left = int(MaskSpec::narrowest_left(rows.window_left, p.seqlen_k));
       a.window_right = int(MaskSpec::narrowest_right(rows.window_right, p.seqlen_q));
       a.alibi_slopes = rows.alibi_slopes, a.alibi_batch_stride = rows.alibi_batch_stride;
+      a.dropout = DropoutSpec::make(rows.dropout_p, 0, 0, 0, 0).active();
+      a.dropout_p = rows.dropout_p, a.dropout_seed = rows.dropout_seed, a.dropout_offset = rows.dropout_offset;
+      a.keep_scale = a.dropout ? 1.f / (1.f - rows.dropout_p) : 1.f;
 
-      auto kernel = p.alibi_slopes != nullptr ? cuda::sm90::backward_kernel<T, Cfg, true>
-                                              : cuda::sm90::backward_kernel<T, Cfg, false>;
+      auto kernel = cuda::sm90::backward_kernel<T, Cfg>;
       FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
       const dim3 grid(unsigned(key_blocks), unsigned(p.heads_kv), unsigned(p.batch));
       kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a, tm_q, tm_k, tm_v, tm_do, tm_lse, tm_dsum);
@@ -1000,13 +1136,18 @@ Status launch(const BwdParams& p) {
   return st;
 }
 
-template <typename T>
+// ALiBi and dropout run in the kernel with kExtras (backward_config.h).
+template <typename T, bool kExtras>
 Status launch_head_dim(const BwdParams& p) {
   switch (sm90_checks::head_dim_bucket(p.head_dim, p.head_dim_v, sm90_checks::Pass::backward)) {
-    case 64: return launch<T, 64>(p);
-    case 128: return launch<T, 128>(p);
-    default: return launch<T, 256>(p);
+    case 64: return launch<T, 64, kExtras>(p);
+    case 128: return launch<T, 128, kExtras>(p);
+    default: return launch<T, 256, kExtras>(p);
   }
+}
+template <typename T>
+Status launch_extras(const BwdParams& p) {
+  return p.alibi_slopes != nullptr || p.dropout_p > 0 ? launch_head_dim<T, true>(p) : launch_head_dim<T, false>(p);
 }
 
 }  // namespace
@@ -1040,7 +1181,7 @@ Status sm90_backward_run(const BwdParams& p) {
   if (!st.ok()) return st;
   DeviceGuard guard(p.device.index);
   FA_CUDA_TRY(guard.status());
-  return p.dtype == DType::bf16 ? launch_head_dim<__nv_bfloat16>(p) : launch_head_dim<__half>(p);
+  return p.dtype == DType::bf16 ? launch_extras<__nv_bfloat16>(p) : launch_extras<__half>(p);
 }
 
 }  // namespace flashattn::detail

@@ -1,5 +1,5 @@
 // Hopper forward main loop: the producer (TMA into the K/V ring) and the consumer warpgroups' steps
-// (S = Q Kᵀ, softcap, ALiBi and mask, online softmax, O += P V, epilogue) and their order (S_n issued with
+// (S = Q Kᵀ, softcap, ALiBi and mask, online softmax, dropout, O += P V, epilogue) and their order (S_n issued with
 // P_{n+1} V_{n+1}, the softmax under P V, the consumer warpgroups taking turns or issuing freely). Warp roles
 // and budgets: forward_sm90.cu's header and forward_config.h.
 // Included by forward_sm90.cu only.
@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "common/alibi.h"
+#include "common/dropout.h"
 #include "cuda/sm90/forward_config.h"
 #include "cuda/sm90/forward_tiles.cuh"
 #include "cuda/sm90/primitives_sm90.cuh"
@@ -85,8 +86,9 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
 
 // ---- consumer: one warpgroup, 64 query rows ----
 // The per-warpgroup state and the steps of one key tile; consume() below puts them in order.
-// kAlibi: ALiBi's bias on every tile (a kernel of its own, so that the plain kernel's code stays as it was).
-template <typename T, typename Cfg_, bool kAlibi = false>
+// kExtras: ALiBi's bias and dropout compiled in, each applied when the call asks for it (a kernel of its own, so that
+// the plain kernel's code stays as it was).
+template <typename T, typename Cfg_, bool kExtras = false>
 struct Consumer {
   using Cfg = Cfg_;
   static constexpr int kHeadDim = Cfg::kHeadDim;
@@ -107,9 +109,12 @@ struct Consumer {
   float o[kHeadDim / 2];
   float row_max[2] = {-INFINITY, -INFINITY};  // in score units (after softcap), not yet scaled to log2
   float row_sum[2] = {0.f, 0.f};              // this thread's part; the quad's four parts add up at the end
-  float alibi_slope_u = 0.f;  // kAlibi: the slope in score units (S's, before the scale)
-  int alibi_diag[2] = {0, 0}; // kAlibi: the rows' diagonals, row + s_k - s_q
-  int alibi_warp_diag0 = 0;   // kAlibi: the diagonal of the warp's first row
+  bool alibi = false;         // kExtras: the call has ALiBi slopes
+  float alibi_slope_u = 0.f;  // ALiBi: the slope in score units (S's, before the scale)
+  int alibi_diag[2] = {0, 0}; // ALiBi: the rows' diagonals, row + s_k - s_q
+  int alibi_warp_diag0 = 0;   // ALiBi: the diagonal of the warp's first row
+  DropoutSpec dropout;        // kExtras: inactive unless the call asks for dropout
+  float keep_scale = 1.f;     // dropout: 1 / (1 - p), applied to O in the epilogue
 
   __device__ Consumer(const SharedStorage<Cfg>& sm_, const BlockWork& w_, const ForwardKernelArgs& a_, int wg)
       : sm(sm_), w(w_), a(a_) {
@@ -122,12 +127,17 @@ struct Consumer {
     for (int r = 0; r < 2; ++r) {
       w.mask.key_range(row[r], &key_lo[r], &key_hi[r]);
     }
-    if constexpr (kAlibi) {
+    alibi = kExtras && a.alibi_slopes != nullptr;
+    if (alibi) {
       const Alibi32 bias = Alibi32::make(a.alibi_slopes, a.alibi_batch_stride, w.batch, w.head, w.seqlen_q, w.seqlen_k);
       // S's unit is worth scale_log2 / log2e natural-log units (softmax_scale, or 1 under softcap).
       alibi_slope_u = bias.slope_log2() / a.scale_log2;
       for (int r = 0; r < 2; ++r) alibi_diag[r] = row[r] + bias.shift;
       alibi_warp_diag0 = row[0] - lane / 4 + bias.shift;
+    }
+    if constexpr (kExtras) {
+      dropout = DropoutSpec::make(a.dropout_p, a.dropout_seed, a.dropout_offset, w.batch, w.head);
+      if (dropout.active()) keep_scale = 1.f / (1.f - a.dropout_p);
     }
     // Both edges of the visible band move right with the row, so the keys every row of the tile sees are
     // [first key of the last row, end of the first row's keys); a key tile inside that needs no mask. The
@@ -172,8 +182,8 @@ struct Consumer {
     wgmma_commit();
   }
 
-  // Softcap, ALiBi's bias (kAlibi), then the mask (only on tiles that cross a mask edge or the end of the keys).
-  // kAlibi: score (j, e) sits at row e / 2, key n·kN + 2·quad + 8j + e % 2, at distance base[row] - c from the
+  // Softcap, ALiBi's bias (kExtras, with slopes), then the mask (only on tiles that cross a mask edge or the end of the keys).
+  // ALiBi: score (j, e) sits at row e / 2, key n·kN + 2·quad + 8j + e % 2, at distance base[row] - c from the
   // row's diagonal (c = 8j + e % 2). On a tile whose keys all lie on one side of every diagonal of the warp's rows
   // (most tiles: all of them under a causal mask) the bias -slope·|base - c| is linear in c: s gets slope·c (one
   // FFMA with an immediate per score, sign by side) and `shift` the row's rest, -(±slope)·base, which the softmax
@@ -183,7 +193,7 @@ struct Consumer {
 #pragma unroll
       for (int i = 0; i < kN / 2; ++i) s[i] = a.softcap * tanhf(s[i] * a.softcap_in_scale);
     }
-    if constexpr (kAlibi) {
+    if (kExtras && alibi) {
       float base[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) base[r] = float(alibi_diag[r] - (n * kN + 2 * quad));
@@ -239,7 +249,7 @@ struct Consumer {
   // 16-bit P holds at full relative precision) and the factor is 1. O and the row sum share that maximum, so
   // the result is the same softmax; the epilogue's LSE uses it too. Past the first tiles the maxima rarely move
   // that far, so rescale_o can skip its multiplies.
-  // kAlibi: the true scores of row r are s + shift[r] (transform_scores).
+  // ALiBi: the true scores of row r are s + shift[r] (transform_scores; 0 without ALiBi).
   __device__ void softmax(Scores& s, float (&rescale)[2], const float (&shift)[2]) {
     // The two rows' chains run side by side (r innermost), each split four ways, and the quad shuffles of both
     // rows are in flight together: with two consumer warps per scheduler, the softmax's own independent work
@@ -248,7 +258,7 @@ struct Consumer {
     float mx4[2][4];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      mx4[r][0] = kAlibi ? row_max[r] - shift[r] : row_max[r];
+      mx4[r][0] = kExtras ? row_max[r] - shift[r] : row_max[r];
       mx4[r][1] = mx4[r][2] = mx4[r][3] = -INFINITY;
     }
 #pragma unroll
@@ -260,7 +270,7 @@ struct Consumer {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(fmaxf(mx4[r][0], mx4[r][1]), fmaxf(mx4[r][2], mx4[r][3]));
-      if constexpr (kAlibi) mx[r] = fmaxf(mx[r] + shift[r], row_max[r]);  // the shift differs across the quad
+      if constexpr (kExtras) mx[r] = fmaxf(mx[r] + shift[r], row_max[r]);  // the shift differs across the quad
     }
 #pragma unroll
     for (int lane_mask = 1; lane_mask < 4; lane_mask *= 2)
@@ -275,7 +285,7 @@ struct Consumer {
       neg_base[r] = m == -INFINITY ? 0.f : -m * a.scale_log2;
       rescale[r] = raise ? exp2_approx(fmaf(row_max[r], a.scale_log2, neg_base[r])) : 1.f;
       row_max[r] = m;
-      if constexpr (kAlibi) neg_base[r] = m == -INFINITY ? 0.f : (shift[r] - m) * a.scale_log2;
+      if constexpr (kExtras) neg_base[r] = m == -INFINITY ? 0.f : (shift[r] - m) * a.scale_log2;
     }
     float sum4[2][4] = {};
 #pragma unroll
@@ -292,6 +302,40 @@ struct Consumer {
 #pragma unroll
     for (int r = 0; r < 2; ++r)
       row_sum[r] = fmaf(row_sum[r], rescale[r], (sum4[r][0] + sum4[r][1]) + (sum4[r][2] + sum4[r][3]));
+  }
+
+  // Dropout on key tile n's P (kExtras): the dropped probabilities become 0 after the row sums took them (the LSE
+  // is the undropped one); the kept ones' factor 1 / (1 - p) waits for the epilogue. The lane's keys of a 32-key
+  // span (2·quad and 2·quad + 1 of each 8-key column block) are one Philox group (common/dropout.h): one call per
+  // row and span. Tiles start on multiples of 16 keys, so kPhase = (the tile's first key / 8) % 4 is 0 or 2, and
+  // each column block's span and slots are compile-time offsets from the tile's first span.
+  // Run once the previous tile's P V has landed (consume): drawn earlier, under the S wait, the Philox state beside
+  // S, O and the P fragments in flight spilled (hd 128's 176-key tiles, hd 64's 160-register consumers).
+  template <int kPhase>
+  __device__ void drop_tile(Scores& s, int n) const {
+    constexpr int kSpans = (8 * kPhase + kN + 31) / 32;
+    const uint32_t span0 = uint32_t(n * kN) >> 5;
+#pragma unroll
+    for (int span = 0; span < kSpans; ++span)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t slots = dropout.kept_slots(row[r], (span0 + uint32_t(span)) << 2 | uint32_t(quad));
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const int j = 4 * span + t - kPhase;  // the column block whose keys are slots 2t, 2t + 1
+          if (j < 0 || j >= kN / 8) continue;
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (!(slots >> (2 * t + e) & 1u)) s[4 * j + 2 * r + e] = 0.f;
+        }
+      }
+  }
+  __device__ void drop_tile(Scores& s, int n) const {
+    if (!kExtras || !dropout.active()) return;
+    if (kN % 32 == 0 || (n * kN) % 32 == 0)
+      drop_tile<0>(s, n);
+    else
+      drop_tile<2>(s, n);
   }
 
   // Warp-uniform skip: the multiplies run only if a row of this warp raised its maximum (softmax).
@@ -361,7 +405,8 @@ struct Consumer {
       // A row that saw no key has maximum -inf and sum 0.
       const bool empty = row_max[r] == -INFINITY;
       const float total = quad_sum(row_sum[r]);
-      const float inv = empty ? 0.f : __frcp_rn(total);  // correctly rounded, without division's slow path
+      // Correctly rounded, without division's slow path; dropout's kept probabilities count 1 / (1 - p).
+      const float inv = empty ? 0.f : kExtras ? __frcp_rn(total) * keep_scale : __frcp_rn(total);
       const bool inside = row[r] < w.seqlen_q;
       const int64_t grow = int64_t(w.q_row0) + row[r];
       T* out = static_cast<T*>(a.o) + grow * a.o_row_stride + int64_t(w.head) * a.o_head_stride +
@@ -431,6 +476,7 @@ __device__ void consume(C& c, int wg, PipelineState<C::Cfg::kStages>& st) {
   pass_turn<typename C::Cfg>(wg);
   // O is still 0: its rescale (by 0) is harmless.
   c.template land_scores<0>(s, w.n_end - 1, pos.index, w.n_end - 1 == w.n_begin, rescale);
+  c.drop_tile(s, w.n_end - 1);
   C::to_fragments(p, s);
   int prev = pos.index;
   uint32_t prev_phase = pos.phase;
@@ -446,6 +492,7 @@ __device__ void consume(C& c, int wg, PipelineState<C::Cfg::kStages>& st) {
     // S_n lands (groups complete in order); P V may still run.
     c.template land_scores<1>(s, n, pos.index, n == w.n_begin, rescale);
     c.land_pv(prev);
+    c.drop_tile(s, n);
     C::to_fragments(p, s);
     prev = pos.index;
     prev_phase = pos.phase;

@@ -1,6 +1,7 @@
 // Hopper forward: O = softmax(Q Kᵀ · scale) V and LSE, fp16/bf16 in, fp32 accumulation, for head dims d and d_v
 // that are multiples of 8 up to 256, in buckets of 64, 128, 192, 256 (support_checks.h: columns past d / d_v are
-// TMA's zeros), with causal / sliding-window masks, softcap, ALiBi, GQA, varlen and arbitrary tails.
+// TMA's zeros), with causal / sliding-window masks, softcap, ALiBi, dropout, GQA, varlen and arbitrary tails.
+// ALiBi and dropout run in a kernel of their own (kExtras), so that the plain kernel's registers stay as they were.
 //
 // Work: tiles of kBlockM = 64 · (consumer warpgroups) query rows of one (batch, head), numbered head-major
 // (forward_tiles.cuh). A CTA runs kPipelines independent pipelines (forward_config.h; one, or three at hd 64 on
@@ -58,7 +59,7 @@
 namespace flashattn::cuda::sm90 {
 namespace {
 
-template <typename T, typename Cfg, bool kAlibi>
+template <typename T, typename Cfg, bool kExtras>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     forward_kernel(const __grid_constant__ ForwardKernelArgs args, const __grid_constant__ CUtensorMap tm_q,
                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       // for the descriptors; TileSequence does the same for the tile number).
       w.n_begin = __shfl_sync(0xffffffffu, w.n_begin, 0);
       w.n_end = __shfl_sync(0xffffffffu, w.n_end, 0);
-      Consumer<T, Cfg, kAlibi> c(sm, w, args, consumer);
+      Consumer<T, Cfg, kExtras> c(sm, w, args, consumer);
       consume(c, consumer, st);
       c.epilogue();
     }
@@ -152,7 +153,7 @@ int device_attribute(cudaDeviceAttr attr, int fallback) {
   return value;
 }
 
-template <typename T, typename Plan, bool kAlibi>
+template <typename T, typename Plan, bool kExtras>
 Status launch(const FwdParams& p, Sm90Grid grid) {
   using Cfg = typename Plan::Config;
   const bool varlen = p.is_varlen();
@@ -213,11 +214,12 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   a.window_right = int(MaskSpec::narrowest_right(p.window_right, p.seqlen_q));
   a.alibi_slopes = p.alibi_slopes;
   a.alibi_batch_stride = p.alibi_slopes_batch_stride;
+  a.dropout_p = p.dropout_p, a.dropout_seed = p.dropout_seed, a.dropout_offset = p.dropout_offset;
   a.num_m_tiles = int(m_tiles);
   a.num_heads = int(p.heads_q);
   a.num_tiles = int(num_tiles);
 
-  auto kernel = cuda::sm90::forward_kernel<T, Cfg, kAlibi>;
+  auto kernel = cuda::sm90::forward_kernel<T, Cfg, kExtras>;
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   // All of L1 as shared memory, so that kCtasPerSm CTAs fit on an SM.
   FA_CUDA_TRY(
@@ -277,25 +279,25 @@ Status launch(const FwdParams& p, Sm90Grid grid) {
   return st;
 }
 
-template <typename T, typename Plan, bool kAlibi>
+template <typename T, typename Plan, bool kExtras>
 Status launch_plan_for_keys(const FwdParams& p, Sm90Grid grid) {
   if constexpr (!std::is_void_v<typename Plan::ShortKeysPlan>) {
-    if (p.seqlen_k <= Plan::kShortKeys) return launch<T, typename Plan::ShortKeysPlan, kAlibi>(p, grid);
+    if (p.seqlen_k <= Plan::kShortKeys) return launch<T, typename Plan::ShortKeysPlan, kExtras>(p, grid);
   }
-  return launch<T, Plan, kAlibi>(p, grid);
+  return launch<T, Plan, kExtras>(p, grid);
 }
 
 template <typename T, typename Plan>
-Status launch_plan_for_bias(const FwdParams& p, Sm90Grid grid) {
-  return p.alibi_slopes != nullptr ? launch_plan_for_keys<T, Plan, true>(p, grid)
+Status launch_plan_for_extras(const FwdParams& p, Sm90Grid grid) {
+  return p.alibi_slopes != nullptr || p.dropout_p > 0 ? launch_plan_for_keys<T, Plan, true>(p, grid)
                                    : launch_plan_for_keys<T, Plan, false>(p, grid);
 }
 
 template <typename T, int kHeadDim>
 Status launch_planned(const FwdParams& p, Sm90Grid grid) {
   const bool masked = p.causal || p.window_left >= 0 || p.window_right >= 0;
-  return masked ? launch_plan_for_bias<T, cuda::sm90::KernelPlan<kHeadDim, true>>(p, grid)
-                : launch_plan_for_bias<T, cuda::sm90::KernelPlan<kHeadDim, false>>(p, grid);
+  return masked ? launch_plan_for_extras<T, cuda::sm90::KernelPlan<kHeadDim, true>>(p, grid)
+                : launch_plan_for_extras<T, cuda::sm90::KernelPlan<kHeadDim, false>>(p, grid);
 }
 
 template <typename T>

@@ -28,8 +28,11 @@ struct ForwardKernelArgs {
   float softcap_in_scale;  // softmax_scale / softcap
   bool causal;
   int window_left, window_right;
-  const float* alibi_slopes;  // null: no ALiBi (the kernel's kAlibi); slope of (b, h) at b * alibi_batch_stride + h
+  // ALiBi and dropout run only in the kernel with kExtras (forward_sm90.cu), each when asked for.
+  const float* alibi_slopes;  // null: no ALiBi; slope of (b, h) at b * alibi_batch_stride + h
   int64_t alibi_batch_stride;
+  float dropout_p;            // 0: no dropout (common/dropout.h)
+  uint64_t dropout_seed, dropout_offset;
   // Tiles: num_m_tiles query tiles (kTileRows rows: a block per CTA of a cluster) x num_heads x batch, numbered
   // head-major (every query tile of one head, heaviest first under a causal mask, then the next head: CTAs
   // running at once share K/V in L2). Pipeline p of cluster c (ForwardConfig::kPipelines, kClusterCtas; a
