@@ -21,8 +21,7 @@
 //                kStages-deep ring with TMA (full/empty mbarriers; at hd 256 dO in a one-stage ring of its
 //                own). Its warp 1 adds each consumer warpgroup's dQ stage to dq_accum with one bulk reduce-add
 //                per hand-off (named barriers dq full / dq empty per warpgroup), in key-block order under
-//                deterministic (turn counters in the workspace). With dropout (kExtras) its warps 2 and 3 draw
-//                each query block's keep bits into the block's ring stage (draw_keep_masks).
+//                deterministic (turn counters in the workspace).
 //   warpgroups 1, 2  consumers, 64 keys each (setmaxnreg; at hd 256 the same 64 keys, half of dK/dV/dQ's columns
 //                and half of the block's queries in Sᵀ, dPᵀ each: backward_config.h, kColumnSplit). Per query
 //                block, in the transposed orientation so that the 64 keys are the wgmma's M and P, dS land in
@@ -85,9 +84,6 @@ constexpr int kDqFullBarrier = 3;
 constexpr int kDqEmptyBarrier = 5;
 constexpr int kDqWriterWarp = 1;  // of the producer warpgroup (warp 0's first thread issues the loads)
 constexpr int kDqHandoffThreads = kWarpgroupThreads + 32;
-// Warps of the producer warpgroup that draw dropout's keep bits (kExtras).
-constexpr int kMaskWarp0 = 2;
-constexpr int kMaskWarps = 2;
 
 // What the kernel reads besides the tensor maps; lengths and strides in elements.
 struct BackwardKernelArgs {
@@ -357,68 +353,6 @@ __device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, con
   if (leader) bulk_wait<0>();
 }
 
-// ---- keep-bit warps (kExtras with dropout): kMaskWarps warps of the producer warpgroup draw each query block's
-// dropout mask into its ring stage, already in the consumers' layout, so that a consumer thread loads its bits of
-// the block with one load and holds them in kKeepWords registers ----
-// The mask's Philox groups (common/dropout.h) are query rows' runs of 8 keys: keys 2q + b + 8c (b < 2, c < 4) of a
-// 32-key span. A consumer thread holds two keys k, k + 8 (accumulator rows r) of many queries (Sᵀ), so a group drawn
-// there would serve a quarter of its draws. Keys 2q + b + 8c of the span are rows r = c % 2 of the consumer threads
-// with lane / 4 = 2q + b in warp (span · 32 + 8c) / 16 of the CTA's consumers (the warpgroup is span / 2; at hd 256
-// both warpgroups hold the same 64 keys and split the queries), and the thread's queries are 8j + 2·quad + e of its
-// warpgroup's: so one keep-bit lane per (span, q, quad) and, under kColumnSplit, query half, draws every group
-// those four consumer threads need, and writes their words whole (no other lane touches them).
-template <typename Cfg>
-__device__ void draw_keep_masks(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, const BackwardKernelArgs& a) {
-  constexpr int kSQ = Cfg::kScoreQueries;
-  constexpr int kKeepWords = Cfg::kKeepWords;
-  constexpr int kLanes = Cfg::kKeySpans * 4 * 4 * (Cfg::kColumnSplit ? Cfg::kConsumerWarpgroups : 1);
-  static_assert(kLanes == kMaskWarps * 32, "draw_keep_masks: one lane per (span, group, quad[, query half])");
-  const int t = int(threadIdx.x) - kMaskWarp0 * 32;
-  const int quad = t % 4, q = t / 4 % 4;
-  const int span = Cfg::kColumnSplit ? t / 16 % Cfg::kKeySpans : t / 16;
-  const int query_half = Cfg::kColumnSplit ? t / (16 * Cfg::kKeySpans) : 0;  // the consumer warpgroup's queries
-  // The consumer threads of keys 2q + b + 16h + 32·span (h = c / 2), as indices among the consumers.
-  auto consumer = [&](int b, int h) {
-    const int key = 32 * span + 16 * h + 2 * q + b;  // row 0 of that thread
-    const int wg = Cfg::kColumnSplit ? query_half : key / kWgmmaRows;
-    return wg * kWarpgroupThreads + (key % kWgmmaRows) / 16 * 32 + 4 * (key % 8) + quad;
-  };
-  const QueryBlockOrder order(w, a.heads_per_kv);
-  RingPosition<Cfg::kStages> pos;
-  for (int i = 0; i < order.blocks; ++i) {
-    const int head = order.head(w, a.heads_per_kv, i), m = order.block(w, i);
-    const DropoutSpec drop = DropoutSpec::make(a.dropout_p, a.dropout_seed, a.dropout_offset, w.batch, head);
-    const uint32_t group = uint32_t(w.key0 / 32 + span) << 2 | uint32_t(q);
-    const int64_t query0 = int64_t(m) * Cfg::kBlockM + query_half * kSQ + 2 * quad;
-    mbarrier_wait(&sm.empty()[pos.index], pos.phase ^ 1u);
-    uint32_t* stage_words = sm.keep_mask(pos.index);
-    // One word of the four consumer threads at a time (the lanes' 32 registers hold no more beside Philox).
-#pragma unroll
-    for (int k = 0; k < kKeepWords; ++k) {
-      uint32_t words[2][2] = {};  // [b][h]: bit 4j + 2r + e - 32k for query 8j + e, row r = c % 2
-      // Not unrolled: interleaved Philox calls would not fit the 32 registers either.
-#pragma unroll 1
-      for (int j = 8 * k; j < 8 * k + 8 && j < kSQ / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const uint32_t slots = drop.kept_slots(query0 + 8 * j + e, group);  // bit 2c + b
-#pragma unroll
-          for (int c = 0; c < 4; ++c)
-#pragma unroll
-            for (int b = 0; b < 2; ++b)
-              words[b][c / 2] |= (slots >> (2 * c + b) & 1u) << (4 * j + 2 * (c % 2) + e - 32 * k);
-        }
-#pragma unroll
-      for (int b = 0; b < 2; ++b)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) stage_words[consumer(b, h) * kKeepWords + k] = words[b][h];
-    }
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) mbarrier_arrive(&sm.full()[pos.index]);
-    pos.advance();
-  }
-}
-
 // ---- consumer: one warpgroup, 64 keys ----
 // kDropout (only with Cfg::kExtras): the call drops; a copy of its own, so that a call with ALiBi alone runs the
 // code it ran before dropout came (as one copy with a run-time switch, the hd 64 and 128 loops spilled either way).
@@ -468,9 +402,69 @@ struct BackwardConsumer {
     for (int i = 0; i < kOutCols / 2; ++i) dk[i] = dv[i] = 0.f;
   }
 
-  // This thread's keep bits of the query block in ring stage `stage` (draw_keep_masks).
-  __device__ void load_keep_bits(int stage) {
-    const uint32_t* words = sm.keep_mask(stage) + (threadIdx.x - kWarpgroupThreads) * kKeepWords;
+  // Dropout's keep bits of query block m of `head` into buffer `buffer`, in the consumers' layout: kKeepWords words
+  // per consumer thread, bit i for its Sᵀ element i, so that each thread loads its bits of a block with one load
+  // and holds them in registers (load_keep_bits). Every consumer thread draws a share of the block's groups: the
+  // mask's Philox groups (common/dropout.h) are a query row's keys 2q + b + 8c (b < 2, c < 4) of a 32-key span,
+  // which are rows r = c % 2 of the consumer threads with lane / 4 = 2q + b in warp (32·span + 8c) / 16 of the
+  // consumers (warpgroup span / 2; at hd 256 both warpgroups hold the same 64 keys and split the queries), and a
+  // thread's queries are 8j + 2·quad + e of its warpgroup's. So a role (span, q, quad and, under kColumnSplit, query
+  // half) draws every group four consumer threads need; four threads share a role, each a quarter of its queries
+  // (j), and OR their bits by shuffles before one of them stores each word. Drawn in the producer warpgroup's
+  // spare warps instead (24 registers, one Philox chain at a time) the backward ran 3.0-3.6x slower at hd 64.
+  __device__ void draw_keep_bits(int head, int m, int buffer) const {
+    constexpr int kJ = kSQ / 8;                     // a consumer thread's query pairs
+    constexpr int kJPerThread = kJ / 4;             // of which each of the role's four threads draws these
+    constexpr int kThreadsPerWord = 4 / kKeepWords;  // the role's threads whose queries fall in one word
+    static_assert(kJPerThread * 4 == kJ && 8 % kJPerThread == 0,
+                  "draw_keep_bits: a role's queries split four ways, each share inside one word");
+    const int t = int(threadIdx.x) - kWarpgroupThreads;  // among both consumer warpgroups
+    const int share = t % 4, role = t / 4;
+    const int role_quad = role % 4, q = role / 4 % 4;
+    const int span = Cfg::kColumnSplit ? role / 16 % Cfg::kKeySpans : role / 16;
+    const int query_half = Cfg::kColumnSplit ? role / (16 * Cfg::kKeySpans) : 0;
+    static_assert(Cfg::kKeySpans * 16 * (Cfg::kColumnSplit ? Cfg::kConsumerWarpgroups : 1) * 4 ==
+                      Cfg::kConsumerWarpgroups * kWarpgroupThreads,
+                  "draw_keep_bits: four consumer threads per role");
+    const DropoutSpec drop = DropoutSpec::make(a.dropout_p, a.dropout_seed, a.dropout_offset, w.batch, head);
+    const uint32_t group = uint32_t(w.key0 / 32 + span) << 2 | uint32_t(q);
+    const int j0 = share * kJPerThread;
+    const int64_t query0 = int64_t(m) * kM + query_half * kSQ + 2 * role_quad + 8 * j0;
+    uint32_t bits[2][2] = {};  // [b][h = c / 2]: bit (4j + 2 (c % 2) + e) % 32 of the word of j
+#pragma unroll
+    for (int jj = 0; jj < kJPerThread; ++jj)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const uint32_t slots = drop.kept_slots(query0 + 8 * jj + e, group);  // bit 2c + b
+        const int at = (4 * (j0 + jj) + e) % 32;
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+#pragma unroll
+          for (int b = 0; b < 2; ++b) bits[b][c / 2] |= (slots >> (2 * c + b) & 1u) << (at + 2 * (c % 2));
+      }
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int x = 1; x < kThreadsPerWord; x *= 2) bits[b][h] |= __shfl_xor_sync(0xffffffffu, bits[b][h], x);
+    if (share % kThreadsPerWord != 0) return;
+    const int word = j0 / 8;
+    uint32_t* words = sm.keep_mask(buffer);
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int key = 32 * span + 16 * h + 2 * q + b;  // row 0 of the consumer thread holding it
+        const int wg_of_key = Cfg::kColumnSplit ? query_half : key / kWgmmaRows;
+        const int owner = wg_of_key * kWarpgroupThreads + (key % kWgmmaRows) / 16 * 32 + 4 * (key % 8) + role_quad;
+        words[owner * kKeepWords + word] = bits[b][h];
+      }
+  }
+
+  // This thread's keep bits of the query block in buffer `buffer` (draw_keep_bits).
+  __device__ void load_keep_bits(int buffer) {
+    const uint32_t* words = sm.keep_mask(buffer) + (threadIdx.x - kWarpgroupThreads) * kKeepWords;
     if constexpr (kKeepWords == 2) {
       const uint2 v = *reinterpret_cast<const uint2*>(words);
       keep[0] = v.x, keep[1] = v.y;
@@ -726,7 +720,7 @@ struct BackwardConsumer {
                             int do_stage, int ds_buffer, float alibi_slope2) {
     const uint8_t* q_tile = sm.q(stage);
     const uint8_t* do_tile = sm.dout(do_stage);
-    if (Cfg::kExtras && dropping) load_keep_bits(stage);
+    if (Cfg::kExtras && dropping) load_keep_bits(ds_buffer);
     wgmma_wait<1>();  // Sᵀ has landed; dPᵀ may still run
     fence_registers(s);
     Fragments pf;
@@ -801,6 +795,13 @@ struct BackwardConsumer {
 // spilled at hd 128 (53a4bb5).
 template <typename T, typename Cfg, bool kSoftcap, bool kAlibi, bool kDropout>
 __device__ void consume(BackwardConsumer<T, Cfg, kDropout>& c, const KeyBlockWork& w, int heads_per_kv) {
+  // Dropout: block i's keep bits are drawn during block i - 1 (under its Sᵀ and dPᵀ) into buffer i % 2, which the
+  // barrier on which both warpgroups meet in each block (gradients) hands over; block 0's before the loop, while K
+  // and V load.
+  if constexpr (kDropout) {
+    c.draw_keep_bits(w.kv_head * heads_per_kv, w.m_begin, 0);
+    named_barrier_sync(kDsReadyBarrier, Cfg::kConsumerWarpgroups * kWarpgroupThreads);
+  }
   mbarrier_wait(c.sm.kv_full(), 0);
   const QueryBlockOrder order(w, heads_per_kv);
   RingPosition<Cfg::kStages> pos;
@@ -811,6 +812,10 @@ __device__ void consume(BackwardConsumer<T, Cfg, kDropout>& c, const KeyBlockWor
     mbarrier_wait(&c.sm.full()[pos.index], pos.phase);
     const int do_stage = Cfg::kSeparateDoRing ? do_pos.index : pos.index;
     c.issue_scores(s, dp, pos.index, do_stage, do_pos.phase);
+    if constexpr (kDropout) {
+      if (i + 1 < order.blocks)
+        c.draw_keep_bits(order.head(w, heads_per_kv, i + 1), order.block(w, i + 1), (i + 1) % 2);
+    }
     float dq[Cfg::kDqTileCols / 2];
     const float alibi_slope2 =
         kAlibi ? Alibi32::make(c.a.alibi_slopes, c.a.alibi_batch_stride, w.batch, head, w.seqlen_q, w.seqlen_k)
@@ -846,11 +851,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   BackwardSmem<Cfg> sm(smem_raw);
   const KeyBlockWork w = key_block_work<Cfg>(args);
   if (w.key0 >= w.seqlen_k) return;  // a varlen sequence shorter than this block: the whole CTA leaves
-  const bool dropping = Cfg::kExtras && args.dropout;
   if (threadIdx.x == 0) {
     mbarrier_init(sm.kv_full(), 1);
     for (int s = 0; s < Cfg::kStages; ++s) {
-      mbarrier_init(&sm.full()[s], 1 + (dropping ? kMaskWarps : 0));  // the loads, and each keep-bit warp
+      mbarrier_init(&sm.full()[s], 1);
       mbarrier_init(&sm.empty()[s], Cfg::kConsumerWarps);
     }
     if constexpr (Cfg::kSeparateDoRing) {
@@ -874,8 +878,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       produce<Cfg>(sm, w, args.heads_per_kv, &tm_q, &tm_k, &tm_v, &tm_do, &tm_lse, &tm_dsum);
     } else if (threadIdx.x / 32 == kDqWriterWarp && has_work) {
       write_dq<Cfg>(sm, w, args);
-    } else if (dropping && threadIdx.x / 32 >= kMaskWarp0 && threadIdx.x / 32 < kMaskWarp0 + kMaskWarps && has_work) {
-      draw_keep_masks<Cfg>(sm, w, args);
     }
   } else {
     setmaxnreg_increase<Cfg::kConsumerRegisters>();
@@ -889,7 +891,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
       c.epilogue();
     };
-    if (dropping)
+    if (Cfg::kExtras && args.dropout)
       run(std::true_type{});
     else
       run(std::false_type{});
