@@ -891,10 +891,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
       c.epilogue();
     };
-    if (Cfg::kExtras && args.dropout)
-      run(std::true_type{});
-    else
+    if constexpr (Cfg::kExtras) {
+      if (args.dropout)
+        run(std::true_type{});
+      else
+        run(std::false_type{});
+    } else {
       run(std::false_type{});
+    }
   }
 }
 

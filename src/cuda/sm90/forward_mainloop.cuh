@@ -86,9 +86,11 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
 
 // ---- consumer: one warpgroup, 64 query rows ----
 // The per-warpgroup state and the steps of one key tile; consume() below puts them in order.
-// kExtras: ALiBi's bias and dropout compiled in, each applied when the call asks for it (a kernel of its own, so that
-// the plain kernel's code stays as it was).
-template <typename T, typename Cfg_, bool kExtras = false>
+// kExtras: ALiBi's bias and dropout compiled in (a kernel of its own, so that the plain kernel's code stays as it
+// was), in two copies: kDropout false runs ALiBi on every tile (the calls with ALiBi alone, whose code then stays
+// what it was before dropout came: as one copy with run-time switches their forward was 3-12% slower), kDropout
+// true drops and applies ALiBi where the call has slopes.
+template <typename T, typename Cfg_, bool kExtras = false, bool kDropout = false>
 struct Consumer {
   using Cfg = Cfg_;
   static constexpr int kHeadDim = Cfg::kHeadDim;
@@ -127,7 +129,7 @@ struct Consumer {
     for (int r = 0; r < 2; ++r) {
       w.mask.key_range(row[r], &key_lo[r], &key_hi[r]);
     }
-    alibi = kExtras && a.alibi_slopes != nullptr;
+    alibi = kExtras && (!kDropout || a.alibi_slopes != nullptr);
     if (alibi) {
       const Alibi32 bias = Alibi32::make(a.alibi_slopes, a.alibi_batch_stride, w.batch, w.head, w.seqlen_q, w.seqlen_k);
       // S's unit is worth scale_log2 / log2e natural-log units (softmax_scale, or 1 under softcap).
@@ -135,7 +137,7 @@ struct Consumer {
       for (int r = 0; r < 2; ++r) alibi_diag[r] = row[r] + bias.shift;
       alibi_warp_diag0 = row[0] - lane / 4 + bias.shift;
     }
-    if constexpr (kExtras) {
+    if constexpr (kDropout) {
       dropout = DropoutSpec::make(a.dropout_p, a.dropout_seed, a.dropout_offset, w.batch, w.head);
       if (dropout.active()) keep_scale = 1.f / (1.f - a.dropout_p);
     }
@@ -193,7 +195,7 @@ struct Consumer {
 #pragma unroll
       for (int i = 0; i < kN / 2; ++i) s[i] = a.softcap * tanhf(s[i] * a.softcap_in_scale);
     }
-    if (kExtras && alibi) {
+    if (kExtras && (!kDropout || alibi)) {
       float base[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) base[r] = float(alibi_diag[r] - (n * kN + 2 * quad));
@@ -331,7 +333,7 @@ struct Consumer {
       }
   }
   __device__ void drop_tile(Scores& s, int n) const {
-    if (!kExtras || !dropout.active()) return;
+    if (!kDropout || !dropout.active()) return;
     if (kN % 32 == 0 || (n * kN) % 32 == 0)
       drop_tile<0>(s, n);
     else
@@ -406,7 +408,7 @@ struct Consumer {
       const bool empty = row_max[r] == -INFINITY;
       const float total = quad_sum(row_sum[r]);
       // Correctly rounded, without division's slow path; dropout's kept probabilities count 1 / (1 - p).
-      const float inv = empty ? 0.f : kExtras ? __frcp_rn(total) * keep_scale : __frcp_rn(total);
+      const float inv = empty ? 0.f : kDropout ? __frcp_rn(total) * keep_scale : __frcp_rn(total);
       const bool inside = row[r] < w.seqlen_q;
       const int64_t grow = int64_t(w.q_row0) + row[r];
       T* out = static_cast<T*>(a.o) + grow * a.o_row_stride + int64_t(w.head) * a.o_head_stride +

@@ -118,17 +118,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     const int consumer = Cfg::kPipelines == 1 ? wg - 1 : (wg - 1) % Cfg::kConsumerWarpgroups;
     const SharedStorage<Cfg> sm(smem_raw, pipeline);
     if (consumer == Cfg::kConsumerWarpgroups - 1) pass_turn<Cfg>(consumer);
-    for (TileSequence<Cfg> seq(pipeline); seq.valid(args); seq.next_for_consumer(args, sm, rank)) {
-      BlockWork w = block_work<Cfg>(args, seq.tile, int(rank));
-      if (!w.has_rows) continue;
-      // In varlen the key-tile range comes from loads of cu_seqlens, which the compiler cannot see are equal in
-      // every lane; broadcast it so the loop counters and ring positions stay warp-uniform (uniform registers
-      // for the descriptors; TileSequence does the same for the tile number).
-      w.n_begin = __shfl_sync(0xffffffffu, w.n_begin, 0);
-      w.n_end = __shfl_sync(0xffffffffu, w.n_end, 0);
-      Consumer<T, Cfg, kExtras> c(sm, w, args, consumer);
-      consume(c, consumer, st);
-      c.epilogue();
+    auto run = [&](auto dropout) {
+      for (TileSequence<Cfg> seq(pipeline); seq.valid(args); seq.next_for_consumer(args, sm, rank)) {
+        BlockWork w = block_work<Cfg>(args, seq.tile, int(rank));
+        if (!w.has_rows) continue;
+        // In varlen the key-tile range comes from loads of cu_seqlens, which the compiler cannot see are equal in
+        // every lane; broadcast it so the loop counters and ring positions stay warp-uniform (uniform registers
+        // for the descriptors; TileSequence does the same for the tile number).
+        w.n_begin = __shfl_sync(0xffffffffu, w.n_begin, 0);
+        w.n_end = __shfl_sync(0xffffffffu, w.n_end, 0);
+        Consumer<T, Cfg, kExtras, decltype(dropout)::value> c(sm, w, args, consumer);
+        consume(c, consumer, st);
+        c.epilogue();
+      }
+    };
+    if constexpr (kExtras) {
+      if (args.dropout_p > 0)
+        run(std::true_type{});
+      else
+        run(std::false_type{});
+    } else {
+      run(std::false_type{});
     }
   }
   // The other CTAs of a cluster still arrive on this CTA's barriers (their last K / V releases, tile ring reads)
