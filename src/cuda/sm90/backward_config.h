@@ -28,22 +28,24 @@
 // tensor work for 5 useful (bench/results/hopper-backward.md). dO has a ring of one stage (kDoStages, its own
 // barriers, released once dV has landed) so that the dQ stages fit. Shared memory: K, V 32 KB each; Q 2 x 32 KB;
 // dO 32 KB; Pᵀ and dSᵀ 2 buffers x 8 KB each; LSE, D 1 KB; dQ stages 2 x 16 KB: 226 KB of 227.
-// kExtras (the kernel with ALiBi and dropout compiled in): each ring stage also holds dropout's keep bits of its
-// query block (kMaskBytes: one or two 32-bit words per consumer thread), which two spare warps of the producer
-// warpgroup draw within its 24 registers (setmaxnreg moves registers within the launch's 384 x 168: a producer
-// at 32 would leave the consumers' increase waiting forever). At hd 256 that needs the dQ stages halved: 4
-// hand-offs of 32 columns per warpgroup and block (2 x 8 KB).
-// hd 64 +4 KB, hd 128 +2 KB, hd 256 +1 - 16 KB.
+// kExtras: ALiBi compiled in; kDropout (with kExtras): dropout too, ALiBi where the call has slopes. Dropout's keep
+// bits of a query block take a double buffer (kMaskBytes each: one or two 32-bit words per consumer thread, which
+// the consumers draw for the next block, backward_sm90.cu's draw_keep_bits): hd 64 +4 KB, hd 128 +2 KB, hd 256
+// +2 KB, which at hd 256 needs the dQ stages halved (4 hand-offs of 32 columns per warpgroup and block, 2 x 8 KB:
+// -16 KB). Only the dropout kernel pays for that: with it in the ALiBi kernel too, ALiBi's backward cost at hd 256
+// went from 2-7% to 11-21%.
 #pragma once
 
 #include "cuda/sm90/forward_config.h"
 
 namespace flashattn::cuda::sm90 {
 
-template <int kHeadDim_, bool kExtras_ = false>
+template <int kHeadDim_, bool kExtras_ = false, bool kDropout_ = false>
 struct BackwardConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kExtras = kExtras_;
+  static constexpr bool kDropout = kDropout_;
+  static_assert(kExtras || !kDropout, "sm90 backward: dropout comes with the extras (ALiBi) code");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "sm90 backward: head dim 64, 128 or 256");
   static constexpr int kConsumerWarpgroups = 2;
   // The warpgroups share the CTA's keys and split the gradients' columns (hd 256), or own 64 keys each.
@@ -84,7 +86,7 @@ struct BackwardConfig {
   static constexpr int kDqTileCols = kDqSplitRows ? kHeadDim : kHeadDim / kConsumerWarpgroups;
   // A warpgroup's piece reaches the writer in kDqStagePieces hand-offs of kDqStageCols columns (one stage each
   // warpgroup, kWgmmaRows x kDqStageCols floats).
-  static constexpr int kDqStagePieces = kColumnSplit ? (kExtras ? 4 : 2) : 1;
+  static constexpr int kDqStagePieces = kColumnSplit ? (kDropout ? 4 : 2) : 1;
   static constexpr int kDqStageCols = kDqTileCols / kDqStagePieces;
   static constexpr int kDqStageBytes = kWgmmaRows * kDqStageCols * 4;
   // Rows of the workspace arrays at which every sequence starts: a whole query block for the fragment-ordered
@@ -98,11 +100,11 @@ struct BackwardConfig {
   // Shared score tiles per buffer: dSᵀ, and under kColumnSplit Pᵀ beside it; two buffers.
   static constexpr int kDsTiles = kColumnSplit ? 2 : 1;
   static constexpr int kRowValueBytes = kBlockM * 4;                 // one stage of LSE or D (fp32)
-  // One stage of dropout's keep bits (kExtras): kKeepWords 32-bit words per consumer thread, a bit for each of its
-  // Sᵀ elements (draw_keep_masks).
+  // One buffer of dropout's keep bits (kDropout): kKeepWords 32-bit words per consumer thread, a bit for each of
+  // its Sᵀ elements (draw_keep_bits).
   static constexpr int kKeySpans = kBlockN / 32;
   static constexpr int kKeepWords = (kScoreQueries / 2 + 31) / 32;
-  static constexpr int kMaskBytes = kExtras ? kConsumerWarpgroups * kWarpgroupThreads * kKeepWords * 4 : 0;
+  static constexpr int kMaskBytes = kDropout ? kConsumerWarpgroups * kWarpgroupThreads * kKeepWords * 4 : 0;
   // What one stage's TMA delivers (Q, LSE, D, and dO unless it has a ring of its own).
   static constexpr int kStageTxBytes = (kSeparateDoRing ? 1 : 2) * kQBytes + 2 * kRowValueBytes;
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0 && kDsBytes % 1024 == 0,

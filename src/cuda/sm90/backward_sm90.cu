@@ -55,7 +55,6 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
-#include <type_traits>
 
 #include "backend.h"
 #include "common/alibi.h"
@@ -114,10 +113,9 @@ struct BackwardKernelArgs {
   float softcap_log2;      // softcap · log2(e)
   bool causal;
   int window_left, window_right;
-  // ALiBi and dropout run only in the kernel with kExtras, each when asked for.
+  // ALiBi runs only in the kernels with Cfg::kExtras, dropout only in the one with Cfg::kDropout.
   const float* alibi_slopes;  // null: no ALiBi (common/alibi.h)
   int64_t alibi_batch_stride;
-  bool dropout;               // dropout_p draws a mask (DropoutSpec::active)
   float dropout_p;
   uint64_t dropout_seed, dropout_offset;
   float keep_scale;           // 1 / (1 - dropout_p): dV's and dS's factor for kept probabilities
@@ -165,9 +163,9 @@ struct BackwardSmem {
   __device__ float* dsum(int stage) const {
     return reinterpret_cast<float*>(base + kDsumOffset + stage * Cfg::kRowValueBytes);
   }
-  // Dropout's keep bits of the query block in ring stage `stage` (kExtras; backward_config.h).
-  __device__ uint32_t* keep_mask(int stage) const {
-    return reinterpret_cast<uint32_t*>(base + kMaskOffset + stage * Cfg::kMaskBytes);
+  // Dropout's keep bits, buffer `buffer` (Cfg::kDropout; backward_config.h).
+  __device__ uint32_t* keep_mask(int buffer) const {
+    return reinterpret_cast<uint32_t*>(base + kMaskOffset + buffer * Cfg::kMaskBytes);
   }
   // Consumer warpgroup wg's dQ stage: 64 x kDqStageCols floats of its piece in fragment order.
   __device__ float* dq_stage(int wg) const {
@@ -354,9 +352,7 @@ __device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, con
 }
 
 // ---- consumer: one warpgroup, 64 keys ----
-// kDropout (only with Cfg::kExtras): the call drops; a copy of its own, so that a call with ALiBi alone runs the
-// code it ran before dropout came (as one copy with a run-time switch, the hd 64 and 128 loops spilled either way).
-template <typename T, typename Cfg, bool kDropout = false>
+template <typename T, typename Cfg>
 struct BackwardConsumer {
   static constexpr int kD = Cfg::kHeadDim;
   static constexpr int kM = Cfg::kBlockM;
@@ -375,9 +371,9 @@ struct BackwardConsumer {
   static constexpr int kOutCols = Cfg::kOutCols;
   int key_row0, out_col0;
   float dk[kOutCols / 2], dv[kOutCols / 2];
-  // Dropout's keep bits of the current block (Cfg::kExtras and the call drops): bit i for Sᵀ's element i.
+  // Dropout's keep bits of the current block (Cfg::kDropout): bit i for Sᵀ's element i.
   static constexpr int kKeepWords = Cfg::kKeepWords;
-  static constexpr bool dropping = Cfg::kExtras && kDropout;
+  static constexpr bool dropping = Cfg::kDropout;
   uint32_t keep[kKeepWords];
 
   __device__ BackwardConsumer(const BackwardSmem<Cfg>& sm_, const KeyBlockWork& w_, const BackwardKernelArgs& a_,
@@ -793,12 +789,12 @@ struct BackwardConsumer {
 // runs; the block's stage goes back once dK has landed (bench/results/hopper-backward.md, 81ae37a). Issuing the
 // next block's Sᵀ and dPᵀ behind dQ instead of waiting was slower at hd 64 (324 -> 262 TFLOP/s at 16k) and
 // spilled at hd 128 (53a4bb5).
-template <typename T, typename Cfg, bool kSoftcap, bool kAlibi, bool kDropout>
-__device__ void consume(BackwardConsumer<T, Cfg, kDropout>& c, const KeyBlockWork& w, int heads_per_kv) {
+template <typename T, typename Cfg, bool kSoftcap, bool kAlibi>
+__device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int heads_per_kv) {
   // Dropout: block i's keep bits are drawn during block i - 1 (under its Sᵀ and dPᵀ) into buffer i % 2, which the
   // barrier on which both warpgroups meet in each block (gradients) hands over; block 0's before the loop, while K
   // and V load.
-  if constexpr (kDropout) {
+  if constexpr (Cfg::kDropout) {
     c.draw_keep_bits(w.kv_head * heads_per_kv, w.m_begin, 0);
     named_barrier_sync(kDsReadyBarrier, Cfg::kConsumerWarpgroups * kWarpgroupThreads);
   }
@@ -808,11 +804,11 @@ __device__ void consume(BackwardConsumer<T, Cfg, kDropout>& c, const KeyBlockWor
   RingPosition<Cfg::kDoStages> do_pos;
   for (int i = 0; i < order.blocks; ++i) {
     const int head = order.head(w, heads_per_kv, i), m = order.block(w, i);
-    typename BackwardConsumer<T, Cfg, kDropout>::Scores s, dp;
+    typename BackwardConsumer<T, Cfg>::Scores s, dp;
     mbarrier_wait(&c.sm.full()[pos.index], pos.phase);
     const int do_stage = Cfg::kSeparateDoRing ? do_pos.index : pos.index;
     c.issue_scores(s, dp, pos.index, do_stage, do_pos.phase);
-    if constexpr (kDropout) {
+    if constexpr (Cfg::kDropout) {
       if (i + 1 < order.blocks)
         c.draw_keep_bits(order.head(w, heads_per_kv, i + 1), order.block(w, i + 1), (i + 1) % 2);
     }
@@ -839,8 +835,8 @@ __device__ void consume(BackwardConsumer<T, Cfg, kDropout>& c, const KeyBlockWor
   }
 }
 
-// Cfg::kExtras: ALiBi and dropout in a kernel of their own, so that the plain kernel's register allocation stays
-// what it was without them.
+// Cfg::kExtras (ALiBi) and Cfg::kDropout: kernels of their own, so that the plain kernel's register allocation
+// stays what it was without them, and the ALiBi kernel's without dropout.
 template <typename T, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     backward_kernel(const __grid_constant__ BackwardKernelArgs args, const __grid_constant__ CUtensorMap tm_q,
@@ -881,24 +877,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   } else {
     setmaxnreg_increase<Cfg::kConsumerRegisters>();
-    auto run = [&](auto dropout) {
-      BackwardConsumer<T, Cfg, decltype(dropout)::value> c(sm, w, args, wg - 1);
-      if (has_work) {
-        if (args.softcap > 0.f)
-          consume<T, Cfg, true, Cfg::kExtras>(c, w, args.heads_per_kv);
-        else
-          consume<T, Cfg, false, Cfg::kExtras>(c, w, args.heads_per_kv);
-      }
-      c.epilogue();
-    };
-    if constexpr (Cfg::kExtras) {
-      if (args.dropout)
-        run(std::true_type{});
+    BackwardConsumer<T, Cfg> c(sm, w, args, wg - 1);
+    if (has_work) {
+      if (args.softcap > 0.f)
+        consume<T, Cfg, true, Cfg::kExtras>(c, w, args.heads_per_kv);
       else
-        run(std::false_type{});
-    } else {
-      run(std::false_type{});
+        consume<T, Cfg, false, Cfg::kExtras>(c, w, args.heads_per_kv);
     }
+    c.epilogue();
   }
 }
 
@@ -1002,9 +988,9 @@ namespace {
 using sm90_checks::aligned;
 using sm90_checks::tma_stride_ok;
 
-template <typename T, int kHeadDim, bool kExtras>
+template <typename T, int kHeadDim, bool kExtras, bool kDropout>
 Status launch(const BwdParams& p) {
-  using Cfg = cuda::sm90::BackwardConfig<kHeadDim, kExtras>;
+  using Cfg = cuda::sm90::BackwardConfig<kHeadDim, kExtras, kDropout>;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   const bool varlen = p.is_varlen();
   cuda::sm80::BwdKernelArgs rows = sm80_backward_args(p);
@@ -1105,9 +1091,8 @@ Status launch(const BwdParams& p) {
       a.window_left = int(MaskSpec::narrowest_left(rows.window_left, p.seqlen_k));
       a.window_right = int(MaskSpec::narrowest_right(rows.window_right, p.seqlen_q));
       a.alibi_slopes = rows.alibi_slopes, a.alibi_batch_stride = rows.alibi_batch_stride;
-      a.dropout = DropoutSpec::make(rows.dropout_p, 0, 0, 0, 0).active();
       a.dropout_p = rows.dropout_p, a.dropout_seed = rows.dropout_seed, a.dropout_offset = rows.dropout_offset;
-      a.keep_scale = a.dropout ? 1.f / (1.f - rows.dropout_p) : 1.f;
+      a.keep_scale = kDropout ? 1.f / (1.f - rows.dropout_p) : 1.f;
 
       auto kernel = cuda::sm90::backward_kernel<T, Cfg>;
       FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
@@ -1142,18 +1127,20 @@ Status launch(const BwdParams& p) {
   return st;
 }
 
-// ALiBi and dropout run in the kernel with kExtras (backward_config.h).
-template <typename T, bool kExtras>
+// ALiBi runs in the kernels with kExtras, dropout in the one with kDropout (backward_config.h).
+template <typename T, bool kExtras, bool kDropout>
 Status launch_head_dim(const BwdParams& p) {
   switch (sm90_checks::head_dim_bucket(p.head_dim, p.head_dim_v, sm90_checks::Pass::backward)) {
-    case 64: return launch<T, 64, kExtras>(p);
-    case 128: return launch<T, 128, kExtras>(p);
-    default: return launch<T, 256, kExtras>(p);
+    case 64: return launch<T, 64, kExtras, kDropout>(p);
+    case 128: return launch<T, 128, kExtras, kDropout>(p);
+    default: return launch<T, 256, kExtras, kDropout>(p);
   }
 }
 template <typename T>
 Status launch_extras(const BwdParams& p) {
-  return p.alibi_slopes != nullptr || p.dropout_p > 0 ? launch_head_dim<T, true>(p) : launch_head_dim<T, false>(p);
+  // A dropout_p whose keep threshold rounds to 2^16 drops nothing and scales nothing (common/dropout.h).
+  if (DropoutSpec::make(p.dropout_p, 0, 0, 0, 0).active()) return launch_head_dim<T, true, true>(p);
+  return p.alibi_slopes != nullptr ? launch_head_dim<T, true, false>(p) : launch_head_dim<T, false, false>(p);
 }
 
 }  // namespace
