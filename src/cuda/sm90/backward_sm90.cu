@@ -43,6 +43,9 @@
 //                dSᵀ is double-buffered, so one barrier per query block orders its writes and reads. The block's
 //                Q/dO stage goes back to the producer once dK has landed (at hd 256 dO's as soon as dV has).
 //                Epilogue: dK · scale and dV written as the dtype from registers.
+//                Dropout (the kDropout kernel): the consumers draw the next block's keep bits under Sᵀ and dPᵀ into a
+//                shared double buffer in their own layout (draw_keep_bits), dV's operand is Pᵀ∘keep (dV scaled by
+//                1 / (1 - p) in the epilogue) and dSᵀ = Pᵀ∘(Z∘dPᵀ − D).
 // Shared memory and register budgets: backward_config.h (193-226 KB; 240 registers per consumer thread).
 // Preconditions (sm90_backward_supports): compute capability 9.0, fp16/bf16, d and d_v multiples of 8 up to 256,
 // Q, K, V, dO strides multiples of 8 elements with 16-byte aligned bases (TMA), dK/dV with even strides and
