@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # One GPU run for ALiBi and dropout (src/common/alibi.h, dropout.h in the CUDA kernels): build with the Python
 # module (all cores), their GPU tests, compute-sanitizer memcheck (and racecheck, synccheck) on small cases of both
-# backends, the whole GPU
-# suite, the CUDA pytest cases, and the cost benchmark (bench/gpu/alibi_bench.py, ALiBi then dropout). Logs go to
-# $OUT; a summary is printed last.
+# backends, the whole GPU suite, the CUDA pytest cases, and the cost benchmark (bench/gpu/alibi_bench.py, ALiBi then
+# dropout). Logs go to $OUT; a summary is printed last.
 #   ALIBI_BENCH="<alibi_bench.py args>" (empty string: no benchmark); ALIBI_FULL=0 skips the whole suites;
 #   DROPOUT_BENCH="<args>" for the dropout benchmark (empty string: none).
 set -uo pipefail
