@@ -62,6 +62,9 @@ struct DropoutSpec {
   }
 
   FA_HD bool active() const { return keep_threshold < (1u << 16); }
+  // Whether dropout_p draws a mask at all: a p whose keep threshold rounds to 2^16 drops nothing and scales
+  // nothing (the reference's rule), so the kernels can take it as no dropout.
+  FA_HD static bool drops(float p) { return threshold_of(p) < (1u << 16); }
 
   // Group and slot of key j (file header).
   FA_HD static uint32_t group_of(int64_t j) { return uint32_t((uint64_t(j) >> 5) << 2 | ((uint64_t(j) >> 1) & 3)); }

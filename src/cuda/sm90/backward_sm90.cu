@@ -134,8 +134,7 @@ struct BackwardSmem {
   // Not with 128-row blocks (hd 64): there the shared-memory addressing makes ptxas serialise the wgmmas (C7512).
   __device__ explicit BackwardSmem(uint8_t* raw) {
     if constexpr (Cfg::kScoresBeforeDv) {
-      const uintptr_t p = reinterpret_cast<uintptr_t>(raw);
-      base = reinterpret_cast<uint8_t*>((p + kSwizzleAtomBytes - 1) & ~uintptr_t(kSwizzleAtomBytes - 1));
+      base = align_to_swizzle_atom(raw);
     } else {
       base = raw + (kSwizzleAtomBytes - smem_address(raw) % kSwizzleAtomBytes) % kSwizzleAtomBytes;
     }
@@ -376,7 +375,6 @@ struct BackwardConsumer {
   float dk[kOutCols / 2], dv[kOutCols / 2];
   // Dropout's keep bits of the current block (Cfg::kDropout): bit i for Sᵀ's element i.
   static constexpr int kKeepWords = Cfg::kKeepWords;
-  static constexpr bool dropping = Cfg::kDropout;
   uint32_t keep[kKeepWords];
 
   __device__ BackwardConsumer(const BackwardSmem<Cfg>& sm_, const KeyBlockWork& w_, const BackwardKernelArgs& a_,
@@ -475,7 +473,7 @@ struct BackwardConsumer {
   // Dropout's keep bits of the pair of scores (4j + 2r, 4j + 2r + 1): bit e for query 8j + 2·quad + e, key row
   // r. 3 (both kept) without dropout.
   __device__ uint32_t keep_pair(int j, int r) const {
-    if (!Cfg::kExtras || !dropping) return 3u;
+    if constexpr (!Cfg::kDropout) return 3u;
     const int i = 4 * j + 2 * r;
     return keep[i / 32] >> (i % 32) & 3u;
   }
@@ -495,11 +493,8 @@ struct BackwardConsumer {
   __device__ void issue_transposed_scores(Scores& d, const uint8_t* keys, const uint8_t* queries) {
     const uint32_t key_addr = smem_address(keys) + key_row0 * kSwizzleBytes;
     const uint32_t query_addr = smem_address(queries) + score_q0() * kSwizzleBytes;
-    // One opaque base descriptor per operand, stepped by its start-address field (desc_advance) at each k-step:
-    // re-encoding costs about ten instructions per wgmma, and without the opaque base the compiler hoists every
-    // K and V descriptor out of the query-block loop into registers (64 of them at hd 256).
-    uint64_t key_desc = make_desc_k_major(key_addr), query_desc = make_desc_k_major(query_addr);
-    asm volatile("" : "+l"(key_desc), "+l"(query_desc));
+    const uint64_t key_desc = opaque_desc(make_desc_k_major(key_addr));
+    const uint64_t query_desc = opaque_desc(make_desc_k_major(query_addr));
 #pragma unroll
     for (int kk = 0; kk < kD / kWgmmaK; ++kk) {
       const uint32_t step = (kk % 4) * kWgmmaK * 2;
@@ -513,8 +508,7 @@ struct BackwardConsumer {
   // staged Q or dO tile.
   __device__ void issue_accumulate(float (&acc)[kOutCols / 2], const Fragments& f, const uint8_t* rows) const {
     const uint32_t addr = smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes;
-    uint64_t desc = make_desc_mn_major(addr, kM * kSwizzleBytes);
-    asm volatile("" : "+l"(desc));
+    const uint64_t desc = opaque_desc(make_desc_mn_major(addr, kM * kSwizzleBytes));
 #pragma unroll
     for (int kk = 0; kk < kM / kWgmmaK; ++kk)
       wgmma_rs<T, kOutCols, 1>(acc, f[kk], desc_advance(desc, kk * kWgmmaK * kSwizzleBytes), true);
@@ -526,8 +520,8 @@ struct BackwardConsumer {
   __device__ void issue_accumulate_shared(float (&acc)[kOutCols / 2], const uint8_t* tile, const uint8_t* rows) const {
     const uint32_t tile_addr = smem_address(tile);
     const uint32_t addr = smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes;
-    uint64_t tile_desc = make_desc_k_major(tile_addr), rows_desc = make_desc_mn_major(addr, kM * kSwizzleBytes);
-    asm volatile("" : "+l"(tile_desc), "+l"(rows_desc));
+    const uint64_t tile_desc = opaque_desc(make_desc_k_major(tile_addr));
+    const uint64_t rows_desc = opaque_desc(make_desc_mn_major(addr, kM * kSwizzleBytes));
 #pragma unroll
     for (int kk = 0; kk < kM / kWgmmaK; ++kk)
       wgmma_ss<T, kOutCols, 1>(acc, desc_advance(tile_desc, (kk / 4) * kN * kSwizzleBytes + (kk % 4) * kWgmmaK * 2),
@@ -593,7 +587,7 @@ struct BackwardConsumer {
           const int query = m * kM + col + e;
           if (kMaybeMasked && masked && (query < query_lo[r] || query >= query_hi[r])) p[e] = 0.f;
           x = kSoftcap ? p[e] * dscale : p[e];
-          if (Cfg::kExtras && dropping && !(kp >> e & 1u)) x = -x;
+          if (Cfg::kDropout && !(kp >> e & 1u)) x = -x;
         }
         // dV's operand: P ∘ keep (the factor 1 / (1 - p) comes in the epilogue).
         if constexpr (Cfg::kColumnSplit || kPack) {
@@ -618,6 +612,8 @@ struct BackwardConsumer {
     // The shared copy goes out with stmatrix, four 8 x 8 blocks (keys 8r.., queries 8j..) per instruction:
     // lane l addresses row l % 8 of block (r, j + jj) = (l / 8 % 2, l / 16), its 16 bytes one swizzle chunk.
     const int st_row = key_row0 + 16 * warp + 8 * (lane / 8 % 2) + lane % 8;
+    // The address is swizzled_offset's, written out with the row's part hoisted: calling swizzled_offset per store
+    // changes the hd 256 kernel's code, which would need a GPU run to replace the verified one.
     const uint32_t st_base = smem_address(ds_tile) + st_row * kSwizzleBytes;
 #pragma unroll
     for (int j = 0; j < kSQ / 8; ++j) {
@@ -627,7 +623,7 @@ struct BackwardConsumer {
       for (int r = 0; r < 2; ++r) {
         const int i = 4 * j + 2 * r;
         float p0 = pd[i], p1 = pd[i + 1], z0 = dp[i], z1 = dp[i + 1];  // P and Z ∘ dPᵀ
-        if (Cfg::kExtras && dropping) {
+        if constexpr (Cfg::kDropout) {
           if constexpr (kPackP) slot(*pf, j, r) = pack_pair<T>(fmaxf(p0, 0.f), fmaxf(p1, 0.f));
           z0 = p0 >= 0.f ? z0 * a.keep_scale : 0.f;
           z1 = p1 >= 0.f ? z1 * a.keep_scale : 0.f;
@@ -660,8 +656,8 @@ struct BackwardConsumer {
     const uint32_t a_addr = smem_address(ds_tile) + (dq_row0() / kPanelCols) * kN * kSwizzleBytes;
     const uint32_t b_addr = smem_address(sm.k()) + (dq_col0() / kPanelCols) * kN * kSwizzleBytes +
                             (dq_col0() % kPanelCols) * Cfg::kElemBytes;
-    uint64_t a_desc = make_desc_mn_major(a_addr, kN * kSwizzleBytes), b_desc = make_desc_mn_major(b_addr, kN * kSwizzleBytes);
-    asm volatile("" : "+l"(a_desc), "+l"(b_desc));
+    const uint64_t a_desc = opaque_desc(make_desc_mn_major(a_addr, kN * kSwizzleBytes));
+    const uint64_t b_desc = opaque_desc(make_desc_mn_major(b_addr, kN * kSwizzleBytes));
 #pragma unroll
     for (int kk = 0; kk < kN / kWgmmaK; ++kk)
       wgmma_ss<T, Cfg::kDqTileCols, 1, 1>(dq, desc_advance(a_desc, kk * kWgmmaK * kSwizzleBytes),
@@ -719,7 +715,7 @@ struct BackwardConsumer {
                             int do_stage, int ds_buffer, float alibi_slope2) {
     const uint8_t* q_tile = sm.q(stage);
     const uint8_t* do_tile = sm.dout(do_stage);
-    if (Cfg::kExtras && dropping) load_keep_bits(ds_buffer);
+    if constexpr (Cfg::kDropout) load_keep_bits(ds_buffer);
     wgmma_wait<1>();  // Sᵀ has landed; dPᵀ may still run
     fence_registers(s);
     Fragments pf;
@@ -763,7 +759,7 @@ struct BackwardConsumer {
   }
 
   __device__ void epilogue() const {
-    const float dv_scale = Cfg::kExtras && dropping ? a.keep_scale : 1.f;  // (P ∘ Z)ᵀ dO
+    const float dv_scale = Cfg::kDropout ? a.keep_scale : 1.f;  // (P ∘ Z)ᵀ dO
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = w.key0 + key_local[r];
@@ -798,7 +794,8 @@ __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int 
   // barrier on which both warpgroups meet in each block (gradients) hands over; block 0's before the loop, while K
   // and V load.
   if constexpr (Cfg::kDropout) {
-    c.draw_keep_bits(w.kv_head * heads_per_kv, w.m_begin, 0);
+    const QueryBlockOrder first(w, heads_per_kv);
+    c.draw_keep_bits(first.head(w, heads_per_kv, 0), first.block(w, 0), 0);
     named_barrier_sync(kDsReadyBarrier, Cfg::kConsumerWarpgroups * kWarpgroupThreads);
   }
   mbarrier_wait(c.sm.kv_full(), 0);
@@ -1141,8 +1138,7 @@ Status launch_head_dim(const BwdParams& p) {
 }
 template <typename T>
 Status launch_extras(const BwdParams& p) {
-  // A dropout_p whose keep threshold rounds to 2^16 drops nothing and scales nothing (common/dropout.h).
-  if (DropoutSpec::make(p.dropout_p, 0, 0, 0, 0).active()) return launch_head_dim<T, true, true>(p);
+  if (DropoutSpec::drops(p.dropout_p)) return launch_head_dim<T, true, true>(p);
   return p.alibi_slopes != nullptr ? launch_head_dim<T, true, false>(p) : launch_head_dim<T, false, false>(p);
 }
 

@@ -111,7 +111,7 @@ struct Consumer {
   float o[kHeadDim / 2];
   float row_max[2] = {-INFINITY, -INFINITY};  // in score units (after softcap), not yet scaled to log2
   float row_sum[2] = {0.f, 0.f};              // this thread's part; the quad's four parts add up at the end
-  bool alibi = false;         // kExtras: the call has ALiBi slopes
+  bool has_slopes = false;  // the call has ALiBi slopes (has_alibi)
   float alibi_slope_u = 0.f;  // ALiBi: the slope in score units (S's, before the scale)
   int alibi_diag[2] = {0, 0}; // ALiBi: the rows' diagonals, row + s_k - s_q
   int alibi_warp_diag0 = 0;   // ALiBi: the diagonal of the warp's first row
@@ -129,8 +129,8 @@ struct Consumer {
     for (int r = 0; r < 2; ++r) {
       w.mask.key_range(row[r], &key_lo[r], &key_hi[r]);
     }
-    alibi = kExtras && (!kDropout || a.alibi_slopes != nullptr);
-    if (alibi) {
+    has_slopes = a.alibi_slopes != nullptr;
+    if (has_alibi()) {
       const Alibi32 bias = Alibi32::make(a.alibi_slopes, a.alibi_batch_stride, w.batch, w.head, w.seqlen_q, w.seqlen_k);
       // S's unit is worth scale_log2 / log2e natural-log units (softmax_scale, or 1 under softcap).
       alibi_slope_u = bias.slope_log2() / a.scale_log2;
@@ -184,7 +184,11 @@ struct Consumer {
     wgmma_commit();
   }
 
-  // Softcap, ALiBi's bias (kExtras, with slopes), then the mask (only on tiles that cross a mask edge or the end of the keys).
+  // ALiBi's bias runs in the extras kernel: on every tile in its ALiBi copy (kDropout false, only ALiBi calls
+  // run it), where the call has slopes in its dropout copy.
+  __device__ bool has_alibi() const { return kExtras && (!kDropout || has_slopes); }
+
+  // Softcap, ALiBi's bias (has_alibi), then the mask (only on tiles that cross a mask edge or the end of the keys).
   // ALiBi: score (j, e) sits at row e / 2, key n·kN + 2·quad + 8j + e % 2, at distance base[row] - c from the
   // row's diagonal (c = 8j + e % 2). On a tile whose keys all lie on one side of every diagonal of the warp's rows
   // (most tiles: all of them under a causal mask) the bias -slope·|base - c| is linear in c: s gets slope·c (one
@@ -195,7 +199,7 @@ struct Consumer {
 #pragma unroll
       for (int i = 0; i < kN / 2; ++i) s[i] = a.softcap * tanhf(s[i] * a.softcap_in_scale);
     }
-    if (kExtras && (!kDropout || alibi)) {
+    if (has_alibi()) {
       float base[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) base[r] = float(alibi_diag[r] - (n * kN + 2 * quad));

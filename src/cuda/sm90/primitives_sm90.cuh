@@ -350,6 +350,14 @@ struct RingPosition {
   }
 };
 
+// A descriptor the compiler cannot see through, for a loop of wgmmas to step with desc_advance: re-encoding it
+// costs about ten instructions per wgmma, and a transparent one lets the compiler hoist every step's descriptor
+// out of the enclosing loop into registers (64 of them for the hd 256 backward's K and V).
+__device__ __forceinline__ uint64_t opaque_desc(uint64_t desc) {
+  asm volatile("" : "+l"(desc));
+  return desc;
+}
+
 // ---- stmatrix ----
 // Four 8 x 8 matrices of 16-bit elements from registers to shared memory: register i of every lane holds its
 // accumulator-layout pair of matrix i (row lane / 4, columns 2 (lane % 4), +1), and lane l gives the address of
