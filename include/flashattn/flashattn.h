@@ -72,7 +72,7 @@ struct ForwardArgs {
   int64_t max_seqlen_q = 0, max_seqlen_k = 0;
   TensorView alibi_slopes;
   // float8_e4m3fn q, k, v (all three): out is float16 or bfloat16, and these optional fp32 [batch, heads_kv]
-  // factors scale them (FA3's descales; undefined = 1). Forward only, CPU backends only for now.
+  // factors scale them (FA3's descales; undefined = 1). Forward only: the CPU backends and cuda_sm90 (Hopper).
   TensorView q_descale, k_descale, v_descale;
 };
 

@@ -640,7 +640,8 @@ def fp8_attention(
 ) -> Tuple[Tensor, Tensor]:
     """attention() of float8_e4m3fn q, k, v (FA3's FP8 forward): each scaled by its optional fp32 descale factors
     [batch, heads_kv] (query head h of sequence b by q_descale[b, h // (heads_q // heads_kv)]); out in out_dtype
-    (bfloat16 or float16), lse fp32. Forward only; the CPU backends run it (no FP8 CUDA kernel yet)."""
+    (bfloat16 or float16), lse fp32. Forward only: CPU tensors on the CPU backends, CUDA tensors on the Hopper
+    kernel (cuda_sm90, compute capability 9.0; other GPUs report it unsupported, with the reason)."""
     _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, paired=True, fp8=True)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise NotImplementedError("q: the backward of float8_e4m3fn inputs is not supported yet (forward only); "
@@ -886,8 +887,8 @@ def choose_backend(
     backend: str = "auto",
 ) -> BackendChoice:
     """Which backend `attention` would run for these arguments (backward=True: for the backward, with
-    `deterministic` as given to `attention`), and why."""
-    _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    `deterministic` as given to `attention`), and why. float8_e4m3fn q, k, v: `fp8_attention`'s choice."""
+    _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, fp8=q.dtype == torch.float8_e4m3fn)
     scale = resolve_scale(softmax_scale, q.shape[-1])
     max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, deterministic = _check_options(
         q, k, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, deterministic)

@@ -26,7 +26,8 @@ Arguments, supported or not (nothing that could change a result is ever ignored)
   page_table, raise too.
 * FP8: float8_e4m3fn q, k, v in flash_attn_func / flash_attn_qkvpacked_func / flash_attn_varlen_func run the FP8
   forward, each scaled by its optional fp32 ``q_descale`` / ``k_descale`` / ``v_descale`` (batch, nheads_k), out
-  in bfloat16; forward only, on the CPU backends for now (CUDA reports it unsupported). Descales with other
+  in bfloat16; forward only: CUDA tensors run the Hopper FP8 kernel (compute capability 9.0; other GPUs report it
+  unsupported), CPU tensors the CPU backends. Descales with other
   dtypes raise ValueError (FA3 ignores them there). FP8 KV caches raise NotImplementedError.
 * Scheduling hints, validated and then not used, because they cannot change flashattn's results: ``pack_gqa``
   (None / True / False; flashattn's decode kernel always packs a KV head's query heads into the rows of one tile,

@@ -11,7 +11,7 @@ causal mask is bottom-right aligned (j <= i + S - L), so it is mapped:
     causal; their gradients are zero, as in PyTorch.
 
 float8_e4m3fn query, key and value (all three) run the FP8 forward (flashattn.fa3's; no descales: SDPA has none)
-and return bfloat16; forward only, CPU backends for now.
+and return bfloat16; forward only (CUDA tensors: the Hopper FP8 kernel, compute capability 9.0).
 """
 
 from __future__ import annotations

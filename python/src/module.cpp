@@ -266,7 +266,7 @@ std::string attention_with_kvcache(const In& q, const Out& k_cache, const Out& v
 
 // What the dispatcher would run for this call and why, as (backend, supported, reason). Validation errors
 // raise as in forward(). Without `out` a view of the right shape over q's memory stands in: validation only
-// reads shapes and strides, and nothing runs.
+// reads shapes and strides, and nothing runs (float8_e4m3fn inputs: a bfloat16 view).
 std::tuple<std::string, bool, std::string> choose_backend(const In& q, const In& k, const In& v, const OptOut& out,
                                                           const OptIn& cu_seqlens_q, const OptIn& cu_seqlens_k,
                                                           int64_t max_seqlen_q, int64_t max_seqlen_k,
@@ -284,7 +284,9 @@ std::tuple<std::string, bool, std::string> choose_backend(const In& q, const In&
       int64_t shape[flashattn::kMaxRank];
       for (int i = 0; i < qv.rank; ++i) shape[i] = qv.shape[i];
       shape[qv.rank - 1] = vv.shape[vv.rank - 1];
-      out_view = flashattn::make_contiguous_view(qv.data, qv.dtype, qv.device, qv.rank, shape);
+      // float8_e4m3fn inputs write bfloat16 (the FP8 path's default output).
+      const DType out_dtype = qv.dtype == DType::e4m3 ? DType::bf16 : qv.dtype;
+      out_view = flashattn::make_contiguous_view(qv.data, out_dtype, qv.device, qv.rank, shape);
     }
   }
   const flashattn::ForwardArgs a =

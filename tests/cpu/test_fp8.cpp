@@ -15,6 +15,7 @@
 #include "common/half.h"
 #include "common/host_tensor.h"
 #include "common/oracle.h"
+#include "cuda/sm90/fp8_v_layout.h"
 #include "flashattn/flashattn.h"
 
 namespace flashattn::test {
@@ -47,6 +48,50 @@ TEST(Fp8, DecodesEveryE4m3Value) {
   }
   EXPECT_EQ(to_e4m3(1000.0f), 0x7e);
   EXPECT_EQ(to_e4m3(-0.3f), 0xaa);  // -0.3 between -0.28125 (0xa9) and -0.3125 (0xaa): the nearer
+}
+
+// The Hopper FP8 forward's V_t (src/cuda/sm90/fp8_v_layout.h), checked on the host: the slot order is the one in
+// which the A fragment of e4m3 wgmma receives P's accumulator columns, and the sequences' spans never overlap.
+TEST(Fp8, VtSlotOrderIsTheAccumulatorToFragmentOrder) {
+  using cuda::sm90::fp8_key_of_slot;
+  std::vector<int> seen(cuda::sm90::kFp8KeyGroup, 0);
+  for (int s = 0; s < cuda::sm90::kFp8KeyGroup; ++s) {
+    const int key = fp8_key_of_slot(s);
+    ASSERT_GE(key, 0);
+    ASSERT_LT(key, cuda::sm90::kFp8KeyGroup);
+    ++seen[size_t(key)];
+    EXPECT_EQ(key / 16, s / 16) << "slot " << s;  // each half of a group onto itself
+  }
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), cuda::sm90::kFp8KeyGroup) << "not a permutation";
+  // Thread q of a quad holds accumulator columns 2q, 2q + 1 of the 8-column blocks 0..3 of a group; its A fragment
+  // bytes are K-slots 4q..4q + 3 (blocks 0, 1) and 16 + 4q.. (blocks 2, 3), in that order.
+  for (int q = 0; q < 4; ++q) {
+    const int keys[8] = {2 * q, 2 * q + 1, 8 + 2 * q, 9 + 2 * q, 16 + 2 * q, 17 + 2 * q, 24 + 2 * q, 25 + 2 * q};
+    const int slots[8] = {4 * q, 4 * q + 1, 4 * q + 2, 4 * q + 3, 16 + 4 * q, 17 + 4 * q, 18 + 4 * q, 19 + 4 * q};
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(fp8_key_of_slot(slots[i]), keys[i]) << "thread " << q << " byte " << i;
+  }
+}
+
+TEST(Fp8, VtSequenceSpansDoNotOverlap) {
+  using namespace cuda::sm90;
+  std::mt19937_64 rng(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t batch = 1 + int64_t(rng() % 6);
+    std::vector<int64_t> lens(static_cast<size_t>(batch));
+    int64_t total = 0;
+    for (auto& l : lens) total += (l = int64_t(rng() % 400));
+    const int64_t slots = fp8_v_row_slots(true, 0, total, batch);
+    EXPECT_EQ(slots % kFp8KeyPad, 0);
+    int64_t row0 = 0, end_prev = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t first = fp8_v_slot0(true, row0, b), end = first + fp8_round_to_span(lens[size_t(b)]);
+      EXPECT_EQ(first % kFp8KeyPad, 0);
+      EXPECT_GE(first, end_prev) << "sequence " << b << " starts inside the previous one's spans";
+      EXPECT_LE(end, slots) << "sequence " << b << " past the row";
+      end_prev = end, row0 += lens[size_t(b)];
+    }
+  }
+  EXPECT_EQ(fp8_v_row_slots(false, 300, 0, 4), 384);  // padded batch: each entry its own rows
 }
 
 struct Fp8Case {

@@ -1145,7 +1145,7 @@ Status launch_extras(const BwdParams& p) {
 }  // namespace
 
 Status sm90_backward_supports(const BwdParams& p) {
-  Status common = sm90_checks::common(p);
+  Status common = sm90_checks::common(p, sm90_checks::Pass::backward);
   if (!common.ok()) return common;
   const bool varlen = p.is_varlen();
   const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.k_row_stride, p.k_head_stride, p.v_row_stride,

@@ -31,6 +31,8 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/fp8_v_layout.h"
+#include "cuda/sm90/swizzle.h"
 #include "cuda/sm90/warpgroup.h"
 
 namespace flashattn::cuda::sm90 {
@@ -64,8 +66,9 @@ enum class IssueOrder { turns, free };
 // union: a causal pair starting on an even block needs no more), and each CTA loads one half of every K and V tile
 // into both CTAs' shared memory (TMA multicast): the L2 reads per product halve. The halves' slots are freed by
 // both CTAs' consumers, and the pair's tile numbers come from rank 0's producer (TileSequence).
+// kElemBytes_: 2 for fp16 / bf16, 1 for e4m3, whose V tiles are V_t's (fp8_v_layout.h): kHeadDim rows of kBlockN keys.
 template <int kHeadDim_, int kBlockN_, int kConsumerWarpgroups_, int kStages_, IssueOrder kIssue_ = IssueOrder::turns,
-          int kPipelines_ = 1, int kClusterCtas_ = 1>
+          int kPipelines_ = 1, int kClusterCtas_ = 1, int kElemBytes_ = 2>
 struct ForwardConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
@@ -75,7 +78,8 @@ struct ForwardConfig {
   static constexpr bool kTakeTurns = kIssue_ == IssueOrder::turns && kConsumerWarpgroups > 1;
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
                 "sm90 forward: head dim 64, 128, 192 or 256");
-  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "sm90 forward: kBlockN a multiple of 16 (P V's k-steps)");
+  static_assert(kBlockN % (32 / kElemBytes_) == 0 && kBlockN <= 256,
+                "sm90 forward: kBlockN a multiple of one wgmma's K (P V's k-steps)");
   static_assert(kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 3, "sm90 forward: 1 to 3 consumer warpgroups");
   static constexpr int kPipelines = kPipelines_;
   // The turns' named barriers are numbered per consumer warpgroup of one pipeline; one producer warp each.
@@ -108,7 +112,17 @@ struct ForwardConfig {
                     65536 / kCtasPerSm,
                 "sm90 forward: register budgets over the CTA's share of the 64K-register file");
 
-  static constexpr int kElemBytes = 2;
+  static constexpr int kElemBytes = kElemBytes_;
+  static_assert(kElemBytes == 1 || kElemBytes == 2, "sm90 forward: 16-bit or e4m3 elements");
+  // Elements of one 128-byte swizzled row (a panel's columns) and K-elements of one wgmma.
+  static constexpr int kPanelElems = kSwizzleBytes / kElemBytes;
+  static constexpr int kWgmmaKElems = 32 / kElemBytes;
+  // Q and K rows are whole panels (FP8's head dims run in buckets of 128: fp8_head_dim_bucket).
+  static_assert(kHeadDim % kPanelElems == 0, "sm90 forward: head dim whole 128-byte panels");
+  // e4m3: V_t's key tiles are whole 128-byte panels of keys and end inside a sequence's spans (fp8_v_layout.h),
+  // and each CTA loads whole tiles (no clusters).
+  static_assert(kElemBytes == 2 || (kBlockN % kPanelElems == 0 && kFp8KeyPad % kBlockN == 0 && kClusterCtas_ == 1),
+                "sm90 forward: e4m3 key tiles of 128 keys dividing kFp8KeyPad, one CTA per cluster");
   static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * kElemBytes;
   static_assert(kKVTileBytes % 1024 == 0, "sm90 forward: every tile starts on a 1024-byte swizzle atom");
@@ -182,5 +196,14 @@ template <>
 struct KernelPlan<256, false> : Plan<ForwardConfig<256, 80, 2, 2>> {};
 template <>
 struct KernelPlan<256, true> : Plan<ForwardConfig<256, 64, 2, 2>> {};
+
+// e4m3 inputs (Fp8KernelPlan; head dims in buckets of 128, fp8_head_dim_bucket): 128 x 128 tiles, K and V_t tiles
+// half the bytes of 16-bit ones. hd 128: 16 KB + 3 * 32 KB = 112 KB; hd 256: 32 KB + 2 * 64 KB = 160 KB.
+template <int kHeadDim, bool kMasked>
+struct Fp8KernelPlan;
+template <bool kMasked>
+struct Fp8KernelPlan<128, kMasked> : Plan<ForwardConfig<128, 128, 2, 3, IssueOrder::free, 1, 1, 1>> {};
+template <bool kMasked>
+struct Fp8KernelPlan<256, kMasked> : Plan<ForwardConfig<256, 128, 2, 2, IssueOrder::free, 1, 1, 1>> {};
 
 }  // namespace flashattn::cuda::sm90

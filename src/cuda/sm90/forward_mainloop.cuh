@@ -46,7 +46,7 @@ template <typename Cfg>
 __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv_head, const CUtensorMap* tm_q,
                         const CUtensorMap* tm_k, const CUtensorMap* tm_v, PipelineState<Cfg::kStages>& st,
                         uint32_t rank) {
-  constexpr int kPanels = Cfg::kHeadDim / kPanelCols;
+  constexpr int kPanels = Cfg::kHeadDim / Cfg::kPanelElems;
   if (w.n_end <= w.n_begin) return;  // no visible keys: the consumers neither read Q nor wait for it
   // Tile n's K and V share a stage; pos is V's (tile n), the K load runs one position ahead.
   RingPosition<Cfg::kStages>& pos = st.kv;
@@ -54,15 +54,25 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
                   const RingPosition<Cfg::kStages>& at) {
     mbarrier_wait(&empty[at.index], at.phase ^ 1u);
     mbarrier_arrive_expect_tx(&full[at.index], Cfg::kKVTileBytes);
+    if constexpr (Cfg::kElemBytes == 1) {
+      if (map == tm_v) {  // V_t (fp8_v_layout.h): kHeadDim rows of the tile's keys, one box per 128-key panel
+#pragma unroll
+        for (int p = 0; p < Cfg::kBlockN / Cfg::kPanelElems; ++p)
+          tma_load_4d(ring + at.index * Cfg::kKVTileBytes + p * Cfg::kHeadDim * kSwizzleBytes, map,
+                      w.vt_slot0 + n * Cfg::kBlockN + p * Cfg::kPanelElems, 0, kv_head, w.batch_coord,
+                      &full[at.index]);
+        return;
+      }
+    }
     uint8_t* part = ring + at.index * Cfg::kKVTileBytes + rank * Cfg::kKVPartRows * kSwizzleBytes;
     const int row = w.k_row0 + n * Cfg::kBlockN + int(rank) * Cfg::kKVPartRows;
 #pragma unroll
     for (int p = 0; p < kPanels; ++p) {
       if constexpr (Cfg::kClusterCtas > 1)
-        tma_load_4d_multicast(part + p * Cfg::kBlockN * kSwizzleBytes, map, p * kPanelCols, row, kv_head,
+        tma_load_4d_multicast(part + p * Cfg::kBlockN * kSwizzleBytes, map, p * Cfg::kPanelElems, row, kv_head,
                               w.batch_coord, &full[at.index], uint16_t((1u << Cfg::kClusterCtas) - 1));
       else
-        tma_load_4d(part + p * Cfg::kBlockN * kSwizzleBytes, map, p * kPanelCols, row, kv_head, w.batch_coord,
+        tma_load_4d(part + p * Cfg::kBlockN * kSwizzleBytes, map, p * Cfg::kPanelElems, row, kv_head, w.batch_coord,
                     &full[at.index]);
     }
   };
@@ -72,7 +82,7 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
   mbarrier_arrive_expect_tx(sm.q_full(), Cfg::kQBytes);
 #pragma unroll
   for (int p = 0; p < kPanels; ++p)
-    tma_load_4d(sm.q() + p * Cfg::kBlockM * kSwizzleBytes, tm_q, p * kPanelCols, w.q_row0 + w.m_block * Cfg::kBlockM,
+    tma_load_4d(sm.q() + p * Cfg::kBlockM * kSwizzleBytes, tm_q, p * Cfg::kPanelElems, w.q_row0 + w.m_block * Cfg::kBlockM,
                 w.head, w.batch_coord, sm.q_full());
   st.q_phase ^= 1u;
   for (int n = w.n_end - 1; n >= w.n_begin; --n) {
@@ -86,17 +96,29 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
 
 // ---- consumer: one warpgroup, 64 query rows ----
 // The per-warpgroup state and the steps of one key tile; consume() below puts them in order.
+// T: the inputs' element type (fp16, bf16 or e4m3: Fp8); TOut: O's (T, or fp16 / bf16 for e4m3 inputs).
+// e4m3: S and P V in FP8 wgmma (V_t from shared memory, fp8_v_layout.h), the descales folded into the softmax's
+// scale (Q's and K's) and the epilogue's normaliser (V's), P quantised as P · 2^kFp8POffsetLog2.
 // kExtras: ALiBi's bias and dropout compiled in (a kernel of its own, so that the plain kernel's code stays as it
 // was), in two copies: kDropout false runs ALiBi on every tile (the calls with ALiBi alone, whose code then stays
 // what it was before dropout came: as one copy with run-time switches their forward was 3-12% slower), kDropout
 // true drops and applies ALiBi where the call has slopes.
-template <typename T, typename Cfg_, bool kExtras = false, bool kDropout = false>
+template <typename T, typename Cfg_, bool kExtras = false, bool kDropout = false, typename TOut = T>
 struct Consumer {
   using Cfg = Cfg_;
   static constexpr int kHeadDim = Cfg::kHeadDim;
   static constexpr int kN = Cfg::kBlockN;
-  using Scores = float[kN / 2];                    // S (then P) of one tile: accumulator layout
-  using PFragments = uint32_t[kN / kWgmmaK][4];    // P as the A operand of P V, 16 keys per fragment
+  static constexpr bool kFp8 = kIsFp8<T>;
+  static_assert(kFp8 == (Cfg::kElemBytes == 1), "sm90 forward: the plan's element size is T's");
+  static_assert(!kFp8 || !kExtras, "sm90 forward: e4m3 runs without ALiBi and dropout");
+  using Scores = float[kN / 2];                          // S (then P) of one tile: accumulator layout
+  using PFragments = uint32_t[kN / kWgmmaKFor<T>][4];    // P as the A operand of P V, one wgmma's keys each
+  // e4m3: P is quantised as P · 2^kFp8POffsetLog2 (at most 2^8 = 256 < 448, e4m3's largest), so that its small
+  // values keep e4m3's normal range (down to 2^-6 / 2^8 instead of 2^-6) instead of flushing: the row sums carry the
+  // same factor, the normaliser cancels it, and the LSE takes it off. The running maximum never lags
+  // (kStaleLog2 = 0 for e4m3): P stays at most 1 before the factor.
+  static constexpr float kFp8POffsetLog2 = 8.f;
+  static constexpr float kStaleLog2 = kFp8 ? 0.f : kStaleMaxLog2;
 
   const SharedStorage<Cfg>& sm;
   const BlockWork& w;
@@ -117,6 +139,19 @@ struct Consumer {
   int alibi_warp_diag0 = 0;   // ALiBi: the diagonal of the warp's first row
   DropoutSpec dropout;        // kExtras: inactive unless the call asks for dropout
   float keep_scale = 1.f;     // dropout: 1 / (1 - p), applied to O in the epilogue
+  // e4m3: the softmax's scale and softcap's input scale with Q's and K's descales folded in, and V's descale.
+  float fp8_scale_log2 = 0.f, fp8_softcap_in_scale = 0.f, fp8_v_scale = 1.f;
+
+  // Where the descales are not folded in (16-bit inputs) these stay the kernel arguments, so that no register
+  // holds a copy.
+  __device__ float scale_log2() const {
+    if constexpr (kFp8) return fp8_scale_log2;
+    return a.scale_log2;
+  }
+  __device__ float softcap_in_scale() const {
+    if constexpr (kFp8) return fp8_softcap_in_scale;
+    return a.softcap_in_scale;
+  }
 
   __device__ Consumer(const SharedStorage<Cfg>& sm_, const BlockWork& w_, const ForwardKernelArgs& a_, int wg)
       : sm(sm_), w(w_), a(a_) {
@@ -129,11 +164,23 @@ struct Consumer {
     for (int r = 0; r < 2; ++r) {
       w.mask.key_range(row[r], &key_lo[r], &key_hi[r]);
     }
+    if constexpr (kFp8) {
+      // Descale of (sequence, KV head); absent: 1.
+      const int kv_head = w.head / a.heads_per_kv;
+      auto descale = [&](const float* d, const int64_t* strides) {
+        return d ? d[int64_t(w.batch) * strides[0] + int64_t(kv_head) * strides[1]] : 1.f;
+      };
+      const float qk = descale(a.q_descale, a.q_descale_strides) * descale(a.k_descale, a.k_descale_strides);
+      // Softcap takes the scores at softmax_scale (then scale_log2 is log2 e); without it the scale is folded in.
+      fp8_scale_log2 = a.softcap > 0.f ? a.scale_log2 : a.scale_log2 * qk;
+      fp8_softcap_in_scale = a.softcap_in_scale * qk;
+      fp8_v_scale = descale(a.v_descale, a.v_descale_strides);
+    }
     has_slopes = a.alibi_slopes != nullptr;
     if (has_alibi()) {
       const Alibi32 bias = Alibi32::make(a.alibi_slopes, a.alibi_batch_stride, w.batch, w.head, w.seqlen_q, w.seqlen_k);
       // S's unit is worth scale_log2 / log2e natural-log units (softmax_scale, or 1 under softcap).
-      alibi_slope_u = bias.slope_log2() / a.scale_log2;
+      alibi_slope_u = bias.slope_log2() / scale_log2();
       for (int r = 0; r < 2; ++r) alibi_diag[r] = row[r] + bias.shift;
       alibi_warp_diag0 = row[0] - lane / 4 + bias.shift;
     }
@@ -154,19 +201,20 @@ struct Consumer {
     full_hi = hi_first / kN;
     q_desc = make_desc_k_major(smem_address(sm.q()) + wg * kWgmmaRows * kSwizzleBytes);
     k_desc = make_desc_k_major(smem_address(sm.k()));
-    v_desc = make_desc_mn_major(smem_address(sm.v()), kN * kSwizzleBytes);
+    // V_t (e4m3) is K-major, V N-major.
+    v_desc = kFp8 ? make_desc_k_major(smem_address(sm.v())) : make_desc_mn_major(smem_address(sm.v()), kN * kSwizzleBytes);
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
   }
 
-  // S = Q Kᵀ, issued and committed (not waited for). K-major operands; k-step kk is panel kk / 4, 32 bytes
-  // further per step inside a row.
+  // S = Q Kᵀ, issued and committed (not waited for). K-major operands; k-step kk (32 bytes of a row, 16-bit or
+  // e4m3 alike) is panel kk / 4, 32 bytes further per step inside a row.
   __device__ void issue_qk(Scores& s, int stage) {
     const uint64_t k_stage = desc_advance(k_desc, stage * Cfg::kKVTileBytes);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / kWgmmaK; ++kk) {
-      const uint32_t step = (kk % 4) * kWgmmaK * 2;
+    for (int kk = 0; kk < kHeadDim / kWgmmaKFor<T>; ++kk) {
+      const uint32_t step = (kk % 4) * 32;
       wgmma_ss<T, kN, 0>(s, desc_advance(q_desc, (kk / 4) * Cfg::kBlockM * kSwizzleBytes + step),
                          desc_advance(k_stage, (kk / 4) * kN * kSwizzleBytes + step), kk > 0);
     }
@@ -175,12 +223,20 @@ struct Consumer {
 
   // O += P V, issued and committed. V is N-major: one panel (kN rows) per 64 columns of head dim. P is
   // converted before the fence: a register write between two wgmmas would make the compiler serialise them.
+  // e4m3: V_t is K-major, kHeadDim rows per 128-key panel; k-step kk is panel kk / 4, 32 bytes further per step.
   __device__ void issue_pv(const PFragments& p, int stage) {
     const uint64_t v_stage = desc_advance(v_desc, stage * Cfg::kKVTileBytes);
     wgmma_fence();
+    if constexpr (kFp8) {
 #pragma unroll
-    for (int kk = 0; kk < kN / kWgmmaK; ++kk)
-      wgmma_rs<T, kHeadDim, 1>(o, p[kk], desc_advance(v_stage, kk * kWgmmaK * kSwizzleBytes), true);
+      for (int kk = 0; kk < kN / kWgmmaKFor<T>; ++kk)
+        wgmma_rs<T, kHeadDim, 0>(o, p[kk], desc_advance(v_stage, (kk / 4) * kHeadDim * kSwizzleBytes + (kk % 4) * 32),
+                                 true);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kN / kWgmmaK; ++kk)
+        wgmma_rs<T, kHeadDim, 1>(o, p[kk], desc_advance(v_stage, kk * kWgmmaK * kSwizzleBytes), true);
+    }
     wgmma_commit();
   }
 
@@ -197,7 +253,7 @@ struct Consumer {
   __device__ void transform_scores(Scores& s, int n, float (&shift)[2]) {
     if (a.softcap > 0.f) {
 #pragma unroll
-      for (int i = 0; i < kN / 2; ++i) s[i] = a.softcap * tanhf(s[i] * a.softcap_in_scale);
+      for (int i = 0; i < kN / 2; ++i) s[i] = a.softcap * tanhf(s[i] * softcap_in_scale());
     }
     if (has_alibi()) {
       float base[2];
@@ -286,12 +342,13 @@ struct Consumer {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       // mx[r] >= row_max[r]: the running maximum seeded the reduction.
-      const bool raise = row_max[r] == -INFINITY || (mx[r] - row_max[r]) * a.scale_log2 > kStaleMaxLog2;
+      const bool raise = row_max[r] == -INFINITY || (mx[r] - row_max[r]) * scale_log2() > kStaleLog2;
       const float m = raise ? mx[r] : row_max[r];
-      neg_base[r] = m == -INFINITY ? 0.f : -m * a.scale_log2;
-      rescale[r] = raise ? exp2_approx(fmaf(row_max[r], a.scale_log2, neg_base[r])) : 1.f;
+      neg_base[r] = m == -INFINITY ? 0.f : -m * scale_log2();
+      rescale[r] = raise ? exp2_approx(fmaf(row_max[r], scale_log2(), neg_base[r])) : 1.f;
       row_max[r] = m;
-      if constexpr (kExtras) neg_base[r] = m == -INFINITY ? 0.f : (shift[r] - m) * a.scale_log2;
+      if constexpr (kExtras) neg_base[r] = m == -INFINITY ? 0.f : (shift[r] - m) * scale_log2();
+      if constexpr (kFp8) neg_base[r] += kFp8POffsetLog2;
     }
     float sum4[2][4] = {};
 #pragma unroll
@@ -299,8 +356,8 @@ struct Consumer {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         // One FFMA and one exp2 (MUFU.EX2) per score: exp(scale·s - scale·m) = 2^(s·scale·log2e - m·scale·log2e).
-        const float p0 = exp2_approx(fmaf(s[4 * j + 2 * r], a.scale_log2, neg_base[r]));
-        const float p1 = exp2_approx(fmaf(s[4 * j + 2 * r + 1], a.scale_log2, neg_base[r]));
+        const float p0 = exp2_approx(fmaf(s[4 * j + 2 * r], scale_log2(), neg_base[r]));
+        const float p1 = exp2_approx(fmaf(s[4 * j + 2 * r + 1], scale_log2(), neg_base[r]));
         s[4 * j + 2 * r] = p0;
         s[4 * j + 2 * r + 1] = p1;
         sum4[r][j % 4] += p0 + p1;
@@ -355,7 +412,12 @@ struct Consumer {
 
   __device__ static void to_fragments(PFragments& p, const Scores& s) {
 #pragma unroll
-    for (int kk = 0; kk < kN / kWgmmaK; ++kk) accumulator_to_a_fragment<T>(p[kk], s, kk);
+    for (int kk = 0; kk < kN / kWgmmaKFor<T>; ++kk) {
+      if constexpr (kFp8)
+        accumulator_to_a_fragment_fp8(p[kk], s, kk);
+      else
+        accumulator_to_a_fragment<T>(p[kk], s, kk);
+    }
   }
 
   // A buffer this warp read through wgmma is free: one arrival per warp (the wgmma reads completed for the whole
@@ -412,10 +474,13 @@ struct Consumer {
       const bool empty = row_max[r] == -INFINITY;
       const float total = quad_sum(row_sum[r]);
       // Correctly rounded, without division's slow path; dropout's kept probabilities count 1 / (1 - p).
-      const float inv = empty ? 0.f : kDropout ? __frcp_rn(total) * keep_scale : __frcp_rn(total);
+      const float inv = empty      ? 0.f
+                        : kDropout ? __frcp_rn(total) * keep_scale
+                        : kFp8     ? __frcp_rn(total) * fp8_v_scale
+                                   : __frcp_rn(total);
       const bool inside = row[r] < w.seqlen_q;
       const int64_t grow = int64_t(w.q_row0) + row[r];
-      T* out = static_cast<T*>(a.o) + grow * a.o_row_stride + int64_t(w.head) * a.o_head_stride +
+      TOut* out = static_cast<TOut*>(a.o) + grow * a.o_row_stride + int64_t(w.head) * a.o_head_stride +
                (a.cu_seqlens_q ? 0 : int64_t(w.batch) * a.o_batch_stride);
 #pragma unroll
       for (int g = 0; g < kHeadDim / 32; ++g) {  // 32 columns: 4 column blocks of 8, one per lane after
@@ -423,7 +488,7 @@ struct Consumer {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int j = 4 * g + i;
-          words[i] = pack_pair<T>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+          words[i] = pack_pair<TOut>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
         }
         quad_transpose(words, quad);  // every lane, inside the sequence or not
         const int col = 8 * (4 * g + quad);
@@ -432,7 +497,8 @@ struct Consumer {
       }
       if (!inside) continue;
       if (a.lse && quad == 0) {
-        const float lse = empty ? -INFINITY : (row_max[r] * a.scale_log2 + __log2f(total)) * kLn2;
+        const float log2_sum = kFp8 ? __log2f(total) - kFp8POffsetLog2 : __log2f(total);
+        const float lse = empty ? -INFINITY : (row_max[r] * scale_log2() + log2_sum) * kLn2;
         float* dst = a.cu_seqlens_q ? a.lse + int64_t(w.head) * a.lse_head_stride + grow
                                     : a.lse + int64_t(w.batch) * a.lse_batch_stride +
                                           int64_t(w.head) * a.lse_head_stride + row[r];

@@ -31,4 +31,7 @@ inline const char* sm90_grid_name(Sm90Grid g) {
 // Runs validated params for which sm90_forward_supports is ok. Asynchronous on p.stream.
 Status sm90_forward_run(const FwdParams& p, Sm90Grid grid = Sm90Grid::persistent);
 
+// sm90_forward_run's e4m3 inputs (forward_sm90_fp8.cu): V_t into workspace (fp8_v_transpose.h), then the kernel.
+Status sm90_fp8_forward_launch(const FwdParams& p, Sm90Grid grid);
+
 }  // namespace flashattn::detail

@@ -7,6 +7,7 @@
 
 #include "common/mask.h"
 #include "cuda/sm90/forward_config.h"
+#include "cuda/sm90/fp8_v_layout.h"
 #include "cuda/sm90/primitives_sm90.cuh"
 #include "cuda/sm90/swizzle.h"
 
@@ -33,6 +34,11 @@ struct ForwardKernelArgs {
   int64_t alibi_batch_stride;
   float dropout_p;            // 0: no dropout (common/dropout.h)
   uint64_t dropout_seed, dropout_offset;
+  // e4m3 inputs: descales of (sequence, KV head) at [b * strides[0] + h_kv * strides[1]] (null: 1).
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
+  int64_t q_descale_strides[2], k_descale_strides[2], v_descale_strides[2];
   // Tiles: num_m_tiles query tiles (kTileRows rows: a block per CTA of a cluster) x num_heads x batch, numbered
   // head-major (every query tile of one head, heaviest first under a causal mask, then the next head: CTAs
   // running at once share K/V in L2). Pipeline p of cluster c (ForwardConfig::kPipelines, kClusterCtas; a
@@ -87,6 +93,7 @@ struct BlockWork {
   int batch_coord;     // TMA batch coordinate (0 in varlen, where the row dimension is the packed one)
   int seqlen_q, seqlen_k;
   int n_begin, n_end;  // key tiles [n_begin, n_end)
+  int vt_slot0;        // e4m3: the sequence's first slot in V_t's rows (fp8_v_layout.h)
   bool has_rows;       // the tile has query rows (this CTA's block may not, in a cluster: block_work)
   MaskSpec32 mask;     // 32-bit: sm90_forward_supports bounds the lengths, the launcher narrows the window edges
 };
@@ -117,6 +124,7 @@ __device__ BlockWork block_work(const ForwardKernelArgs& a, int t, int rank) {
     w.seqlen_k = a.seqlen_k;
     w.batch_coord = w.batch;
   }
+  if constexpr (Cfg::kElemBytes == 1) w.vt_slot0 = int(fp8_v_slot0(a.cu_seqlens_q != nullptr, w.k_row0, w.batch));
   w.mask = MaskSpec32::make(w.seqlen_q, w.seqlen_k, a.causal, a.window_left, a.window_right);
   w.n_begin = w.n_end = 0;
   const int row_begin = m_tile * Cfg::kTileRows;

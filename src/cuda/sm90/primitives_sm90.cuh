@@ -23,8 +23,10 @@
 #include <cuda/ptx>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/cluster.cuh"
 #include "cuda/primitives.cuh"
@@ -161,15 +163,92 @@ __device__ __forceinline__ void fence_registers(uint32_t (&r)[kN]) {
   else                                                                                                \
     asm volatile(PTX_FOR_TYPE("f16") : OUTS : INS)
 
+// ---- FP8 (e4m3) inputs: wgmma .k32, K-major operands only ----
+// The element type of float8_e4m3fn inputs. Its wgmma reads 32 K-elements per instruction, which in bytes is the
+// 16-bit k16 step (32 bytes of each 128-byte swizzled row): descriptors and their steps are the same byte for
+// byte. FP8 wgmma has no transpose: both shared-memory operands are K-major (the forward stores V transposed,
+// fp8_v_layout.h). Its A-from-registers fragment is the 16-bit one with each 16-bit element replaced by two
+// consecutive 8-bit ones: a[0] = (row 16w + g, K bytes 4q..4q+3), a[1] = (row + 8, same), a[2] = (row, 16 + 4q..+3),
+// a[3] = (row + 8, 16 + 4q..+3).
+using Fp8 = __nv_fp8_e4m3;
+template <typename T>
+constexpr bool kIsFp8 = std::is_same_v<T, Fp8>;
+// K-elements of one wgmma for element type T.
+template <typename T>
+constexpr int kWgmmaKFor = kIsFp8<T> ? 32 : kWgmmaK;
+
+#define FA_SM90_WGMMA_SS_FP8(N, ACC, DA, DB, SCALE)                                                       \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE ", 0;\n"                                                     \
+  "wgmma.mma_async.sync.aligned.m64n" N "k32.f32.e4m3.e4m3 " ACC ", " DA ", " DB ", p, 1, 1;\n}\n"
+#define FA_SM90_WGMMA_RS_FP8(N, ACC, A, DB, SCALE)                                                        \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE ", 0;\n"                                                     \
+  "wgmma.mma_async.sync.aligned.m64n" N "k32.f32.e4m3.e4m3 " ACC ", " A ", " DB ", p, 1, 1;\n}\n"
+
+// D(64 x N) (+)= A(64 x 32, shared, K-major) * B(32 x N, shared, K-major), e4m3 inputs.
+template <int N>
+__device__ __forceinline__ void wgmma_ss_fp8(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  static_assert(N == 128 || N == 256, "wgmma_ss_fp8: N must be 128 or 256");
+  const uint32_t acc = accumulate ? 1u : 0u;
+  if constexpr (N == 128) {
+    asm volatile(FA_SM90_WGMMA_SS_FP8("128", FA_SM90_ACC_REGS_64, "%64", "%65", "%66")
+                 : FA_SM90_D64(d) : "l"(desc_a), "l"(desc_b), "r"(acc));
+  } else {
+    asm volatile(FA_SM90_WGMMA_SS_FP8("256", FA_SM90_ACC_REGS_128, "%128", "%129", "%130")
+                 : FA_SM90_D128(d) : "l"(desc_a), "l"(desc_b), "r"(acc));
+  }
+}
+
+// D(64 x N) (+)= A(64 x 32, registers: the fragment above) * B(32 x N, shared, K-major), e4m3 inputs.
+template <int N>
+__device__ __forceinline__ void wgmma_rs_fp8(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
+                                             bool accumulate) {
+  static_assert(N == 128 || N == 256, "wgmma_rs_fp8: N must be 128 or 256");
+  const uint32_t acc = accumulate ? 1u : 0u;
+  if constexpr (N == 128) {
+    asm volatile(FA_SM90_WGMMA_RS_FP8("128", FA_SM90_ACC_REGS_64, "{%64, %65, %66, %67}", "%68", "%69")
+                 : FA_SM90_D64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc));
+  } else {
+    asm volatile(FA_SM90_WGMMA_RS_FP8("256", FA_SM90_ACC_REGS_128, "{%128, %129, %130, %131}", "%132", "%133")
+                 : FA_SM90_D128(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc));
+  }
+}
+
+// Four floats rounded to e4m3 (nearest, saturating at +-448) in one register, the first in the low byte.
+__device__ __forceinline__ uint32_t pack_fp8x4(float x0, float x1, float x2, float x3) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(x0, x1), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(x2, x3), __NV_SATFINITE, __NV_E4M3);
+  return lo | hi << 16;
+}
+
+// The e4m3 A operand for K-slots 32kk..32kk+31 of a product whose previous accumulator (over 32 keys, N = keys)
+// is `acc`, without moving data between threads: the thread's own keys 2q, 2q+1, 8+2q, 9+2q (+16) fill its slots
+// 4q..4q+3 (+16). Slot s of a 32-key group therefore holds key fp8_key_of_slot(s) (fp8_v_layout.h), and the other
+// operand (V) must be stored in that order.
+template <int kAccRegs>
+__device__ __forceinline__ void accumulator_to_a_fragment_fp8(uint32_t (&a)[4], const float (&acc)[kAccRegs], int kk) {
+  const int j = 4 * kk;  // the four 8-column blocks j..j+3 make up 32 keys
+#pragma unroll
+  for (int h = 0; h < 2; ++h)      // keys 0-15, 16-31 of the group: registers 0-1, 2-3
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // the thread's rows g, g + 8
+      const int b = 4 * (j + 2 * h) + 2 * r;
+      a[2 * h + r] = pack_fp8x4(acc[b], acc[b + 1], acc[b + 4], acc[b + 5]);
+    }
+}
+
 // D(64 x N) (+)= A(64 x 16, shared; K-major if kTransA == 0, M-major if 1) * B(16 x N, shared; K-major if
 // kTransB == 0, N-major if 1). The M-major A serves products whose left operand is stored transposed (the
 // backward's dQ = dS K, with dS kept as dSᵀ). Operands after the N/2 accumulators: desc_a, desc_b, accumulate,
 // kTransB, kTransA.
 template <typename T, int N, int kTransB, int kTransA = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  static_assert(N == 32 || N == 64 || N == 80 || N == 128 || N == 176 || N == 256,
-                "wgmma_ss: N must be 32, 64, 80, 128, 176 or 256");
-  const uint32_t acc = accumulate ? 1u : 0u;
+  if constexpr (kIsFp8<T>) {
+    static_assert(kTransA == 0 && kTransB == 0, "wgmma_ss: e4m3 operands are K-major");
+    wgmma_ss_fp8<N>(d, desc_a, desc_b, accumulate);
+  } else {
+    static_assert(N == 32 || N == 64 || N == 80 || N == 128 || N == 176 || N == 256,
+                  "wgmma_ss: N must be 32, 64, 80, 128, 176 or 256");
+    const uint32_t acc = accumulate ? 1u : 0u;
 #define FA_SM90_SS_INS "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA)
 #define FA_SM90_SS32(TYPE) FA_SM90_WGMMA_SS("32", TYPE, FA_SM90_ACC_REGS_16, "%16", "%17", "%18", "%19", "%20")
 #define FA_SM90_SS64(TYPE) FA_SM90_WGMMA_SS("64", TYPE, FA_SM90_ACC_REGS_32, "%32", "%33", "%34", "%35", "%36")
@@ -178,18 +257,19 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
 #define FA_SM90_SS176(TYPE) FA_SM90_WGMMA_SS("176", TYPE, FA_SM90_ACC_REGS_88, "%88", "%89", "%90", "%91", "%92")
 #define FA_SM90_SS256(TYPE) \
   FA_SM90_WGMMA_SS("256", TYPE, FA_SM90_ACC_REGS_128, "%128", "%129", "%130", "%131", "%132")
-  if constexpr (N == 32) {
-    FA_SM90_ASM_FOR_TYPE(FA_SM90_SS32, FA_SM90_D16(d), FA_SM90_SS_INS);
-  } else if constexpr (N == 80) {
-    FA_SM90_ASM_FOR_TYPE(FA_SM90_SS80, FA_SM90_D40(d), FA_SM90_SS_INS);
-  } else if constexpr (N == 176) {
-    FA_SM90_ASM_FOR_TYPE(FA_SM90_SS176, FA_SM90_D88(d), FA_SM90_SS_INS);
-  } else if constexpr (N == 64) {
-    FA_SM90_ASM_FOR_TYPE(FA_SM90_SS64, FA_SM90_D32(d, 0), FA_SM90_SS_INS);
-  } else if constexpr (N == 128) {
-    FA_SM90_ASM_FOR_TYPE(FA_SM90_SS128, FA_SM90_D64(d), FA_SM90_SS_INS);
-  } else {
-    FA_SM90_ASM_FOR_TYPE(FA_SM90_SS256, FA_SM90_D128(d), FA_SM90_SS_INS);
+    if constexpr (N == 32) {
+      FA_SM90_ASM_FOR_TYPE(FA_SM90_SS32, FA_SM90_D16(d), FA_SM90_SS_INS);
+    } else if constexpr (N == 80) {
+      FA_SM90_ASM_FOR_TYPE(FA_SM90_SS80, FA_SM90_D40(d), FA_SM90_SS_INS);
+    } else if constexpr (N == 176) {
+      FA_SM90_ASM_FOR_TYPE(FA_SM90_SS176, FA_SM90_D88(d), FA_SM90_SS_INS);
+    } else if constexpr (N == 64) {
+      FA_SM90_ASM_FOR_TYPE(FA_SM90_SS64, FA_SM90_D32(d, 0), FA_SM90_SS_INS);
+    } else if constexpr (N == 128) {
+      FA_SM90_ASM_FOR_TYPE(FA_SM90_SS128, FA_SM90_D64(d), FA_SM90_SS_INS);
+    } else {
+      FA_SM90_ASM_FOR_TYPE(FA_SM90_SS256, FA_SM90_D128(d), FA_SM90_SS_INS);
+    }
   }
 #undef FA_SM90_SS_INS
 #undef FA_SM90_SS32
@@ -205,8 +285,12 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
 template <typename T, int N, int kTransB>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
                                          bool accumulate) {
-  static_assert(N == 64 || N == 128 || N == 192 || N == 256, "wgmma_rs: N must be 64, 128, 192 or 256");
-  const uint32_t acc = accumulate ? 1u : 0u;
+  if constexpr (kIsFp8<T>) {
+    static_assert(kTransB == 0, "wgmma_rs: e4m3 operands are K-major");
+    wgmma_rs_fp8<N>(d, a, desc_b, accumulate);
+  } else {
+    static_assert(N == 64 || N == 128 || N == 192 || N == 256, "wgmma_rs: N must be 64, 128, 192 or 256");
+    const uint32_t acc = accumulate ? 1u : 0u;
 #define FA_SM90_RS_INS "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc), "n"(kTransB)
 #define FA_SM90_RS64(TYPE) \
   FA_SM90_WGMMA_RS("64", TYPE, FA_SM90_ACC_REGS_32, "{%32, %33, %34, %35}", "%36", "%37", "%38")
@@ -216,14 +300,15 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
   FA_SM90_WGMMA_RS("192", TYPE, FA_SM90_ACC_REGS_96, "{%96, %97, %98, %99}", "%100", "%101", "%102")
 #define FA_SM90_RS256(TYPE) \
   FA_SM90_WGMMA_RS("256", TYPE, FA_SM90_ACC_REGS_128, "{%128, %129, %130, %131}", "%132", "%133", "%134")
-  if constexpr (N == 64) {
-    FA_SM90_ASM_FOR_TYPE(FA_SM90_RS64, FA_SM90_D32(d, 0), FA_SM90_RS_INS);
-  } else if constexpr (N == 128) {
-    FA_SM90_ASM_FOR_TYPE(FA_SM90_RS128, FA_SM90_D64(d), FA_SM90_RS_INS);
-  } else if constexpr (N == 192) {
-    FA_SM90_ASM_FOR_TYPE(FA_SM90_RS192, FA_SM90_D96(d), FA_SM90_RS_INS);
-  } else {
-    FA_SM90_ASM_FOR_TYPE(FA_SM90_RS256, FA_SM90_D128(d), FA_SM90_RS_INS);
+    if constexpr (N == 64) {
+      FA_SM90_ASM_FOR_TYPE(FA_SM90_RS64, FA_SM90_D32(d, 0), FA_SM90_RS_INS);
+    } else if constexpr (N == 128) {
+      FA_SM90_ASM_FOR_TYPE(FA_SM90_RS128, FA_SM90_D64(d), FA_SM90_RS_INS);
+    } else if constexpr (N == 192) {
+      FA_SM90_ASM_FOR_TYPE(FA_SM90_RS192, FA_SM90_D96(d), FA_SM90_RS_INS);
+    } else {
+      FA_SM90_ASM_FOR_TYPE(FA_SM90_RS256, FA_SM90_D128(d), FA_SM90_RS_INS);
+    }
   }
 #undef FA_SM90_RS_INS
 #undef FA_SM90_RS64

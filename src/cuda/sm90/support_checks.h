@@ -33,10 +33,20 @@ inline std::string head_dims_named(const FwdParams& p) {
                                     : "head dims " + std::to_string(p.head_dim) + " / " + std::to_string(p.head_dim_v);
 }
 
-// What the forward and the backward both need, in the order a user would fix it.
-inline Status common(const FwdParams& p) {
-  if (p.dtype != DType::f16 && p.dtype != DType::bf16)
-    return Status::unsupported(std::string("cuda_sm90: runs float16 and bfloat16; got ") + dtype_name(p.dtype));
+// e4m3 (the forward only): head dims in buckets of 128, whole 128-byte rows of Q and K (forward_config.h).
+inline int fp8_head_dim_bucket(int64_t head_dim, int64_t head_dim_v) {
+  const int bucket = head_dim_bucket(head_dim, head_dim_v);
+  return bucket == 0 ? 0 : bucket <= 128 ? 128 : 256;
+}
+
+// What the forward and the backward both need, in the order a user would fix it. float8_e4m3fn inputs run in
+// the forward (pass).
+inline Status common(const FwdParams& p, Pass pass) {
+  const bool fp8_forward = p.dtype == DType::e4m3 && pass == Pass::forward;
+  if (p.dtype != DType::f16 && p.dtype != DType::bf16 && !fp8_forward)
+    return Status::unsupported(std::string("cuda_sm90: runs float16 and bfloat16") +
+                               (pass == Pass::forward ? ", and float8_e4m3fn in the forward" : "") + "; got " +
+                               dtype_name(p.dtype));
   const int cc = cuda_compute_capability_impl(p.device.index);
   if (cc != 90)
     return Status::unsupported("cuda_sm90: needs compute capability 9.0 (sm_90a code), device " +

@@ -32,13 +32,15 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn(Status* st) {
 
 Status make_tensor_map_sw128(CUtensorMap* map, const void* base, DType dtype, const int64_t dims[4],
                              const int64_t strides[3], int box_rows) {
-  if (dtype != DType::bf16 && dtype != DType::f16) return Status::unsupported("cuda_sm90: TMA maps are for fp16/bf16");
+  if (dtype != DType::bf16 && dtype != DType::f16 && dtype != DType::e4m3)
+    return Status::unsupported("cuda_sm90: TMA maps are for fp16, bf16 and e4m3");
   if ((reinterpret_cast<uintptr_t>(base) & 15) != 0)
     return Status::unsupported("cuda_sm90: tensor base address not 16-byte aligned");
-  constexpr int64_t kElemBytes = 2;
-  constexpr uint32_t kPanelCols = 64;  // 128 bytes: the widest box inner extent the 128-byte swizzle allows
+  const int64_t elem_bytes = int64_t(dtype_size(dtype));
+  // 128 bytes: the widest box inner extent the 128-byte swizzle allows.
+  const uint32_t panel_cols = uint32_t(128 / elem_bytes);
   for (int i = 0; i < 3; ++i) {
-    if ((strides[i] * kElemBytes) % 16 != 0)
+    if ((strides[i] * elem_bytes) % 16 != 0)
       return Status::unsupported("cuda_sm90: TMA needs strides that are multiples of 16 bytes, got " +
                                  std::to_string(strides[i]) + " elements");
   }
@@ -49,10 +51,13 @@ Status make_tensor_map_sw128(CUtensorMap* map, const void* base, DType dtype, co
 
   cuuint64_t gdim[4], gstride[3];
   for (int i = 0; i < 4; ++i) gdim[i] = cuuint64_t(dims[i] < 1 ? 1 : dims[i]);
-  for (int i = 0; i < 3; ++i) gstride[i] = cuuint64_t(strides[i] * kElemBytes);
-  const cuuint32_t box[4] = {kPanelCols, cuuint32_t(box_rows), 1, 1};
+  for (int i = 0; i < 3; ++i) gstride[i] = cuuint64_t(strides[i] * elem_bytes);
+  const cuuint32_t box[4] = {panel_cols, cuuint32_t(box_rows), 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUresult r = fn(map, dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+  const CUtensorMapDataType type = dtype == DType::bf16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                   : dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                         : CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  const CUresult r = fn(map, type,
                         4, const_cast<void*>(base), gdim, gstride, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);

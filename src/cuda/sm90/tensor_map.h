@@ -11,11 +11,12 @@
 
 namespace flashattn::detail {
 
-// A rank-4 tiled tensor map over 16-bit elements with 128-byte swizzle, for boxes of `box_rows` rows of
-// 64 contiguous elements (one swizzle panel; wider tiles take one copy per panel).
+// A rank-4 tiled tensor map over 16-bit (fp16, bf16) or 8-bit (e4m3) elements with 128-byte swizzle, for boxes of
+// `box_rows` rows of 128 contiguous bytes (one swizzle panel: 64 or 128 elements; wider tiles take one copy per
+// panel).
 //   dims (innermost first) {cols, rows, heads, batch}; strides in elements for rows, heads, batch.
-// Requires a 16-byte aligned base, strides that are multiples of 8 elements, cols a multiple of 64.
-// Out-of-range rows arrive as zeros.
+// Requires a 16-byte aligned base and strides that are multiples of 16 bytes. Out-of-range rows and columns arrive
+// as zeros.
 Status make_tensor_map_sw128(CUtensorMap* map, const void* base, DType dtype, const int64_t dims[4],
                              const int64_t strides[3], int box_rows);
 

@@ -1,0 +1,144 @@
+"""The FP8 forward against our bf16 forward and cuDNN's bf16 SDPA, in alternating bursts in one process
+(recheck_cell.py's burst timing), with the FP8 GEMM ceiling (torch._scaled_mm, 8192^3, e4m3 in, bf16 out) measured
+in the same run. B·S = 16k tokens, H·D = 2048, inputs N(0, 1) quantised to e4m3 with per-(batch, KV head) descales
+(amax / 448). FLOPs: 4·b·h·s²·d, half under a causal mask.
+
+    PYTHONPATH=<build>/python python3 bench/gpu/fp8_bench.py [--hd 64 128 256] [--seqlens 1024 4096 16384]
+        [--causal 0 1] [--repeats 3] [--seconds 0.3] [--accuracy]
+
+Prints one markdown row per cell: TFLOP/s of FP8, bf16 (ours), cuDNN bf16, FP8 / bf16 over the repeats (range),
+and the share of the FP8 call spent writing V_t (the transpose kernel, from one profiled call). --accuracy adds
+the relative RMSE of the FP8 and bf16 outputs against float64 attention of the unquantised inputs, on N(0, 1)
+and on FA3's outlier distribution (N(0, 1) plus N(0, 100) on 0.1% of the entries), and the FP8 output's against
+the attention of its dequantised inputs (the kernel's own error, without the inputs' quantisation).
+"""
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import flashattn
+from flashattn import fa3
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from bench_vs_torch import flops  # noqa: E402
+from recheck_cell import add_grid_options, burst  # noqa: E402
+
+F8 = torch.float8_e4m3fn
+E4M3_MAX = 448.0
+
+
+def quantise(x):
+    """x [b, s, h, d] -> (e4m3 values, fp32 descale [b, h]) with per-(batch, head) amax scaling."""
+    amax = x.abs().amax(dim=(1, 3)).float().clamp_min(1e-12)
+    scale = amax / E4M3_MAX
+    return (x / scale[:, None, :, None]).to(F8), scale
+
+
+def gemm_ceiling(seconds):
+    n = 8192
+    a = torch.randn(n, n, device="cuda").to(F8)
+    b = torch.randn(n, n, device="cuda").to(F8).t()
+    one = torch.ones((), device="cuda")
+    t = burst(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), seconds)
+    return 2.0 * n ** 3 / t / 1e12
+
+
+def transpose_share(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    total = transpose = 0.0
+    for e in prof.key_averages():
+        t = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        if "fp8_v_transpose" in e.key:
+            transpose += t
+        if "fp8_v_transpose" in e.key or "forward_kernel" in e.key:
+            total += t
+    return transpose / total if total else float("nan")
+
+
+def rmse(got, want):
+    return float((got.double() - want).norm() / want.norm())
+
+
+def accuracy(d, s, causal, outliers):
+    b, h = 1, 4
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = [torch.randn(b, s, h, d, device="cuda", generator=g) for _ in range(3)]
+    if outliers:
+        for t in x:
+            mask = torch.rand(t.shape, device="cuda", generator=g) < 1e-3
+            t += mask * torch.randn(t.shape, device="cuda", generator=g) * 10.0
+    ref, _ = torch_ref(*x, causal)
+    qs = [quantise(t) for t in x]
+    out8 = fa3.flash_attn_func(qs[0][0], qs[1][0], qs[2][0], causal=causal, q_descale=qs[0][1],
+                               k_descale=qs[1][1], v_descale=qs[2][1])
+    out16 = flashattn.flash_attn_func(*(t.bfloat16() for t in x), causal=causal)
+    # The kernel's own error: against the attention of the values it was given (e4m3 times descale).
+    ref_deq, _ = torch_ref(*(t8.double() * s.double()[:, None, :, None] for t8, s in qs), causal)
+    return rmse(out8, ref), rmse(out16, ref), rmse(out8, ref_deq)
+
+
+def torch_ref(q, k, v, causal):
+    q, k, v = (t.double().transpose(1, 2) for t in (q, k, v))
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    return (s.softmax(-1) @ v).transpose(1, 2), None
+
+
+def cell(d, s, causal, repeats, seconds):
+    b, h = 16384 // s, 2048 // d
+    x = [torch.randn(b, s, h, d, device="cuda") for _ in range(3)]
+    q16, k16, v16 = (t.bfloat16() for t in x)
+    (q8, qd), (k8, kd), (v8, vd) = (quantise(t) for t in x)
+    qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q16, k16, v16))
+    fp8 = lambda: fa3.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
+    bf16 = lambda: flashattn.flash_attn_func(q16, k16, v16, causal=causal)
+
+    def cudnn():
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+    f = flops(b, h, s, d, causal, False)
+    runs = {"fp8": [], "bf16": [], "cudnn": []}
+    order = list(runs)
+    for i in range(repeats):
+        for name in (order if i % 2 == 0 else list(reversed(order))):
+            fn = {"fp8": fp8, "bf16": bf16, "cudnn": cudnn}[name]
+            runs[name].append(burst(fn, seconds))
+    best = {k: f / min(v) / 1e12 for k, v in runs.items()}
+    ratios = [b16 / b8 for b8, b16 in zip(runs["fp8"], runs["bf16"])]
+    share = transpose_share(fp8)
+    return best, (min(ratios), max(ratios)), share
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    add_grid_options(ap, [64, 128, 256], [1024, 4096, 16384], 3, 0.3)
+    ap.add_argument("--accuracy", action="store_true")
+    a = ap.parse_args()
+    print(f"FP8 GEMM ceiling (torch._scaled_mm 8192^3, e4m3 -> bf16): {gemm_ceiling(a.seconds):.0f} TFLOP/s\n")
+    print("| hd | S | causal | FP8 | bf16 (ours) | cuDNN bf16 | FP8 / bf16 | V_t share |")
+    print("|---|---|---|---|---|---|---|---|")
+    for d in a.hd:
+        for s in a.seqlens:
+            for causal in a.causal:
+                best, (lo, hi), share = cell(d, s, bool(causal), a.repeats, a.seconds)
+                print(f"| {d} | {s} | {causal} | {best['fp8']:.0f} | {best['bf16']:.0f} | {best['cudnn']:.0f} | "
+                      f"{lo:.2f}-{hi:.2f} | {share * 100:.1f}% |", flush=True)
+    if a.accuracy:
+        print("\n| hd | S | causal | inputs | FP8 rel. RMSE | bf16 rel. RMSE | FP8 vs its dequantised inputs |")
+        print("|---|---|---|---|---|---|---|")
+        for d in a.hd:
+            for causal in (0, 1):
+                for outliers in (False, True):
+                    e8, e16, kernel = accuracy(d, 2048, bool(causal), outliers)
+                    print(f"| {d} | 2048 | {causal} | {'outliers' if outliers else 'N(0,1)'} | {e8:.2e} | "
+                          f"{e16:.2e} | {kernel:.2e} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
