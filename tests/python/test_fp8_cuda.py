@@ -73,6 +73,7 @@ DENSE = [
     ("hd128_window_softcap_f16", 2, 333, 333, 4, 4, 128, 128, False, (64, 32), 30.0, None, torch.float16, 2.0),
     ("hd128_long_causal", 1, 2048, 2048, 2, 2, 128, 128, True, (-1, -1), 0.0, "given", torch.bfloat16, 3.0),
     ("hd96", 1, 130, 259, 3, 3, 96, 96, False, (-1, -1), 0.0, "given", torch.bfloat16, 2.0),
+    ("hd32_48", 2, 77, 150, 4, 2, 32, 48, True, (-1, -1), 0.0, "given", torch.float16, 2.0),
     ("hd192_128", 1, 256, 300, 4, 2, 192, 128, True, (-1, -1), 0.0, "given", torch.bfloat16, 2.0),
     ("hd256", 1, 384, 640, 4, 1, 256, 256, False, (-1, -1), 0.0, "given", torch.bfloat16, 2.0),
     ("hd256_causal_f16", 2, 513, 513, 2, 2, 256, 256, True, (-1, -1), 0.0, "expanded", torch.float16, 2.0),

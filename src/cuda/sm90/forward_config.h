@@ -114,11 +114,14 @@ struct ForwardConfig {
 
   static constexpr int kElemBytes = kElemBytes_;
   static_assert(kElemBytes == 1 || kElemBytes == 2, "sm90 forward: 16-bit or e4m3 elements");
-  // Elements of one 128-byte swizzled row (a panel's columns) and K-elements of one wgmma.
+  // Elements of one 128-byte swizzled row (a panel's columns; V_t's keys).
   static constexpr int kPanelElems = kSwizzleBytes / kElemBytes;
-  static constexpr int kWgmmaKElems = 32 / kElemBytes;
-  // Q and K rows are whole panels (FP8's head dims run in buckets of 128: fp8_head_dim_bucket).
-  static_assert(kHeadDim % kPanelElems == 0, "sm90 forward: head dim whole 128-byte panels");
+  // Q and K rows are cut into panels of kQKPanelBytes: 128, or 64 where a row has only 64 bytes (e4m3 at hd 64,
+  // swizzled by 64 bytes: make_desc_k_major_rows).
+  static constexpr int kQKPanelBytes = kHeadDim * kElemBytes < kSwizzleBytes ? kHeadDim * kElemBytes : kSwizzleBytes;
+  static constexpr int kQKPanelElems = kQKPanelBytes / kElemBytes;
+  static_assert((kQKPanelBytes == 128 || kQKPanelBytes == 64) && kHeadDim % kQKPanelElems == 0,
+                "sm90 forward: Q and K rows in whole 128- or 64-byte panels");
   // e4m3: V_t's key tiles are whole 128-byte panels of keys and end inside a sequence's spans (fp8_v_layout.h),
   // and each CTA loads whole tiles (no clusters).
   static_assert(kElemBytes == 2 || (kBlockN % kPanelElems == 0 && kFp8KeyPad % kBlockN == 0 && kClusterCtas_ == 1),
@@ -197,10 +200,13 @@ struct KernelPlan<256, false> : Plan<ForwardConfig<256, 80, 2, 2>> {};
 template <>
 struct KernelPlan<256, true> : Plan<ForwardConfig<256, 64, 2, 2>> {};
 
-// e4m3 inputs (Fp8KernelPlan; head dims in buckets of 128, fp8_head_dim_bucket): 128 x 128 tiles, K and V_t tiles
-// half the bytes of 16-bit ones. hd 128: 16 KB + 3 * 32 KB = 112 KB; hd 256: 32 KB + 2 * 64 KB = 160 KB.
+// e4m3 inputs (Fp8KernelPlan; head dims in buckets of 64, 128, 256: fp8_head_dim_bucket): 128-key tiles (V_t's
+// panels), K and V_t tiles half the bytes of 16-bit ones. hd 64: 192-row blocks as in 16 bits, 12 KB + 3 * 16 KB =
+// 60 KB; hd 128: 16 KB + 3 * 32 KB = 112 KB; hd 256: 32 KB + 2 * 64 KB = 160 KB.
 template <int kHeadDim, bool kMasked>
 struct Fp8KernelPlan;
+template <bool kMasked>
+struct Fp8KernelPlan<64, kMasked> : Plan<ForwardConfig<64, 128, 3, 3, IssueOrder::turns, 1, 1, 1>> {};
 template <bool kMasked>
 struct Fp8KernelPlan<128, kMasked> : Plan<ForwardConfig<128, 128, 2, 3, IssueOrder::free, 1, 1, 1>> {};
 template <bool kMasked>

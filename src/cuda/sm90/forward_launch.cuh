@@ -156,14 +156,14 @@ Status launch(const FwdParams& p, Sm90Grid grid, const VOperand* v_t = nullptr) 
     // The true head dims, not the bucket's: TMA loads zeros past them (support_checks.h, head_dim_bucket).
     const int64_t dims[4] = {p.head_dim, rows_q, p.heads_q, batch_dim};
     const int64_t strides[3] = {p.q_row_stride, p.q_head_stride, batch_stride(p.q_batch_stride, p.q_row_stride, rows_q)};
-    Status st = make_tensor_map_sw128(&tm_q, p.q, p.dtype, dims, strides, Cfg::kBlockM);
+    Status st = make_tensor_map_sw128(&tm_q, p.q, p.dtype, dims, strides, Cfg::kBlockM, Cfg::kQKPanelBytes);
     if (!st.ok()) return st;
   }
   {
     const int64_t dims[4] = {p.head_dim, rows_k, p.heads_kv, batch_dim};
     const int64_t strides[3] = {p.k_row_stride, p.k_head_stride, batch_stride(p.k_batch_stride, p.k_row_stride, rows_k)};
     // Each CTA of a cluster loads its part of every K / V tile (produce).
-    Status st = make_tensor_map_sw128(&tm_k, k_base, p.dtype, dims, strides, Cfg::kKVPartRows);
+    Status st = make_tensor_map_sw128(&tm_k, k_base, p.dtype, dims, strides, Cfg::kKVPartRows, Cfg::kQKPanelBytes);
     if (!st.ok()) return st;
     if (v_t) {
       // V_t: a box is kHeadDim rows of one 128-key panel (produce).

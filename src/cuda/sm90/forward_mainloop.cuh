@@ -46,7 +46,7 @@ template <typename Cfg>
 __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv_head, const CUtensorMap* tm_q,
                         const CUtensorMap* tm_k, const CUtensorMap* tm_v, PipelineState<Cfg::kStages>& st,
                         uint32_t rank) {
-  constexpr int kPanels = Cfg::kHeadDim / Cfg::kPanelElems;
+  constexpr int kPanels = Cfg::kHeadDim / Cfg::kQKPanelElems;
   if (w.n_end <= w.n_begin) return;  // no visible keys: the consumers neither read Q nor wait for it
   // Tile n's K and V share a stage; pos is V's (tile n), the K load runs one position ahead.
   RingPosition<Cfg::kStages>& pos = st.kv;
@@ -64,15 +64,15 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
         return;
       }
     }
-    uint8_t* part = ring + at.index * Cfg::kKVTileBytes + rank * Cfg::kKVPartRows * kSwizzleBytes;
+    uint8_t* part = ring + at.index * Cfg::kKVTileBytes + rank * Cfg::kKVPartRows * Cfg::kQKPanelBytes;
     const int row = w.k_row0 + n * Cfg::kBlockN + int(rank) * Cfg::kKVPartRows;
 #pragma unroll
     for (int p = 0; p < kPanels; ++p) {
       if constexpr (Cfg::kClusterCtas > 1)
-        tma_load_4d_multicast(part + p * Cfg::kBlockN * kSwizzleBytes, map, p * Cfg::kPanelElems, row, kv_head,
+        tma_load_4d_multicast(part + p * Cfg::kBlockN * Cfg::kQKPanelBytes, map, p * Cfg::kQKPanelElems, row, kv_head,
                               w.batch_coord, &full[at.index], uint16_t((1u << Cfg::kClusterCtas) - 1));
       else
-        tma_load_4d(part + p * Cfg::kBlockN * kSwizzleBytes, map, p * Cfg::kPanelElems, row, kv_head, w.batch_coord,
+        tma_load_4d(part + p * Cfg::kBlockN * Cfg::kQKPanelBytes, map, p * Cfg::kQKPanelElems, row, kv_head, w.batch_coord,
                     &full[at.index]);
     }
   };
@@ -82,7 +82,7 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
   mbarrier_arrive_expect_tx(sm.q_full(), Cfg::kQBytes);
 #pragma unroll
   for (int p = 0; p < kPanels; ++p)
-    tma_load_4d(sm.q() + p * Cfg::kBlockM * kSwizzleBytes, tm_q, p * Cfg::kPanelElems, w.q_row0 + w.m_block * Cfg::kBlockM,
+    tma_load_4d(sm.q() + p * Cfg::kBlockM * Cfg::kQKPanelBytes, tm_q, p * Cfg::kQKPanelElems, w.q_row0 + w.m_block * Cfg::kBlockM,
                 w.head, w.batch_coord, sm.q_full());
   st.q_phase ^= 1u;
   for (int n = w.n_end - 1; n >= w.n_begin; --n) {
@@ -199,8 +199,8 @@ struct Consumer {
     w.mask.key_range(row_end - 1, &lo_last, &hi_last);
     full_lo = (lo_last + kN - 1) / kN;
     full_hi = hi_first / kN;
-    q_desc = make_desc_k_major(smem_address(sm.q()) + wg * kWgmmaRows * kSwizzleBytes);
-    k_desc = make_desc_k_major(smem_address(sm.k()));
+    q_desc = make_desc_k_major_rows<Cfg::kQKPanelBytes>(smem_address(sm.q()) + wg * kWgmmaRows * Cfg::kQKPanelBytes);
+    k_desc = make_desc_k_major_rows<Cfg::kQKPanelBytes>(smem_address(sm.k()));
     // V_t (e4m3) is K-major, V N-major.
     v_desc = kFp8 ? make_desc_k_major(smem_address(sm.v())) : make_desc_mn_major(smem_address(sm.v()), kN * kSwizzleBytes);
 #pragma unroll
@@ -208,15 +208,16 @@ struct Consumer {
   }
 
   // S = Q Kᵀ, issued and committed (not waited for). K-major operands; k-step kk (32 bytes of a row, 16-bit or
-  // e4m3 alike) is panel kk / 4, 32 bytes further per step inside a row.
+  // e4m3 alike) is panel kk / kSteps, 32 bytes further per step inside a row.
   __device__ void issue_qk(Scores& s, int stage) {
+    constexpr int kSteps = Cfg::kQKPanelBytes / 32;  // k-steps per panel
     const uint64_t k_stage = desc_advance(k_desc, stage * Cfg::kKVTileBytes);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / kWgmmaKFor<T>; ++kk) {
-      const uint32_t step = (kk % 4) * 32;
-      wgmma_ss<T, kN, 0>(s, desc_advance(q_desc, (kk / 4) * Cfg::kBlockM * kSwizzleBytes + step),
-                         desc_advance(k_stage, (kk / 4) * kN * kSwizzleBytes + step), kk > 0);
+      const uint32_t step = (kk % kSteps) * 32;
+      wgmma_ss<T, kN, 0>(s, desc_advance(q_desc, (kk / kSteps) * Cfg::kBlockM * Cfg::kQKPanelBytes + step),
+                         desc_advance(k_stage, (kk / kSteps) * kN * Cfg::kQKPanelBytes + step), kk > 0);
     }
     wgmma_commit();
   }

@@ -6,7 +6,8 @@
 // V first goes through fp8_v_transpose.cu into V_t (fp8_v_layout.h), stream-ordered workspace of (keys rounded up
 // to 128 per sequence) x d_v x heads_kv bytes, because FP8 wgmma reads P V's B operand K-major only: one read and
 // one write of V, against the kernel's pass over every (query tile, key tile) pair.
-// Tiles: forward_config.h (Fp8KernelPlan); head dims in buckets of 128 (support_checks.h, fp8_head_dim_bucket).
+// Tiles: forward_config.h (Fp8KernelPlan); head dims in buckets of 64, 128, 256 (support_checks.h,
+// fp8_head_dim_bucket).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -38,8 +39,11 @@ Status launch_fp8_planned(const FwdParams& p, Sm90Grid grid, const VOperand& v_t
 
 template <typename TOut>
 Status launch_fp8_head_dim(const FwdParams& p, Sm90Grid grid, const VOperand& v_t) {
-  return sm90_checks::fp8_head_dim_bucket(p.head_dim, p.head_dim_v) == 128 ? launch_fp8_planned<TOut, 128>(p, grid, v_t)
-                                                                           : launch_fp8_planned<TOut, 256>(p, grid, v_t);
+  switch (sm90_checks::fp8_head_dim_bucket(p.head_dim, p.head_dim_v)) {
+    case 64: return launch_fp8_planned<TOut, 64>(p, grid, v_t);
+    case 128: return launch_fp8_planned<TOut, 128>(p, grid, v_t);
+    default: return launch_fp8_planned<TOut, 256>(p, grid, v_t);  // sm90_forward_supports passed: 256
+  }
 }
 
 }  // namespace

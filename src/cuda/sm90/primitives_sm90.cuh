@@ -38,11 +38,11 @@ namespace flashattn::cuda::sm90 {
 // ---- shared-memory matrix descriptors (PTX "matrix descriptor format") ----
 // Plain integer arithmetic, so also callable on the host (the descriptor tests check them there).
 // Bits 0-13: start address >> 4; 16-29: leading-dimension byte offset >> 4; 32-45: stride-dimension byte
-// offset >> 4; 49-51: base offset (0: our tiles start on a 1024-byte boundary); 62-63: swizzle (1 = 128 B).
-__host__ __device__ __forceinline__ uint64_t encode_descriptor(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  constexpr uint64_t kSwizzle128 = 1;
+// offset >> 4; 49-51: base offset (0: our tiles start on a 1024-byte boundary); 62-63: swizzle (1 = 128 B, 2 = 64 B).
+__host__ __device__ __forceinline__ uint64_t encode_descriptor(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes,
+                                                               uint64_t swizzle_mode = 1) {
   return uint64_t((smem_addr & 0x3FFFF) >> 4) | (uint64_t((lbo_bytes & 0x3FFFF) >> 4) << 16) |
-         (uint64_t((sbo_bytes & 0x3FFFF) >> 4) << 32) | (kSwizzle128 << 62);
+         (uint64_t((sbo_bytes & 0x3FFFF) >> 4) << 32) | (swizzle_mode << 62);
 }
 
 // K-major operand (rows of the M or N dimension, K contiguous), e.g. Q and K for S = Q Kᵀ. One wgmma reads 16
@@ -51,6 +51,13 @@ __host__ __device__ __forceinline__ uint64_t encode_descriptor(uint32_t smem_add
 // address: the swizzle is a function of the address, so the hardware applies the same XOR that TMA did.
 __host__ __device__ __forceinline__ uint64_t make_desc_k_major(uint32_t smem_addr) {
   return encode_descriptor(smem_addr, 16, kSwizzleAtomBytes);
+}
+// A K-major operand of kRowBytes-byte rows swizzled by as many bytes (128, or 64: e4m3 rows of 64 elements, which
+// TMA loads with CU_TENSOR_MAP_SWIZZLE_64B): the stride offset is 8 such rows. Steps along K as above.
+template <int kRowBytes>
+__host__ __device__ __forceinline__ uint64_t make_desc_k_major_rows(uint32_t smem_addr) {
+  static_assert(kRowBytes == 128 || kRowBytes == 64, "make_desc_k_major_rows: 128- or 64-byte swizzled rows");
+  return encode_descriptor(smem_addr, 16, 8 * kRowBytes, kRowBytes == 128 ? 1 : 2);
 }
 
 // MN-major operand (rows of the K dimension, N contiguous), e.g. V for O += P V, where V's rows are keys. The
@@ -202,9 +209,12 @@ __device__ __forceinline__ void wgmma_ss_fp8(float (&d)[N / 2], uint64_t desc_a,
 template <int N>
 __device__ __forceinline__ void wgmma_rs_fp8(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
                                              bool accumulate) {
-  static_assert(N == 128 || N == 256, "wgmma_rs_fp8: N must be 128 or 256");
+  static_assert(N == 64 || N == 128 || N == 256, "wgmma_rs_fp8: N must be 64, 128 or 256");
   const uint32_t acc = accumulate ? 1u : 0u;
-  if constexpr (N == 128) {
+  if constexpr (N == 64) {
+    asm volatile(FA_SM90_WGMMA_RS_FP8("64", FA_SM90_ACC_REGS_32, "{%32, %33, %34, %35}", "%36", "%37")
+                 : FA_SM90_D32(d, 0) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc));
+  } else if constexpr (N == 128) {
     asm volatile(FA_SM90_WGMMA_RS_FP8("128", FA_SM90_ACC_REGS_64, "{%64, %65, %66, %67}", "%68", "%69")
                  : FA_SM90_D64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc));
   } else {

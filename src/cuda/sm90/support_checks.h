@@ -33,10 +33,11 @@ inline std::string head_dims_named(const FwdParams& p) {
                                     : "head dims " + std::to_string(p.head_dim) + " / " + std::to_string(p.head_dim_v);
 }
 
-// e4m3 (the forward only): head dims in buckets of 128, whole 128-byte rows of Q and K (forward_config.h).
+// e4m3 (the forward only): head dims in buckets of 64, 128 and 256, whole 64- or 128-byte rows of Q and K
+// (forward_config.h; 192 runs as 256).
 inline int fp8_head_dim_bucket(int64_t head_dim, int64_t head_dim_v) {
   const int bucket = head_dim_bucket(head_dim, head_dim_v);
-  return bucket == 0 ? 0 : bucket <= 128 ? 128 : 256;
+  return bucket == 0 ? 0 : bucket <= 128 ? bucket : 256;
 }
 
 // What the forward and the backward both need, in the order a user would fix it. float8_e4m3fn inputs run in

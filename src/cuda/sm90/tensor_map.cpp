@@ -31,14 +31,15 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn(Status* st) {
 }  // namespace
 
 Status make_tensor_map_sw128(CUtensorMap* map, const void* base, DType dtype, const int64_t dims[4],
-                             const int64_t strides[3], int box_rows) {
+                             const int64_t strides[3], int box_rows, int swizzle_bytes) {
   if (dtype != DType::bf16 && dtype != DType::f16 && dtype != DType::e4m3)
     return Status::unsupported("cuda_sm90: TMA maps are for fp16, bf16 and e4m3");
   if ((reinterpret_cast<uintptr_t>(base) & 15) != 0)
     return Status::unsupported("cuda_sm90: tensor base address not 16-byte aligned");
   const int64_t elem_bytes = int64_t(dtype_size(dtype));
-  // 128 bytes: the widest box inner extent the 128-byte swizzle allows.
-  const uint32_t panel_cols = uint32_t(128 / elem_bytes);
+  // The widest box inner extent the swizzle allows.
+  if (swizzle_bytes != 128 && swizzle_bytes != 64) return Status::unsupported("cuda_sm90: TMA swizzle of 128 or 64 bytes");
+  const uint32_t panel_cols = uint32_t(swizzle_bytes / elem_bytes);
   for (int i = 0; i < 3; ++i) {
     if ((strides[i] * elem_bytes) % 16 != 0)
       return Status::unsupported("cuda_sm90: TMA needs strides that are multiples of 16 bytes, got " +
@@ -59,7 +60,8 @@ Status make_tensor_map_sw128(CUtensorMap* map, const void* base, DType dtype, co
                                                          : CU_TENSOR_MAP_DATA_TYPE_UINT8;
   const CUresult r = fn(map, type,
                         4, const_cast<void*>(base), gdim, gstride, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        swizzle_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return Status::device("cuda_sm90: cuTensorMapEncodeTiled failed with CUresult " + std::to_string(int(r)));

@@ -16,9 +16,9 @@ namespace flashattn::detail {
 // panel).
 //   dims (innermost first) {cols, rows, heads, batch}; strides in elements for rows, heads, batch.
 // Requires a 16-byte aligned base and strides that are multiples of 16 bytes. Out-of-range rows and columns arrive
-// as zeros.
+// as zeros. swizzle_bytes 64: rows of 64 bytes swizzled by 64 bytes instead (e4m3 Q and K at hd 64).
 Status make_tensor_map_sw128(CUtensorMap* map, const void* base, DType dtype, const int64_t dims[4],
-                             const int64_t strides[3], int box_rows);
+                             const int64_t strides[3], int box_rows, int swizzle_bytes = 128);
 
 // A rank-2 map over per-row fp32 values stored [heads][head_stride] (the backward's LSE and D), for boxes of
 // `box_rows` consecutive rows of one head, unswizzled. Requires a 16-byte aligned base and head_stride a multiple
