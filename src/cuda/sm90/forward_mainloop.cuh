@@ -113,12 +113,12 @@ struct Consumer {
   static_assert(!kFp8 || !kExtras, "sm90 forward: e4m3 runs without ALiBi and dropout");
   using Scores = float[kN / 2];                          // S (then P) of one tile: accumulator layout
   using PFragments = uint32_t[kN / kWgmmaKFor<T>][4];    // P as the A operand of P V, one wgmma's keys each
-  // e4m3: P is quantised as P · 2^kFp8POffsetLog2 (at most 2^8 = 256 < 448, e4m3's largest), so that its small
-  // values keep e4m3's normal range (down to 2^-6 / 2^8 instead of 2^-6) instead of flushing: the row sums carry the
-  // same factor, the normaliser cancels it, and the LSE takes it off. The running maximum never lags
-  // (kStaleLog2 = 0 for e4m3): P stays at most 1 before the factor.
-  static constexpr float kFp8POffsetLog2 = 8.f;
-  static constexpr float kStaleLog2 = kFp8 ? 0.f : kStaleMaxLog2;
+  // e4m3: P is quantised as P · 2^kFp8POffsetLog2, so that its small values keep e4m3's normal range (down to
+  // 2^-6 / 2^kFp8POffsetLog2 instead of 2^-6) instead of flushing: the row sums carry the same factor, the
+  // normaliser cancels it, and the LSE takes it off. The running maximum may lag by Cfg::kFp8StaleLog2 (P at most
+  // 2^kFp8StaleLog2 before the factor), so P · 2^kFp8POffsetLog2 stays at most 2^8 = 256 < 448, e4m3's largest.
+  static constexpr float kStaleLog2 = kFp8 ? float(Cfg::kFp8StaleLog2) : kStaleMaxLog2;
+  static constexpr float kFp8POffsetLog2 = 8.f - float(Cfg::kFp8StaleLog2);
 
   const SharedStorage<Cfg>& sm;
   const BlockWork& w;

@@ -1,7 +1,7 @@
 // Hopper FP8 forward: O = softmax(Q Kᵀ · scale) V and LSE from float8_e4m3fn Q, K, V with FA3's optional descales
 // (fp32 [batch, heads_kv]), O in bf16 or fp16. The forward kernel of forward_launch.cuh with e4m3 operands: S and
 // P V in FP8 wgmma (twice the 16-bit rate), Q's and K's descales folded into the softmax's scale, V's into the
-// normaliser, P quantised to e4m3 as P · 2^8 (forward_mainloop.cuh, Consumer). Every mask, softcap, GQA and varlen
+// normaliser, P quantised to e4m3 as P · 2^6 (forward_mainloop.cuh, Consumer). Every mask, softcap, GQA and varlen
 // as in 16 bits; not ALiBi or dropout (sm90_forward_supports).
 // V first goes through fp8_v_transpose.cu into V_t (fp8_v_layout.h), stream-ordered workspace of (keys rounded up
 // to 128 per sequence) x d_v x heads_kv bytes, because FP8 wgmma reads P V's B operand K-major only: one read and
