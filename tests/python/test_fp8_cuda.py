@@ -145,6 +145,16 @@ def test_fp8_dispatch_picks_sm90_and_says_what_it_declines():
     assert not choice.supported, choice
 
 
+def test_fp8_empty_shapes():
+    # No keys: every row sees nothing (O = 0, LSE = -inf); no queries: nothing to compute.
+    q = torch.randn(2, 5, 2, 128, device="cuda").to(F8)
+    none = torch.randn(2, 0, 2, 128, device="cuda").to(F8)
+    out, lse = fa3.flash_attn_func(q, none, none, return_attn_probs=True)
+    assert out.shape == (2, 5, 2, 128) and torch.all(out == 0) and torch.all(torch.isneginf(lse))
+    out = fa3.flash_attn_func(none, q, q)
+    assert out.shape == (2, 0, 2, 128)
+
+
 def test_fp8_strides_of_a_view_and_back_to_back_calls_are_stable():
     # q, k, v as views of one packed [b, s, 3, h, d] tensor (row stride 3·h·d bytes), twice: bitwise equal.
     g = torch.Generator().manual_seed(5)

@@ -50,18 +50,22 @@ Status launch_fp8_head_dim(const FwdParams& p, Sm90Grid grid, const VOperand& v_
 
 Status sm90_fp8_forward_launch(const FwdParams& p, Sm90Grid grid) {
   const bool varlen = p.is_varlen();
-  const int64_t slots = cuda::sm90::fp8_v_row_slots(varlen, p.seqlen_k, p.total_k, p.batch);
+  // No query rows: nothing to write (and no grid to launch the transpose on).
+  if (p.batch == 0 || p.heads_q == 0 || (varlen ? p.total_q : p.seqlen_q) == 0) return Status::success();
+  // With no keys the kernel never reads V_t, but its tensor map still needs an address and nonzero strides: one
+  // span per row at least.
+  const int64_t slots =
+      std::max<int64_t>(cuda::sm90::fp8_v_row_slots(varlen, p.seqlen_k, p.total_k, p.batch), cuda::sm90::kFp8KeyPad);
   const int64_t batch_dim = varlen ? 1 : p.batch;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  // With no keys the kernel never reads V_t, but its tensor map still needs an address.
-  const size_t bytes = size_t(std::max<int64_t>(slots * p.head_dim_v * p.heads_kv * batch_dim, 16));
+  const size_t bytes = size_t(slots * p.head_dim_v * p.heads_kv * batch_dim);
   void* v_t = nullptr;
   Status st = workspace_alloc(&v_t, bytes, p.device.index, stream);
   if (!st.ok()) return st;
   st = sm90_fp8_transpose_v(p, v_t, slots);
   if (st.ok()) {
     const VOperand op{v_t,
-                      {std::max<int64_t>(slots, 1), p.head_dim_v, p.heads_kv, batch_dim},
+                      {slots, p.head_dim_v, p.heads_kv, batch_dim},
                       {slots, slots * p.head_dim_v, slots * p.head_dim_v * p.heads_kv}};
     st = p.out_dtype == DType::f16 ? launch_fp8_head_dim<__half>(p, grid, op)
                                    : launch_fp8_head_dim<__nv_bfloat16>(p, grid, op);
