@@ -112,9 +112,12 @@ BackendChoice choose_backend(const FwdParams& p, Backend requested, bool backwar
 BackendChoice choose_backend(const BwdParams& p, Backend requested) { return choose(p, requested, &p); }
 
 namespace {
-// A CPU backend's forward; float8 inputs through the dequantising adapter around it (cpu/fp8.h).
+// A CPU backend's forward or backward; float8 inputs through the dequantising adapter around it (cpu/fp8.h).
 Status cpu_forward(const FwdParams& p, detail::ForwardFn run) {
   return p.dtype == DType::e4m3 ? detail::cpu_fp8_forward(p, run) : run(p);
+}
+Status cpu_backward(const BwdParams& p, detail::BackwardFn run) {
+  return p.dtype == DType::e4m3 ? detail::cpu_fp8_backward(p, run) : run(p);
 }
 }  // namespace
 
@@ -135,8 +138,8 @@ Status run_backward(const BwdParams& p, Backend requested) {
   const BackendChoice c = choose_backend(p, requested);
   if (!c.status.ok()) return c.status;
   switch (c.backend) {
-    case Backend::cpu_reference: return detail::cpu_reference_backward(p);
-    case Backend::cpu_flash: return detail::cpu_flash_backward(p);
+    case Backend::cpu_reference: return cpu_backward(p, detail::cpu_reference_backward);
+    case Backend::cpu_flash: return cpu_backward(p, detail::cpu_flash_backward);
     case Backend::cuda_sm80: return detail::cuda_sm80_backward(p);
     case Backend::cuda_sm90: return detail::cuda_sm90_backward(p);
     case Backend::automatic: break;

@@ -387,9 +387,6 @@ Status make_backward_params(const BackwardArgs& a, const AttentionOptions& o, Bw
   FwdParams f;
   Status st = make_forward_params(a, o, &f);
   if (!st.ok()) return st;
-  if (f.dtype == DType::e4m3) {
-    return Status::unsupported("q: the backward of float8_e4m3fn inputs is not supported yet (forward only)");
-  }
   BwdParams p;
   static_cast<FwdParams&>(p) = f;
   const bool varlen = f.is_varlen();
@@ -401,9 +398,12 @@ Status make_backward_params(const BackwardArgs& a, const AttentionOptions& o, Bw
   } grads[4] = {{"dout", &a.dout, &a.out}, {"dq", &a.dq, &a.q}, {"dk", &a.dk, &a.k}, {"dv", &a.dv, &a.v}};
   for (const Grad& g : grads) {
     if (!g.t->defined()) return Status::invalid(std::string(g.name) + ": required");
-    st = check_tensor(g.name, *g.t, rank, g.like->shape, f.dtype, f.device, true);
+    // float8 inputs: dout in e4m3 like them, the gradients in out's 16-bit dtype.
+    const DType want = f.dtype == DType::e4m3 && g.t != &a.dout ? f.out_dtype : f.dtype;
+    st = check_tensor(g.name, *g.t, rank, g.like->shape, want, f.device, true);
     if (!st.ok()) return st;
   }
+  if (!((st = set_descale("do_descale", a.do_descale, &p, &p.do_descale, p.do_descale_strides)).ok())) return st;
   p.dout = a.dout.data;
   p.dq = a.dq.data;
   p.dk = a.dk.data;

@@ -77,8 +77,12 @@ struct ForwardArgs {
 };
 
 // The forward's inputs plus dout (like out) and the gradients dq, dk, dv (like q, k, v). lse is required.
+// float8_e4m3fn q, k, v: dout is float8_e4m3fn too, scaled by do_descale (fp32 [batch, heads_kv] like q_descale,
+// undefined = 1); out and the gradients are in out's 16-bit dtype, the gradients those of the dequantised inputs.
+// The CPU backends only for now.
 struct BackwardArgs : ForwardArgs {
   TensorView dout, dq, dk, dv;
+  TensorView do_descale;
 };
 
 // Attention over a key/value cache (flash_attn_with_kvcache), forward only.

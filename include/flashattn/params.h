@@ -135,7 +135,9 @@ struct KVCacheParams {
 };
 
 struct BwdParams : FwdParams {
-  const void* dout = nullptr;  // like O
+  const void* dout = nullptr;  // like O (float8_e4m3fn inputs: e4m3 too, scaled like Q by do_descale)
+  const float* do_descale = nullptr;
+  int64_t do_descale_strides[2] = {0, 0};
   void* dq = nullptr;          // like Q
   void* dk = nullptr;          // like K
   void* dv = nullptr;          // like V

@@ -24,7 +24,7 @@ except ImportError:  # the native module alone still works
     _torch = None
 
 if _torch is not None:
-    from ._ops import BackendChoice, attention, choose_backend, fp8_attention
+    from ._ops import BackendChoice, attention, choose_backend, fp8_attention, fp8_attention_backward
     from .flash_attn_interface import (
         flash_attn_func,
         flash_attn_kvpacked_func,
@@ -53,5 +53,6 @@ if _torch is not None:
         "flash_attn_varlen_qkvpacked_func",
         "flash_attn_with_kvcache",
         "fp8_attention",
+        "fp8_attention_backward",
         "scaled_dot_product_attention",
     ]

@@ -644,8 +644,9 @@ def fp8_attention(
     kernel (cuda_sm90, compute capability 9.0; other GPUs report it unsupported, with the reason)."""
     _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, paired=True, fp8=True)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise NotImplementedError("q: the backward of float8_e4m3fn inputs is not supported yet (forward only); "
-                                  "call under torch.no_grad() or with inputs that do not require grad")
+        raise NotImplementedError("q: the backward of float8_e4m3fn inputs does not run through autograd (PyTorch "
+                                  "would make their gradients float8): call under torch.no_grad() and get 16-bit "
+                                  "gradients from flashattn.fp8_attention_backward")
     for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if t is not None and not isinstance(t, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor (float32, (batch, nheads_k)) or None, got "
@@ -663,6 +664,63 @@ def fp8_attention(
             t is not None and t.requires_grad for t in tensors)):
         return _attention_forward_fp8_impl(*args)
     return torch.ops.flashattn.attention_forward_fp8(*args)
+
+
+def fp8_attention_backward(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    *,
+    cu_seqlens_q: Optional[Tensor] = None,
+    cu_seqlens_k: Optional[Tensor] = None,
+    max_seqlen_q: int = 0,
+    max_seqlen_k: int = 0,
+    q_descale: Optional[Tensor] = None,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
+    do_descale: Optional[Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    deterministic: bool = False,
+    backend: str = "auto",
+    num_threads: int = 0,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """The backward of fp8_attention: float8_e4m3fn dout (scaled by do_descale, fp32 [batch, heads_kv] like
+    q_descale) with the forward's float8 q, k, v, their descales, out and lse. Returns dq, dk, dv in out's dtype:
+    the gradients of the dequantised inputs (each e4m3 value times its descale). An explicit call, not autograd:
+    PyTorch gives a float8 tensor float8 gradients. CPU tensors run on the CPU backends; CUDA tensors are not
+    supported yet (no FP8 backward kernel), and say so."""
+    _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, paired=True, fp8=True)
+    for name, t in (("dout", dout), ("out", out), ("lse", lse)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if dout.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"dout: dtype {dout.dtype}, but the FP8 backward takes float8_e4m3fn dout with q, k, v")
+    if out.dtype not in FP8_OUT_DTYPES:
+        raise TypeError(f"out: float8_e4m3fn inputs' output is bfloat16 or float16, got {out.dtype}")
+    for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale),
+                    ("do_descale", do_descale)):
+        if t is not None and not isinstance(t, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor (float32, (batch, nheads_k)) or None, got "
+                            f"{type(t).__name__}")
+    options = _call_options(q, k, softmax_scale, max_seqlen_q, max_seqlen_k, causal, window_left, window_right,
+                            softcap, deterministic, num_threads)
+    o = _native_options(*op_options(*options))
+    for name in ("dropout_p", "dropout_seed", "dropout_offset"):
+        o.pop(name)
+    dout, q, k, v, out = (_last_dim_contiguous(t) for t in (dout, q, k, v, out))
+    dq, dk, dv = (torch.empty(t.shape, dtype=out.dtype, device=t.device) for t in (q, k, v))
+    _C.backward(_dl(dout), _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(dq), _dl(dk), _dl(dv),
+                _dl(cu_seqlens_q), _dl(cu_seqlens_k), o.pop("max_seqlen_q"), o.pop("max_seqlen_k"),
+                q_descale=_dl(q_descale), k_descale=_dl(k_descale), v_descale=_dl(v_descale),
+                do_descale=_dl(do_descale), backend=str(backend), stream=_stream(q), **o)
+    return dq, dk, dv
 
 
 def _call_options(q, k, softmax_scale, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap,

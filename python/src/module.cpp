@@ -205,12 +205,17 @@ std::string backward(const In& dout, const In& q, const In& k, const In& v, cons
                      const OptIn& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
                      bool causal, int64_t window_left, int64_t window_right, double softcap, bool deterministic,
                      const OptIn& alibi_slopes, double dropout_p, uint64_t dropout_seed, uint64_t dropout_offset,
-                     const std::string& backend, int num_threads, uintptr_t stream) {
+                     const OptIn& q_descale, const OptIn& k_descale, const OptIn& v_descale,
+                     const OptIn& do_descale, const std::string& backend, int num_threads, uintptr_t stream) {
   flashattn::BackwardArgs a;
   static_cast<flashattn::ForwardArgs&>(a) = forward_args(q, k, v, to_view("out", out), to_view("lse", lse),
                                                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                          alibi_slopes);
   a.dout = to_view("dout", dout);
+  a.q_descale = to_view("q_descale", q_descale);
+  a.k_descale = to_view("k_descale", k_descale);
+  a.v_descale = to_view("v_descale", v_descale);
+  a.do_descale = to_view("do_descale", do_descale);
   a.dq = to_view("dq", dq);
   a.dk = to_view("dk", dk);
   a.dv = to_view("dv", dv);
@@ -329,9 +334,11 @@ NB_MODULE(_C, m) {
         "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
         "max_seqlen_k"_a = 0, nb::kw_only(), "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1,
         "window_right"_a = -1, "softcap"_a = 0.0, "deterministic"_a = false, "alibi_slopes"_a.none() = nb::none(),
-        "dropout_p"_a = 0.0, "dropout_seed"_a = 0, "dropout_offset"_a = 0, "backend"_a = "auto", "num_threads"_a = 0,
-        "stream"_a = 0,
+        "dropout_p"_a = 0.0, "dropout_seed"_a = 0, "dropout_offset"_a = 0, "q_descale"_a.none() = nb::none(),
+        "k_descale"_a.none() = nb::none(), "v_descale"_a.none() = nb::none(), "do_descale"_a.none() = nb::none(),
+        "backend"_a = "auto", "num_threads"_a = 0, "stream"_a = 0,
         "Attention backward: fills caller-allocated dq, dk, dv from dout and the forward's out and lse.\n"
+        "float8_e4m3fn q, k, v, dout (with optional descales): dq, dk, dv in out's 16-bit dtype.\n"
         "Returns the name of the backend that ran.");
 
   m.def("attention_with_kvcache", &attention_with_kvcache, "q"_a, "k_cache"_a, "v_cache"_a, "out"_a,

@@ -2,6 +2,7 @@
 #include "cpu/fp8.h"
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common/half.h"
@@ -42,17 +43,45 @@ Dequantised dequantise(const FwdParams& p, const void* data, int64_t rows, int64
   return d;
 }
 
+// A contiguous fp32 [batches, rows, heads, dim] result written into a 16-bit tensor of the given strides.
 template <typename T>
-void store_output(const FwdParams& p, const std::vector<float>& o, int64_t rows) {
-  const int64_t batches = p.is_varlen() ? 1 : p.batch;
-  T* dst = static_cast<T*>(p.o);
+void store_rows(void* data, int64_t batch_stride, int64_t row_stride, int64_t head_stride, int64_t batches,
+                int64_t rows, int64_t heads, int64_t dim, const std::vector<float>& values) {
+  T* dst = static_cast<T*>(data);
   for (int64_t b = 0; b < batches; ++b)
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t h = 0; h < p.heads_q; ++h) {
-        const float* in = o.data() + ((b * rows + r) * p.heads_q + h) * p.head_dim_v;
-        T* out = dst + b * p.o_batch_stride + r * p.o_row_stride + h * p.o_head_stride;
-        for (int64_t c = 0; c < p.head_dim_v; ++c) out[c] = from_double<T>(double(in[c]));
+      for (int64_t h = 0; h < heads; ++h) {
+        const float* in = values.data() + ((b * rows + r) * heads + h) * dim;
+        T* out = dst + b * batch_stride + r * row_stride + h * head_stride;
+        for (int64_t c = 0; c < dim; ++c) out[c] = from_double<T>(double(in[c]));
       }
+}
+
+void store_rows(DType dtype, void* data, int64_t batch_stride, int64_t row_stride, int64_t head_stride,
+                int64_t batches, int64_t rows, int64_t heads, int64_t dim, const std::vector<float>& values) {
+  if (dtype == DType::bf16)
+    store_rows<bfloat16_t>(data, batch_stride, row_stride, head_stride, batches, rows, heads, dim, values);
+  else
+    store_rows<half_t>(data, batch_stride, row_stride, head_stride, batches, rows, heads, dim, values);
+}
+
+// A 16-bit tensor (the forward's O) widened into a contiguous fp32 copy of the same logical shape.
+Dequantised widen(DType dtype, const void* data, int64_t batches, int64_t rows, int64_t heads, int64_t dim,
+                  int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+  Dequantised d;
+  d.values.resize(size_t(batches * rows * heads * dim));
+  // One batch entry (varlen packs the sequences into rows): batch stride 0, as validation leaves a varlen call's.
+  d.head_stride = dim, d.row_stride = heads * dim, d.batch_stride = batches > 1 ? rows * heads * dim : 0;
+  const uint16_t* src = static_cast<const uint16_t*>(data);
+  for (int64_t b = 0; b < batches; ++b)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < heads; ++h) {
+        const uint16_t* in = src + b * batch_stride + r * row_stride + h * head_stride;
+        float* out = d.values.data() + b * d.batch_stride + r * d.row_stride + h * d.head_stride;
+        for (int64_t c = 0; c < dim; ++c)
+          out[c] = dtype == DType::bf16 ? to_float(bfloat16_t{in[c]}) : to_float(half_t{in[c]});
+      }
+  return d;
 }
 
 }  // namespace
@@ -83,11 +112,55 @@ Status cpu_fp8_forward(const FwdParams& p, ForwardFn run) {
   f.q_descale = f.k_descale = f.v_descale = nullptr;
   Status st = run(f);
   if (!st.ok()) return st;
-  if (p.out_dtype == DType::bf16) {
-    store_output<bfloat16_t>(p, o, rows_q);
-  } else {
-    store_output<half_t>(p, o, rows_q);
+  store_rows(p.out_dtype, p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride, varlen ? 1 : p.batch, rows_q,
+             p.heads_q, p.head_dim_v, o);
+  return Status::success();
+}
+
+Status cpu_fp8_backward(const BwdParams& p, BackwardFn run) {
+  if (p.out_dtype != DType::bf16 && p.out_dtype != DType::f16) {
+    return Status::invalid(std::string("out: float8_e4m3fn inputs write bfloat16 or float16, not ") +
+                           dtype_name(p.out_dtype));
   }
+  const bool varlen = p.is_varlen();
+  const int64_t batches = varlen ? 1 : p.batch;
+  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
+  const int64_t group = p.heads_q / p.heads_kv;
+  const Dequantised q = dequantise(p, p.q, rows_q, p.heads_q, p.head_dim, p.q_batch_stride, p.q_row_stride,
+                                   p.q_head_stride, p.q_descale, p.q_descale_strides, group, p.cu_seqlens_q);
+  const Dequantised k = dequantise(p, p.k, rows_k, p.heads_kv, p.head_dim, p.k_batch_stride, p.k_row_stride,
+                                   p.k_head_stride, p.k_descale, p.k_descale_strides, 1, p.cu_seqlens_k);
+  const Dequantised v = dequantise(p, p.v, rows_k, p.heads_kv, p.head_dim_v, p.v_batch_stride, p.v_row_stride,
+                                   p.v_head_stride, p.v_descale, p.v_descale_strides, 1, p.cu_seqlens_k);
+  const Dequantised dout = dequantise(p, p.dout, rows_q, p.heads_q, p.head_dim_v, p.do_batch_stride,
+                                      p.do_row_stride, p.do_head_stride, p.do_descale, p.do_descale_strides, group,
+                                      p.cu_seqlens_q);
+  Dequantised o = widen(p.out_dtype, p.o, batches, rows_q, p.heads_q, p.head_dim_v, p.o_batch_stride,
+                              p.o_row_stride, p.o_head_stride);
+  std::vector<float> dq(q.values.size()), dk(k.values.size()), dv(v.values.size());
+  BwdParams f = p;
+  f.dtype = f.out_dtype = DType::f32;
+  // O is only read by the backward (its D = rowsum(dO · O)).
+  f.q = q.values.data(), f.k = k.values.data(), f.v = v.values.data(), f.o = o.values.data();
+  f.dout = dout.values.data();
+  f.dq = dq.data(), f.dk = dk.data(), f.dv = dv.data();
+  f.q_batch_stride = f.dq_batch_stride = q.batch_stride, f.q_row_stride = f.dq_row_stride = q.row_stride;
+  f.q_head_stride = f.dq_head_stride = q.head_stride;
+  f.k_batch_stride = f.dk_batch_stride = k.batch_stride, f.k_row_stride = f.dk_row_stride = k.row_stride;
+  f.k_head_stride = f.dk_head_stride = k.head_stride;
+  f.v_batch_stride = f.dv_batch_stride = v.batch_stride, f.v_row_stride = f.dv_row_stride = v.row_stride;
+  f.v_head_stride = f.dv_head_stride = v.head_stride;
+  f.o_batch_stride = o.batch_stride, f.o_row_stride = o.row_stride, f.o_head_stride = o.head_stride;
+  f.do_batch_stride = dout.batch_stride, f.do_row_stride = dout.row_stride, f.do_head_stride = dout.head_stride;
+  f.q_descale = f.k_descale = f.v_descale = f.do_descale = nullptr;
+  Status st = run(f);
+  if (!st.ok()) return st;
+  store_rows(p.out_dtype, p.dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, batches, rows_q, p.heads_q,
+             p.head_dim, dq);
+  store_rows(p.out_dtype, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, batches, rows_k, p.heads_kv,
+             p.head_dim, dk);
+  store_rows(p.out_dtype, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, batches, rows_k, p.heads_kv,
+             p.head_dim_v, dv);
   return Status::success();
 }
 

@@ -11,4 +11,9 @@ namespace flashattn::detail {
 // p.out_dtype; LSE as `run` writes it.
 Status cpu_fp8_forward(const FwdParams& p, ForwardFn run);
 
+// Runs `run` (a CPU backend's fp32 backward) on p's e4m3 Q, K, V, dO dequantised (dO with do_descale, grouped like
+// Q's) and O widened to fp32, then writes dQ, dK, dV in p.out_dtype: the gradients of the dequantised inputs.
+using BackwardFn = Status (*)(const BwdParams&);
+Status cpu_fp8_backward(const BwdParams& p, BackwardFn run);
+
 }  // namespace flashattn::detail

@@ -593,6 +593,72 @@ def test_fp8_forward(case, backend):
     run_fp8(case, backend)
 
 
+@pytest.mark.parametrize("backend", cpu_backends())
+@pytest.mark.parametrize("case", FP8_CASES, ids=lambda c: f"{'varlen' if c[0] else 'padded'}-h{c[1][0]}x{c[1][1]}-"
+                                                          f"d{c[2]}-{c[6]}")
+def test_fp8_backward(case, backend):
+    """flashattn.fp8_attention_backward against float64 autograd of the dequantised inputs (dout times do_descale
+    too): bfloat16 gradients within their rounding, the backward reading the forward's bfloat16 out."""
+    varlen, (hq, hkv), d, causal, window, softcap, descales = case
+    g = torch.Generator().manual_seed(12)
+    lens_q, lens_k = [5, 0, 9], [7, 3, 12]
+    b = len(lens_q)
+    shapes = ([(sum(lens_q), hq, d), (sum(lens_k), hkv, d), (sum(lens_k), hkv, d), (sum(lens_q), hq, d)] if varlen
+              else [(b, 6, hq, d), (b, 11, hkv, d), (b, 11, hkv, d), (b, 6, hq, d)])
+    q8, k8, v8, do8 = (torch.randn(*s, generator=g).mul(2).to(F8) for s in shapes)
+    scales = {"given": [torch.rand(b, hkv, generator=g) + 0.5 for _ in range(4)],
+              "expanded": [torch.tensor(1.5).expand(b, hkv) for _ in range(4)], None: [None] * 4}[descales]
+
+    def dequantised(t, s, group, lens):
+        x = t.double()
+        if s is None:
+            return x
+        per_head = s.double().repeat_interleave(group, 1)
+        if varlen:
+            return x * per_head.repeat_interleave(torch.tensor(lens), 0)[:, :, None]
+        return x * per_head[:, None, :, None]
+
+    group = hq // hkv
+    qd, kd, vd = (dequantised(q8, scales[0], group, lens_q).requires_grad_(),
+                  dequantised(k8, scales[1], 1, lens_k).requires_grad_(),
+                  dequantised(v8, scales[2], 1, lens_k).requires_grad_())
+    dod = dequantised(do8, scales[3], group, lens_q)
+    window_left, window_right = window
+    kw = dict(causal=causal, window_left=window_left, window_right=window_right, softcap=softcap, backend=backend)
+    cu_kw = {}
+    if varlen:
+        cu_kw = dict(cu_seqlens_q=cu(lens_q), cu_seqlens_k=cu(lens_k), max_seqlen_q=max(lens_q),
+                     max_seqlen_k=max(lens_k))
+    out, lse = flashattn.fp8_attention(q8, k8, v8, q_descale=scales[0], k_descale=scales[1], v_descale=scales[2],
+                                       **cu_kw, **kw)
+    dq, dk, dv = flashattn.fp8_attention_backward(do8, q8, k8, v8, out, lse, q_descale=scales[0],
+                                                  k_descale=scales[1], v_descale=scales[2], do_descale=scales[3],
+                                                  **cu_kw, **kw)
+    ref, _ = flashattn.attention(qd, kd, vd, **cu_kw, causal=causal, window_left=window_left,
+                                 window_right=window_right, softcap=softcap, backend="cpu_reference")
+    want = torch.autograd.grad(ref, (qd, kd, vd), dod)
+    for name, got, w in (("dq", dq, want[0]), ("dk", dk, want[1]), ("dv", dv, want[2])):
+        assert got.dtype == torch.bfloat16 and got.shape == w.shape, name
+        err = float((got.double() - w).norm() / w.norm().clamp_min(1e-30))
+        assert err <= 1e-2, f"{name}: relative error {err:.2e}"
+
+
+def test_fp8_backward_errors_name_the_argument():
+    q, k, v = (torch.randn(2, 3, 2, 16).to(F8) for _ in range(3))
+    out, lse = flashattn.fp8_attention(q, k, v)
+    with pytest.raises(TypeError, match=r"^dout: dtype torch.bfloat16"):
+        flashattn.fp8_attention_backward(out, q, k, v, out, lse)
+    with pytest.raises(ValueError, match=r"^do_descale: "):
+        flashattn.fp8_attention_backward(q, q, k, v, out, lse, do_descale=torch.ones(3, 2))
+    if torch.cuda.is_available() and flashattn.built_with_cuda():
+        qc, kc, vc = (t.cuda() for t in (q, k, v))
+        with torch.no_grad():
+            oc, lc = flashattn.fp8_attention(qc, kc, vc) if torch.cuda.get_device_capability() == (9, 0) \
+                else (out.cuda(), lse.cuda())
+        with pytest.raises(NotImplementedError, match="float8_e4m3fn"):
+            flashattn.fp8_attention_backward(qc, qc, kc, vc, oc, lc)
+
+
 def test_fp8_is_forward_only_and_packed_qkv_runs():
     q, k, v = (torch.randn(2, 3, 2, 16).to(F8) for _ in range(3))
     q.requires_grad_()

@@ -43,6 +43,8 @@ inline int fp8_head_dim_bucket(int64_t head_dim, int64_t head_dim_v) {
 // What the forward and the backward both need, in the order a user would fix it. float8_e4m3fn inputs run in
 // the forward (pass).
 inline Status common(const FwdParams& p, Pass pass) {
+  if (p.dtype == DType::e4m3 && pass == Pass::backward)
+    return Status::unsupported("cuda_sm90: no backward kernel for float8_e4m3fn inputs yet (the CPU backends run it)");
   const bool fp8_forward = p.dtype == DType::e4m3 && pass == Pass::forward;
   if (p.dtype != DType::f16 && p.dtype != DType::bf16 && !fp8_forward)
     return Status::unsupported(std::string("cuda_sm90: runs float16 and bfloat16") +
