@@ -7,6 +7,8 @@
 #     PROF_SKIP of backward_kernel (default 44: the first at head dim 128, non-causal; 0 = head dim 64).
 #   PROF_TARGET=forward: bench/gpu/bench_sm90_forward.cu --only PROF_CELL (default persistent,128,2048,0), the
 #     first launch after its 3 warm-up ones.
+#   PROF_TARGET=fp8: the FP8 forward through Python (fa3.flash_attn_func on e4m3 inputs, B·S = 16k, H·D = 2048, head
+#     dim PROF_HD (128), S = PROF_SEQ (4096)), the launch of forward_kernel after its 3 warm-up ones.
 #   PROF_TESTS=1 runs the C++ GPU suite before profiling.
 set -uo pipefail
 OUT=${OUT:-/tmp/prof-out}
@@ -15,10 +17,26 @@ source bench/gpu/device_common.sh
 prefix=$(gtest_prefix_flag)
 targets=(flashattn)
 [ "${PROF_TESTS:-0}" = 1 ] && targets+=(flashattn_gpu_tests)
-build_tree . /tmp/build-prof -DFLASHATTN_BUILD_CLI=OFF $prefix -- "${targets[@]}" > "$OUT/build.log" 2>&1
+python_flag=()
+[ "${PROF_TARGET:-backward}" = fp8 ] && targets+=(_C) && python_flag=(-DFLASHATTN_BUILD_PYTHON=ON)
+build_tree . /tmp/build-prof -DFLASHATTN_BUILD_CLI=OFF "${python_flag[@]}" $prefix -- "${targets[@]}" \
+  > "$OUT/build.log" 2>&1
 echo "build rc=$?"
 lib=/tmp/build-prof/libflashattn.a
-if [ "${PROF_TARGET:-backward}" = forward ]; then
+if [ "${PROF_TARGET:-backward}" = fp8 ]; then
+  export PYTHONPATH=/tmp/build-prof/python
+  hd=${PROF_HD:-128} seq=${PROF_SEQ:-4096}
+  program=(python3 -c "
+import torch
+from flashattn import fa3
+b, h = 16384 // $seq, 2048 // $hd
+q, k, v = (torch.randn(b, $seq, h, $hd, device='cuda').to(torch.float8_e4m3fn) for _ in range(3))
+for _ in range(4):
+    fa3.flash_attn_func(q, k, v)
+torch.cuda.synchronize()")
+  kernel=forward_kernel
+  skip=${PROF_SKIP:-3}
+elif [ "${PROF_TARGET:-backward}" = forward ]; then
   nvcc -O2 -std=c++17 -arch=sm_90 -lineinfo -Iinclude -Isrc bench/gpu/bench_sm90_forward.cu "$lib" \
     -Xcompiler -fopenmp -o /tmp/prof_program >> "$OUT/build.log" 2>&1
   program=(/tmp/prof_program --iters 3 --only "${PROF_CELL:-persistent,128,2048,0}")
@@ -34,7 +52,11 @@ else
 fi
 echo "program build rc=$?"
 # The SASS of the profiled kernels, to read the main loop beside the per-instruction counters.
-if [ "${PROF_TARGET:-backward}" = forward ]; then sass_obj=forward_sm90.cu.o; else sass_obj=backward_sm90.cu.o; fi
+case "${PROF_TARGET:-backward}" in
+  forward) sass_obj=forward_sm90.cu.o ;;
+  fp8) sass_obj=forward_sm90_fp8.cu.o ;;
+  *) sass_obj=backward_sm90.cu.o ;;
+esac
 cuobjdump -sass "/tmp/build-prof/CMakeFiles/flashattn_sm90a.dir/src/cuda/sm90/$sass_obj" > "$OUT/sass.log" 2>&1
 if [ "${PROF_TESTS:-0}" = 1 ]; then
   timeout ${PROF_TEST_TIMEOUT:-200} /tmp/build-prof/tests/flashattn_gpu_tests > "$OUT/gpu_tests.log" 2>&1
