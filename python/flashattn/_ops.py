@@ -946,7 +946,7 @@ def choose_backend(
 ) -> BackendChoice:
     """Which backend `attention` would run for these arguments (backward=True: for the backward, with
     `deterministic` as given to `attention`), and why. float8_e4m3fn q, k, v: `fp8_attention`'s choice."""
-    _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, fp8=q.dtype == torch.float8_e4m3fn)
+    _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, fp8=isinstance(q, Tensor) and q.dtype == torch.float8_e4m3fn)
     scale = resolve_scale(softmax_scale, q.shape[-1])
     max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, deterministic = _check_options(
         q, k, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, deterministic)
