@@ -617,6 +617,13 @@ def attention(
     return _call_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, ints, floats, str(backend))
 
 
+def _check_descale_types(**descales: Optional[Tensor]) -> None:
+    for name, t in descales.items():
+        if t is not None and not isinstance(t, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor (float32, (batch, nheads_k)) or None, got "
+                            f"{type(t).__name__}")
+
+
 def fp8_attention(
     q: Tensor,
     k: Tensor,
@@ -647,10 +654,7 @@ def fp8_attention(
         raise NotImplementedError("q: the backward of float8_e4m3fn inputs does not run through autograd (PyTorch "
                                   "would make their gradients float8): call under torch.no_grad() and get 16-bit "
                                   "gradients from flashattn.fp8_attention_backward")
-    for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
-        if t is not None and not isinstance(t, Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor (float32, (batch, nheads_k)) or None, got "
-                            f"{type(t).__name__}")
+    _check_descale_types(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     if out_dtype not in FP8_OUT_DTYPES:
         raise ValueError(f"out_dtype: float8_e4m3fn inputs write bfloat16 or float16, got {out_dtype}")
     options = _call_options(q, k, softmax_scale, max_seqlen_q, max_seqlen_k, causal, window_left, window_right,
@@ -704,11 +708,7 @@ def fp8_attention_backward(
         raise TypeError(f"dout: dtype {dout.dtype}, but the FP8 backward takes float8_e4m3fn dout with q, k, v")
     if out.dtype not in FP8_OUT_DTYPES:
         raise TypeError(f"out: float8_e4m3fn inputs' output is bfloat16 or float16, got {out.dtype}")
-    for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale),
-                    ("do_descale", do_descale)):
-        if t is not None and not isinstance(t, Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor (float32, (batch, nheads_k)) or None, got "
-                            f"{type(t).__name__}")
+    _check_descale_types(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, do_descale=do_descale)
     options = _call_options(q, k, softmax_scale, max_seqlen_q, max_seqlen_k, causal, window_left, window_right,
                             softcap, deterministic, num_threads)
     o = _native_options(*op_options(*options))

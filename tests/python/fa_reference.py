@@ -108,3 +108,16 @@ def assert_close(name: str, ours: Tensor, ref64: Tensor, low: Tensor, dtype: tor
     mag = max(1.0, ref64[fin].abs().max().item())
     bound = 2 * base + ulps * eps(dtype) * mag
     assert err <= bound, f"{name}: max error {err:.3g} above the bound {bound:.3g} (same-dtype math: {base:.3g})"
+
+
+def dequantised_fp8(t8: Tensor, descale: Optional[Tensor], group: int, varlen_lens: Optional[Sequence[int]] = None
+                    ) -> Tensor:
+    """float8 values as float64 times their (sequence, KV head)'s descale ([b, heads_kv]; None: 1), query heads
+    `group` to a KV head: [b, s, h, d], or varlen [total, h, d] with the sequences' lengths."""
+    x = t8.double()
+    if descale is None:
+        return x
+    per_head = descale.double().repeat_interleave(group, 1)  # [b, heads]
+    if varlen_lens is not None:  # [total, heads]
+        return x * per_head.repeat_interleave(torch.tensor(varlen_lens, device=x.device), 0)[:, :, None]
+    return x * per_head[:, None, :, None]

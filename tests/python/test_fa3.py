@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import flashattn
 from conftest import cpu_backends, requires_cuda
-from fa_reference import assert_close, attention_ref
+from fa_reference import assert_close, attention_ref, dequantised_fp8
 from flashattn import fa3
 from test_kvcache import (GRID, SPECIAL, KVCase, PagedVarlenCase, check_caches, check_outputs, expected_caches,
                           index_tensor, make_inputs, paged_varlen_inputs, reference, to_device)
@@ -550,14 +550,7 @@ def run_fp8(case, backend, device="cpu"):
               "expanded": [torch.tensor(1.5).expand(b, hkv) for _ in range(3)], None: [None] * 3}[descales]
 
     def dequantised(t, s, group, lens):
-        x = t.double()
-        if s is None:
-            return x
-        per_head = s.double().repeat_interleave(group, 1)  # [b, heads]
-        if varlen:
-            per_row = per_head.repeat_interleave(torch.tensor(lens), 0)  # [total, heads]
-            return x * per_row[:, :, None]
-        return x * per_head[:, None, :, None]
+        return dequantised_fp8(t, s, group, lens if varlen else None)
 
     qd = dequantised(q8, scales[0], hq // hkv, lens_q)
     kd, vd = dequantised(k8, scales[1], 1, lens_k), dequantised(v8, scales[2], 1, lens_k)
@@ -610,13 +603,7 @@ def test_fp8_backward(case, backend):
               "expanded": [torch.tensor(1.5).expand(b, hkv) for _ in range(4)], None: [None] * 4}[descales]
 
     def dequantised(t, s, group, lens):
-        x = t.double()
-        if s is None:
-            return x
-        per_head = s.double().repeat_interleave(group, 1)
-        if varlen:
-            return x * per_head.repeat_interleave(torch.tensor(lens), 0)[:, :, None]
-        return x * per_head[:, None, :, None]
+        return dequantised_fp8(t, s, group, lens if varlen else None)
 
     group = hq // hkv
     qd, kd, vd = (dequantised(q8, scales[0], group, lens_q).requires_grad_(),

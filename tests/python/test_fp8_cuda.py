@@ -15,7 +15,7 @@ import torch
 
 import flashattn
 from conftest import requires_cuda
-from fa_reference import attention_ref, varlen_ref
+from fa_reference import attention_ref, dequantised_fp8, varlen_ref
 from flashattn import fa3
 
 F8 = torch.float8_e4m3fn
@@ -38,16 +38,6 @@ def descales_for(kind, b, hkv, g):
     if kind == "expanded":
         return [torch.tensor(1.5, device="cuda").expand(b, hkv) for _ in range(3)]
     return [None, None, None]
-
-
-def dequantised(t8, s, group, per_row_lens=None):
-    x = t8.double()
-    if s is None:
-        return x
-    per_head = s.double().repeat_interleave(group, 1)  # [b, heads]
-    if per_row_lens is not None:  # varlen: [total, heads]
-        return x * per_head.repeat_interleave(torch.tensor(per_row_lens, device=x.device), 0)[:, :, None]
-    return x * per_head[:, None, :, None]
 
 
 def check(out, lse, ref, ref_lse, out_dtype):
@@ -90,7 +80,7 @@ def test_fp8_forward_cuda(case, backend):
     q8, k8, v8 = (torch.randn(*s, generator=g).mul(spread).to(F8).cuda()
                   for s in ((b, sq, hq, d), (b, sk, hkv, d), (b, sk, hkv, dv)))
     qs, ks, vs = descales_for(kind, b, hkv, g)
-    ref, ref_lse = attention_ref(dequantised(q8, qs, hq // hkv), dequantised(k8, ks, 1), dequantised(v8, vs, 1),
+    ref, ref_lse = attention_ref(dequantised_fp8(q8, qs, hq // hkv), dequantised_fp8(k8, ks, 1), dequantised_fp8(v8, vs, 1),
                                  causal=causal, window=window, softcap=softcap)
     if out_dtype == torch.bfloat16:  # FA3's interface: bfloat16 out
         out, lse = fa3.flash_attn_func(q8, k8, v8, causal=causal, window_size=window, softcap=softcap,
@@ -128,8 +118,8 @@ def test_fp8_varlen_forward_cuda(case):
     out, lse = fa3.flash_attn_varlen_func(q8, k8, v8, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
                                           window_size=window, q_descale=qs, k_descale=ks, v_descale=vs,
                                           return_attn_probs=True)
-    ref, ref_lse = varlen_ref(dequantised(q8, qs, hq // hkv, lens_q), dequantised(k8, ks, 1, lens_k),
-                              dequantised(v8, vs, 1, lens_k), cu, cuk, causal=causal, window=window)
+    ref, ref_lse = varlen_ref(dequantised_fp8(q8, qs, hq // hkv, lens_q), dequantised_fp8(k8, ks, 1, lens_k),
+                              dequantised_fp8(v8, vs, 1, lens_k), cu, cuk, causal=causal, window=window)
     check(out, lse, ref, ref_lse, torch.bfloat16)
 
 

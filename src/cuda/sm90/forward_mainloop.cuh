@@ -50,19 +50,19 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
   if (w.n_end <= w.n_begin) return;  // no visible keys: the consumers neither read Q nor wait for it
   // Tile n's K and V share a stage; pos is V's (tile n), the K load runs one position ahead.
   RingPosition<Cfg::kStages>& pos = st.kv;
-  auto load = [&](const CUtensorMap* map, uint8_t* ring, uint64_t* empty, uint64_t* full, int n,
+  // values: the V ring, whose e4m3 tiles are V_t's.
+  auto load = [&](auto values, const CUtensorMap* map, uint8_t* ring, uint64_t* empty, uint64_t* full, int n,
                   const RingPosition<Cfg::kStages>& at) {
     mbarrier_wait(&empty[at.index], at.phase ^ 1u);
     mbarrier_arrive_expect_tx(&full[at.index], Cfg::kKVTileBytes);
-    if constexpr (Cfg::kElemBytes == 1) {
-      if (map == tm_v) {  // V_t (fp8_v_layout.h): kHeadDim rows of the tile's keys, one box per 128-key panel
+    if constexpr (Cfg::kElemBytes == 1 && decltype(values)::value) {
+      // V_t (fp8_v_layout.h): kHeadDim rows of the tile's keys, one box per 128-key panel.
 #pragma unroll
-        for (int p = 0; p < Cfg::kBlockN / Cfg::kPanelElems; ++p)
-          tma_load_4d(ring + at.index * Cfg::kKVTileBytes + p * Cfg::kHeadDim * kSwizzleBytes, map,
-                      w.vt_slot0 + n * Cfg::kBlockN + p * Cfg::kPanelElems, 0, kv_head, w.batch_coord,
-                      &full[at.index]);
-        return;
-      }
+      for (int p = 0; p < Cfg::kBlockN / Cfg::kPanelElems; ++p)
+        tma_load_4d(ring + at.index * Cfg::kKVTileBytes + p * Cfg::kHeadDim * kSwizzleBytes, map,
+                    w.vt_slot0 + n * Cfg::kBlockN + p * Cfg::kPanelElems, 0, kv_head, w.batch_coord,
+                    &full[at.index]);
+      return;
     }
     uint8_t* part = ring + at.index * Cfg::kKVTileBytes + rank * Cfg::kKVPartRows * Cfg::kQKPanelBytes;
     const int row = w.k_row0 + n * Cfg::kBlockN + int(rank) * Cfg::kKVPartRows;
@@ -76,7 +76,7 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
                     &full[at.index]);
     }
   };
-  load(tm_k, sm.k(), sm.k_empty(), sm.k_full(), w.n_end - 1, pos);
+  load(std::false_type{}, tm_k, sm.k(), sm.k_empty(), sm.k_full(), w.n_end - 1, pos);
   // Q's previous use has ended (a fresh barrier passes parity 1 at once).
   mbarrier_wait(sm.q_empty(), st.q_phase ^ 1u);
   mbarrier_arrive_expect_tx(sm.q_full(), Cfg::kQBytes);
@@ -88,8 +88,8 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
   for (int n = w.n_end - 1; n >= w.n_begin; --n) {
     RingPosition<Cfg::kStages> next = pos;
     next.advance();
-    if (n > w.n_begin) load(tm_k, sm.k(), sm.k_empty(), sm.k_full(), n - 1, next);
-    load(tm_v, sm.v(), sm.v_empty(), sm.v_full(), n, pos);
+    if (n > w.n_begin) load(std::false_type{}, tm_k, sm.k(), sm.k_empty(), sm.k_full(), n - 1, next);
+    load(std::true_type{}, tm_v, sm.v(), sm.v_empty(), sm.v_full(), n, pos);
     pos = next;
   }
 }

@@ -191,18 +191,14 @@ constexpr int kWgmmaKFor = kIsFp8<T> ? 32 : kWgmmaK;
   "{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE ", 0;\n"                                                     \
   "wgmma.mma_async.sync.aligned.m64n" N "k32.f32.e4m3.e4m3 " ACC ", " A ", " DB ", p, 1, 1;\n}\n"
 
-// D(64 x N) (+)= A(64 x 32, shared, K-major) * B(32 x N, shared, K-major), e4m3 inputs.
+// D(64 x N) (+)= A(64 x 32, shared, K-major) * B(32 x N, shared, K-major), e4m3 inputs. N: the FP8 forward's key
+// tile.
 template <int N>
 __device__ __forceinline__ void wgmma_ss_fp8(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  static_assert(N == 128 || N == 256, "wgmma_ss_fp8: N must be 128 or 256");
+  static_assert(N == 128, "wgmma_ss_fp8: N must be 128");
   const uint32_t acc = accumulate ? 1u : 0u;
-  if constexpr (N == 128) {
-    asm volatile(FA_SM90_WGMMA_SS_FP8("128", FA_SM90_ACC_REGS_64, "%64", "%65", "%66")
-                 : FA_SM90_D64(d) : "l"(desc_a), "l"(desc_b), "r"(acc));
-  } else {
-    asm volatile(FA_SM90_WGMMA_SS_FP8("256", FA_SM90_ACC_REGS_128, "%128", "%129", "%130")
-                 : FA_SM90_D128(d) : "l"(desc_a), "l"(desc_b), "r"(acc));
-  }
+  asm volatile(FA_SM90_WGMMA_SS_FP8("128", FA_SM90_ACC_REGS_64, "%64", "%65", "%66")
+               : FA_SM90_D64(d) : "l"(desc_a), "l"(desc_b), "r"(acc));
 }
 
 // D(64 x N) (+)= A(64 x 32, registers: the fragment above) * B(32 x N, shared, K-major), e4m3 inputs.
