@@ -27,7 +27,8 @@ if(CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.8)
   add_library(flashattn_sm90a OBJECT ${CMAKE_CURRENT_LIST_DIR}/../src/cuda/sm90/forward_sm90.cu
               ${CMAKE_CURRENT_LIST_DIR}/../src/cuda/sm90/forward_sm90_fp8.cu
               ${CMAKE_CURRENT_LIST_DIR}/../src/cuda/sm90/fp8_v_transpose.cu
-              ${CMAKE_CURRENT_LIST_DIR}/../src/cuda/sm90/backward_sm90.cu)
+              ${CMAKE_CURRENT_LIST_DIR}/../src/cuda/sm90/backward_sm90.cu
+              ${CMAKE_CURRENT_LIST_DIR}/../src/cuda/sm90/backward_sm90_fp8.cu)
   set_target_properties(flashattn_sm90a PROPERTIES CUDA_ARCHITECTURES 90a-real POSITION_INDEPENDENT_CODE ON)
   target_include_directories(flashattn_sm90a PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../include
                              ${CMAKE_CURRENT_LIST_DIR}/../src)

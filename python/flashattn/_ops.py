@@ -698,8 +698,9 @@ def fp8_attention_backward(
     """The backward of fp8_attention: float8_e4m3fn dout (scaled by do_descale, fp32 [batch, heads_kv] like
     q_descale) with the forward's float8 q, k, v, their descales, out and lse. Returns dq, dk, dv in out's dtype:
     the gradients of the dequantised inputs (each e4m3 value times its descale). An explicit call, not autograd:
-    PyTorch gives a float8 tensor float8 gradients. CPU tensors run on the CPU backends; CUDA tensors are not
-    supported yet (no FP8 backward kernel), and say so."""
+    PyTorch gives a float8 tensor float8 gradients. CPU tensors run on the CPU backends, CUDA tensors on Hopper
+    (cuda_sm90: 16-bit copies of the inputs, Q's and K's descales applied to the scores, then the 16-bit backward
+    kernel; other GPUs report it unsupported). Not with ALiBi or dropout on CUDA."""
     _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, paired=True, fp8=True)
     for name, t in (("dout", dout), ("out", out), ("lse", lse)):
         if not isinstance(t, Tensor):

@@ -34,18 +34,23 @@
 // +2 KB, which at hd 256 needs the dQ stages halved (4 hand-offs of 32 columns per warpgroup and block, 2 x 8 KB:
 // -16 KB). Only the dropout kernel pays for that: with it in the ALiBi kernel too, ALiBi's backward cost at hd 256
 // went from 2-7% to 11-21%.
+// kDescaled: float8_e4m3fn inputs (backward_sm90_fp8.cu): the scores' scale times per-(batch, KV head) descales,
+// read once per CTA. A kernel of its own: the run-time factor in every kernel moved the 16-bit kernels' spills
+// (hd 64 68 -> 96 bytes, its dropout kernel 556 -> 972).
 #pragma once
 
 #include "cuda/sm90/forward_config.h"
 
 namespace flashattn::cuda::sm90 {
 
-template <int kHeadDim_, bool kExtras_ = false, bool kDropout_ = false>
+template <int kHeadDim_, bool kExtras_ = false, bool kDropout_ = false, bool kDescaled_ = false>
 struct BackwardConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kExtras = kExtras_;
   static constexpr bool kDropout = kDropout_;
+  static constexpr bool kDescaled = kDescaled_;
   static_assert(kExtras || !kDropout, "sm90 backward: dropout comes with the extras (ALiBi) code");
+  static_assert(!(kDescaled && kExtras), "sm90 backward: float8 inputs' descales without ALiBi or dropout");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "sm90 backward: head dim 64, 128 or 256");
   static constexpr int kConsumerWarpgroups = 2;
   // The warpgroups share the CTA's keys and split the gradients' columns (hd 256), or own 64 keys each.

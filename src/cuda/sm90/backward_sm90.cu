@@ -47,6 +47,8 @@
 //                shared double buffer in their own layout (draw_keep_bits), dV's operand is Pᵀ∘keep (dV scaled by
 //                1 / (1 - p) in the epilogue) and dSᵀ = Pᵀ∘(Z∘dPᵀ − D).
 // Shared memory and register budgets: backward_config.h (193-226 KB; 240 registers per consumer thread).
+// float8_e4m3fn inputs reach this kernel as 16-bit copies (backward_sm90_fp8.cu); the kDescaled kernels scale the
+// scores by their (batch, KV head)'s q_descale · k_descale and dK by q_descale (ScoreDescales).
 // Preconditions (sm90_backward_supports): compute capability 9.0, fp16/bf16, d and d_v multiples of 8 up to 256,
 // Q, K, V, dO strides multiples of 8 elements with 16-byte aligned bases (TMA), dK/dV with even strides and
 // 4-byte aligned bases.
@@ -67,6 +69,7 @@
 #include "cuda/primitives.cuh"
 #include "cuda/sm80/backward_launch.cuh"
 #include "cuda/sm90/backward_config.h"
+#include "cuda/sm90/backward_sm90_fp8.h"
 #include "cuda/sm90/backward_sm90.h"
 #include "cuda/sm90/primitives_sm90.cuh"
 #include "cuda/sm90/support_checks.h"
@@ -123,6 +126,21 @@ struct BackwardKernelArgs {
   uint64_t dropout_seed, dropout_offset;
   float keep_scale;           // 1 / (1 - dropout_p): dV's and dS's factor for kept probabilities
 };
+
+// float8_e4m3fn inputs (backward_sm90_fp8.cu; the kernels with Cfg::kDescaled): Q and K arrive as their exact e4m3
+// values, and these fp32 [batch, KV head] descales scale the scores (softmax_scale · q_descale · k_descale, as the
+// FP8 forward that made the LSE did) and dK by q_descale (dQ's k_descale is the conversion's); null: 1. The kernel's
+// last parameter, so that the other kernels' parameter offsets (and code) stay as they were.
+struct ScoreDescales {
+  const float* q;
+  const float* k;
+  int64_t q_strides[2], k_strides[2];
+};
+
+// The descale of (sequence, KV head) from an fp32 [batch, heads_kv] view; 1 without one.
+__device__ __forceinline__ float descale_of(const float* descale, const int64_t* strides, int batch, int kv_head) {
+  return descale != nullptr ? descale[batch * strides[0] + kv_head * strides[1]] : 1.f;
+}
 
 // One base pointer; every region a constant offset from it (backward_config.h has the sizes).
 template <typename Cfg>
@@ -353,9 +371,19 @@ __device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, con
   if (leader) bulk_wait<0>();
 }
 
+// A kDescaled consumer's factors for its (batch, KV head): the scores' (BackwardKernelArgs' times q_descale ·
+// k_descale) and dK's (times q_descale). The consumer's base, empty without kDescaled, so that the other kernels'
+// consumers keep their layout (and code).
+template <bool kDescaled>
+struct ConsumerDescales {};
+template <>
+struct ConsumerDescales<true> {
+  float descaled_log2, descaled_tanh, descaled_dk;
+};
+
 // ---- consumer: one warpgroup, 64 keys ----
 template <typename T, typename Cfg>
-struct BackwardConsumer {
+struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   static constexpr int kD = Cfg::kHeadDim;
   static constexpr int kM = Cfg::kBlockM;
   static constexpr int kN = Cfg::kBlockN;
@@ -372,14 +400,33 @@ struct BackwardConsumer {
   // The warpgroup's first key inside the CTA's block and first dK/dV column (backward_config.h, kColumnSplit).
   static constexpr int kOutCols = Cfg::kOutCols;
   int key_row0, out_col0;
+  __device__ float scale_log2() const {
+    if constexpr (Cfg::kDescaled) return this->descaled_log2;
+    return a.scale_log2;
+  }
+  __device__ float tanh_scale() const {
+    if constexpr (Cfg::kDescaled) return this->descaled_tanh;
+    return a.tanh_scale;
+  }
+  __device__ float dk_scale() const {
+    if constexpr (Cfg::kDescaled) return this->descaled_dk;
+    return a.scale;
+  }
   float dk[kOutCols / 2], dv[kOutCols / 2];
   // Dropout's keep bits of the current block (Cfg::kDropout): bit i for Sᵀ's element i.
   static constexpr int kKeepWords = Cfg::kKeepWords;
   uint32_t keep[kKeepWords];
 
   __device__ BackwardConsumer(const BackwardSmem<Cfg>& sm_, const KeyBlockWork& w_, const BackwardKernelArgs& a_,
-                              int wg_)
+                              const ScoreDescales& descales, int wg_)
       : sm(sm_), w(w_), a(a_), wg(wg_) {
+    if constexpr (Cfg::kDescaled) {
+      const float q_descale = descale_of(descales.q, descales.q_strides, w.batch, w.kv_head);
+      const float qk_descale = q_descale * descale_of(descales.k, descales.k_strides, w.batch, w.kv_head);
+      this->descaled_log2 = a.scale_log2 * qk_descale;
+      this->descaled_tanh = a.tanh_scale * qk_descale;
+      this->descaled_dk = a.scale * q_descale;
+    }
     const int t = threadIdx.x % kWarpgroupThreads;
     warp = t / 32;
     lane = t % 32;
@@ -578,11 +625,11 @@ struct BackwardConsumer {
           if constexpr (kAlibi) lse_e = fmaf(alibi_slope2, fabsf(alibi_base[r] + float(8 * j + e)), lse_e);
           float dscale = 1.f;
           if constexpr (kSoftcap) {
-            const float t = tanhf(x * a.tanh_scale);  // as the forward computes it
+            const float t = tanhf(x * tanh_scale());  // as the forward computes it
             p[e] = exp2_approx(t * a.softcap_log2 - lse_e);
             dscale = 1.f - t * t;
           } else {
-            p[e] = exp2_approx(x * a.scale_log2 - lse_e);
+            p[e] = exp2_approx(x * scale_log2() - lse_e);
           }
           const int query = m * kM + col + e;
           if (kMaybeMasked && masked && (query < query_lo[r] || query >= query_hi[r])) p[e] = 0.f;
@@ -760,6 +807,7 @@ struct BackwardConsumer {
 
   __device__ void epilogue() const {
     const float dv_scale = Cfg::kDropout ? a.keep_scale : 1.f;  // (P ∘ Z)ᵀ dO
+    const float dk_factor = dk_scale();
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = w.key0 + key_local[r];
@@ -775,7 +823,7 @@ struct BackwardConsumer {
         const int col = out_col0 + 8 * j + 2 * quad;
         if (col < a.head_dim)
           *reinterpret_cast<uint32_t*>(dk_row + col) =
-              pack_pair<T>(dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale);
+              pack_pair<T>(dk[4 * j + 2 * r] * dk_factor, dk[4 * j + 2 * r + 1] * dk_factor);
         if (col < a.head_dim_v)
           *reinterpret_cast<uint32_t*>(dv_row + col) =
               pack_pair<T>(dv[4 * j + 2 * r] * dv_scale, dv[4 * j + 2 * r + 1] * dv_scale);
@@ -842,7 +890,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     backward_kernel(const __grid_constant__ BackwardKernelArgs args, const __grid_constant__ CUtensorMap tm_q,
                     const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                     const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_lse,
-                    const __grid_constant__ CUtensorMap tm_dsum) {
+                    const __grid_constant__ CUtensorMap tm_dsum, const __grid_constant__ ScoreDescales descales) {
   extern __shared__ uint8_t smem_raw[];
   BackwardSmem<Cfg> sm(smem_raw);
   const KeyBlockWork w = key_block_work<Cfg>(args);
@@ -877,7 +925,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   } else {
     setmaxnreg_increase<Cfg::kConsumerRegisters>();
-    BackwardConsumer<T, Cfg> c(sm, w, args, wg - 1);
+    BackwardConsumer<T, Cfg> c(sm, w, args, descales, wg - 1);
     if (has_work) {
       if (args.softcap > 0.f)
         consume<T, Cfg, true, Cfg::kExtras>(c, w, args.heads_per_kv);
@@ -898,6 +946,9 @@ struct DqConvertArgs {
   int batch, seqlen_q;
   int head_dim;     // dQ's columns (at most the bucket's)
   float scale;      // softmax_scale
+  const float* k_descale;  // float8 inputs' K descale [batch, heads_kv] (BackwardKernelArgs), or null
+  int64_t k_descale_strides[2];
+  int heads_per_kv;
   bool pair_stores;   // dq's base and strides allow 4-byte stores of element pairs
   bool chunk_stores;  // ... and 16-byte stores of 8 elements (head_dim a multiple of 8)
 };
@@ -931,6 +982,8 @@ __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel
   if (i0 >= len) return;
   T* dq = static_cast<T*>(a.dq) + (a.cu_seqlens_q ? row0 * a.dq_row_stride : int64_t(b) * a.dq_batch_stride) +
           int64_t(head) * a.dq_head_stride;
+  const float scale =
+      Cfg::kDescaled ? a.scale * descale_of(a.k_descale, a.k_descale_strides, b, head / a.heads_per_kv) : a.scale;
   const float* tile = a.dq_accum + (int64_t(head) * a.ws_head_stride + ws_row) * Cfg::kHeadDim;
   const int t = threadIdx.x, quad = t % 4;
   static_assert(Cfg::kDqStageCols % 16 == 0, "dq_convert_fragments_kernel: float4s in pairs");
@@ -945,8 +998,8 @@ __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel
         const float4 v0 = stage[k * kWarpgroupThreads + t], v1 = stage[(k + 1) * kWarpgroupThreads + t];
         // Word c: float4 k + c / 2, row half c % 2; after the transpose, this thread's chunk c = quad.
         uint32_t words[4] = {
-            pack_pair<T>(v0.x * a.scale, v0.y * a.scale), pack_pair<T>(v0.z * a.scale, v0.w * a.scale),
-            pack_pair<T>(v1.x * a.scale, v1.y * a.scale), pack_pair<T>(v1.z * a.scale, v1.w * a.scale)};
+            pack_pair<T>(v0.x * scale, v0.y * scale), pack_pair<T>(v0.z * scale, v0.w * scale),
+            pack_pair<T>(v1.x * scale, v1.y * scale), pack_pair<T>(v1.z * scale, v1.w * scale)};
         quad_transpose(words, quad);
         const int col = col0 + 8 * (k + quad / 2);
         const int64_t i = i0 + row_in_block + 8 * (quad % 2);
@@ -966,7 +1019,7 @@ __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel
         const int64_t i = i0 + row_in_block + 8 * half;
         if (i >= len) continue;
         T* dst = dq + i * a.dq_row_stride + col;
-        const float x = (half ? v.z : v.x) * a.scale, y = (half ? v.w : v.y) * a.scale;
+        const float x = (half ? v.z : v.x) * scale, y = (half ? v.w : v.y) * scale;
         if (a.pair_stores) {
           *reinterpret_cast<uint32_t*>(dst) = pack_pair<T>(x, y);
         } else {
@@ -988,9 +1041,9 @@ namespace {
 using sm90_checks::aligned;
 using sm90_checks::tma_stride_ok;
 
-template <typename T, int kHeadDim, bool kExtras, bool kDropout>
+template <typename T, int kHeadDim, bool kExtras, bool kDropout, bool kDescaled>
 Status launch(const BwdParams& p) {
-  using Cfg = cuda::sm90::BackwardConfig<kHeadDim, kExtras, kDropout>;
+  using Cfg = cuda::sm90::BackwardConfig<kHeadDim, kExtras, kDropout, kDescaled>;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   const bool varlen = p.is_varlen();
   cuda::sm80::BwdKernelArgs rows = sm80_backward_args(p);
@@ -1093,11 +1146,15 @@ Status launch(const BwdParams& p) {
       a.alibi_slopes = rows.alibi_slopes, a.alibi_batch_stride = rows.alibi_batch_stride;
       a.dropout_p = rows.dropout_p, a.dropout_seed = rows.dropout_seed, a.dropout_offset = rows.dropout_offset;
       a.keep_scale = kDropout ? 1.f / (1.f - rows.dropout_p) : 1.f;
+      cuda::sm90::ScoreDescales descales{p.q_descale, p.k_descale, {}, {}};
+      for (int i = 0; i < 2; ++i)
+        descales.q_strides[i] = p.q_descale_strides[i], descales.k_strides[i] = p.k_descale_strides[i];
 
       auto kernel = cuda::sm90::backward_kernel<T, Cfg>;
       FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
       const dim3 grid(unsigned(key_blocks), unsigned(p.heads_kv), unsigned(p.batch));
-      kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a, tm_q, tm_k, tm_v, tm_do, tm_lse, tm_dsum);
+      kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a, tm_q, tm_k, tm_v, tm_do, tm_lse, tm_dsum,
+                                                               descales);
       FA_CUDA_TRY(cudaGetLastError());
     }
     if (p.heads_q == 0 || p.batch == 0) return Status::success();
@@ -1111,6 +1168,9 @@ Status launch(const BwdParams& p) {
     c.seqlen_q = int(p.seqlen_q);
     c.head_dim = int(p.head_dim);
     c.scale = rows.scale;
+    c.k_descale = p.k_descale;
+    c.k_descale_strides[0] = p.k_descale_strides[0], c.k_descale_strides[1] = p.k_descale_strides[1];
+    c.heads_per_kv = rows.group;
     c.pair_stores = aligned(p.dq, 4) && p.dq_row_stride % 2 == 0 && p.dq_head_stride % 2 == 0 &&
                     (varlen || p.dq_batch_stride % 2 == 0);
     c.chunk_stores = aligned(p.dq, 16) && tma_stride_ok(p.dq_row_stride) && tma_stride_ok(p.dq_head_stride) &&
@@ -1127,17 +1187,19 @@ Status launch(const BwdParams& p) {
   return st;
 }
 
-// ALiBi runs in the kernels with kExtras, dropout in the one with kDropout (backward_config.h).
-template <typename T, bool kExtras, bool kDropout>
+// ALiBi runs in the kernels with kExtras, dropout in the one with kDropout, float8 inputs' descales in the ones with
+// kDescaled (backward_config.h).
+template <typename T, bool kExtras, bool kDropout, bool kDescaled = false>
 Status launch_head_dim(const BwdParams& p) {
   switch (sm90_checks::head_dim_bucket(p.head_dim, p.head_dim_v, sm90_checks::Pass::backward)) {
-    case 64: return launch<T, 64, kExtras, kDropout>(p);
-    case 128: return launch<T, 128, kExtras, kDropout>(p);
-    default: return launch<T, 256, kExtras, kDropout>(p);
+    case 64: return launch<T, 64, kExtras, kDropout, kDescaled>(p);
+    case 128: return launch<T, 128, kExtras, kDropout, kDescaled>(p);
+    default: return launch<T, 256, kExtras, kDropout, kDescaled>(p);
   }
 }
 template <typename T>
 Status launch_extras(const BwdParams& p) {
+  if (p.q_descale != nullptr || p.k_descale != nullptr) return launch_head_dim<T, false, false, true>(p);
   if (DropoutSpec::drops(p.dropout_p)) return launch_head_dim<T, true, true>(p);
   return p.alibi_slopes != nullptr ? launch_head_dim<T, true, false>(p) : launch_head_dim<T, false, false>(p);
 }
@@ -1145,17 +1207,22 @@ Status launch_extras(const BwdParams& p) {
 }  // namespace
 
 Status sm90_backward_supports(const BwdParams& p) {
-  Status common = sm90_checks::common(p, sm90_checks::Pass::backward);
+  Status common = sm90_checks::common(p);
   if (!common.ok()) return common;
   const bool varlen = p.is_varlen();
+  // float8_e4m3fn inputs reach the kernel as contiguous 16-bit copies in aligned workspace (backward_sm90_fp8.cu),
+  // which meet TMA's rules whatever the e4m3 tensors' layout.
+  const bool staged = p.dtype == DType::e4m3;
+  if (staged && (p.alibi_slopes != nullptr || p.dropout_p > 0))
+    return Status::unsupported("cuda_sm90: float8_e4m3fn inputs with ALiBi or dropout are not supported yet");
   const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.k_row_stride, p.k_head_stride, p.v_row_stride,
                              p.v_head_stride, p.do_row_stride, p.do_head_stride, varlen ? 0 : p.q_batch_stride,
                              varlen ? 0 : p.k_batch_stride, varlen ? 0 : p.v_batch_stride,
                              varlen ? 0 : p.do_batch_stride};
   for (int64_t s : strides)
-    if (!tma_stride_ok(s))
+    if (!staged && !tma_stride_ok(s))
       return Status::unsupported("cuda_sm90: TMA needs every row/head/batch stride of q, k, v, dout to be a multiple of 8 elements");
-  if (!aligned(p.q, 16) || !aligned(p.k, 16) || !aligned(p.v, 16) || !aligned(p.dout, 16))
+  if (!staged && (!aligned(p.q, 16) || !aligned(p.k, 16) || !aligned(p.v, 16) || !aligned(p.dout, 16)))
     return Status::unsupported("cuda_sm90: TMA needs 16-byte aligned q, k, v, dout");
   const int64_t out_strides[] = {p.dk_row_stride, p.dk_head_stride, p.dv_row_stride, p.dv_head_stride,
                                  varlen ? 0 : p.dk_batch_stride, varlen ? 0 : p.dv_batch_stride};
@@ -1173,6 +1240,7 @@ Status sm90_backward_run(const BwdParams& p) {
   if (!st.ok()) return st;
   DeviceGuard guard(p.device.index);
   FA_CUDA_TRY(guard.status());
+  if (p.dtype == DType::e4m3) return sm90_fp8_backward_run(p, sm90_backward_run);
   return p.dtype == DType::bf16 ? launch_extras<__nv_bfloat16>(p) : launch_extras<__half>(p);
 }
 

@@ -86,7 +86,7 @@ Status launch_head_dim(const FwdParams& p, Sm90Grid grid) {
 }  // namespace
 
 Status sm90_forward_supports(const FwdParams& p) {
-  Status common = sm90_checks::common(p, sm90_checks::Pass::forward);
+  Status common = sm90_checks::common(p);
   if (!common.ok()) return common;
   const bool varlen = p.is_varlen();
   const bool fp8 = p.dtype == DType::e4m3;

@@ -40,15 +40,10 @@ inline int fp8_head_dim_bucket(int64_t head_dim, int64_t head_dim_v) {
   return bucket == 0 ? 0 : bucket <= 128 ? bucket : 256;
 }
 
-// What the forward and the backward both need, in the order a user would fix it. float8_e4m3fn inputs run in
-// the forward (pass).
-inline Status common(const FwdParams& p, Pass pass) {
-  if (p.dtype == DType::e4m3 && pass == Pass::backward)
-    return Status::unsupported("cuda_sm90: no backward kernel for float8_e4m3fn inputs yet (the CPU backends run it)");
-  const bool fp8_forward = p.dtype == DType::e4m3 && pass == Pass::forward;
-  if (p.dtype != DType::f16 && p.dtype != DType::bf16 && !fp8_forward)
-    return Status::unsupported(std::string("cuda_sm90: runs float16 and bfloat16") +
-                               (pass == Pass::forward ? ", and float8_e4m3fn in the forward" : "") + "; got " +
+// What the forward and the backward both need, in the order a user would fix it.
+inline Status common(const FwdParams& p) {
+  if (p.dtype != DType::f16 && p.dtype != DType::bf16 && p.dtype != DType::e4m3)
+    return Status::unsupported(std::string("cuda_sm90: runs float16, bfloat16 and float8_e4m3fn; got ") +
                                dtype_name(p.dtype));
   const int cc = cuda_compute_capability_impl(p.device.index);
   if (cc != 90)

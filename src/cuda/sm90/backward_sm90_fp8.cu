@@ -1,0 +1,193 @@
+// The Hopper backward of float8_e4m3fn Q, K, V, dO: contiguous copies in the gradients' 16-bit dtype, then the
+// 16-bit backward kernel (backward_sm90.cu) on them; dQ, dK, dV are the gradients of the dequantised inputs (value ·
+// descale[b, h / group]), as the CPU backends compute them (cpu/fp8.h).
+// Q and K are copied as their e4m3 values, exact in 16 bits, and their descales go to the kernel, which scales the
+// scores by softmax_scale · q_descale · k_descale as the FP8 forward did: a score recomputed from rounded products
+// value · descale would be off by up to |S| · 2^-8, and P by as much relative, against the forward's LSE (measured
+// on the H200: gradients 1.2-3.6e-2 off on peaky inputs, against 0.4-6.8e-3 with the exact copies). V and dO are
+// copied as value · descale rounded to 16 bits (relative 2^-8 in bfloat16, like any 16-bit input).
+// All five products run in 16 bits: S = QKᵀ and dP = dO Vᵀ could take the e4m3 operands as they are, but dV = Pᵀ dO,
+// dQ = dS K and dK = dSᵀ Q would need P and dS in e4m3, 10-16x the bfloat16 error (bench/fp8_backward_products.py,
+// bench/results/fp8.md); an FP8 kernel would only pay for the first two.
+// float16 gradients stage float16 copies, which overflow past 65504 (value · descale of V and dO).
+// Work (fp8_stage_kernel): blockIdx.y picks the tensor (Q, K, V, dO); threads stride over 8-element chunks of
+// (batch, row, head), 8 bytes in, 16 bytes out. Memory-bound: the copies are 2.5x the bytes of the inputs, against
+// a backward that reads each input several times.
+// Preconditions (sm90_backward_supports): validated e4m3 params with out_dtype float16 or bfloat16, head dims
+// multiples of 8 (so a chunk never straddles heads).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "common/kv_cache.h"
+#include "cuda/check.h"
+#include "cuda/sm90/backward_sm90_fp8.h"
+#include "cuda/workspace.h"
+
+namespace flashattn::cuda::sm90 {
+namespace {
+
+constexpr int kStageThreads = 256;
+constexpr int kChunk = 8;            // elements per thread and step: 8 e4m3 bytes in, one 16-byte store out
+constexpr int kStagedTensors = 4;    // Q, K, V, dO
+constexpr int kMaxStageBlocks = 4096;  // per tensor; threads stride over the rest
+constexpr size_t kStageAlign = 256;    // each copy's start: TMA needs 16 bytes, 256 keeps whole cache lines
+
+// One e4m3 tensor [batches, rows, heads, dim] (varlen: [1, total rows, ...]) and its contiguous 16-bit copy.
+struct StageJob {
+  const uint8_t* src = nullptr;
+  void* dst = nullptr;
+  int64_t batch_stride = 0, row_stride = 0, head_stride = 0;  // of src, in elements (= bytes)
+  const float* descale = nullptr;                             // null: 1
+  int64_t descale_batch_stride = 0, descale_head_stride = 0;
+  const int32_t* cu_seqlens = nullptr;  // varlen: the offsets that name a packed row's sequence (its descale's row)
+  int64_t rows = 0;
+  int heads = 0, dim = 0, head_group = 1;  // head_group: heads per descale column (query heads per KV head)
+  bool vector = false;                      // src's base and strides 8-byte aligned: one 8-byte load per chunk
+};
+
+struct StageArgs {
+  StageJob job[kStagedTensors];
+  int batches = 0;    // batch entries of the copies (1 in varlen)
+  int sequences = 0;  // p.batch: varlen's sequence count
+};
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack_scaled(__nv_fp8x2_storage_t pair, float scale) {
+  const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 r = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+    return *reinterpret_cast<const uint32_t*>(&r);
+  } else {
+    const __half2 r = __floats2half2_rn(f.x * scale, f.y * scale);
+    return *reinterpret_cast<const uint32_t*>(&r);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kStageThreads) fp8_stage_kernel(const StageArgs a) {
+  const StageJob& j = a.job[blockIdx.y];
+  const int chunks = j.dim / kChunk;
+  const int64_t units = int64_t(a.batches) * j.rows * j.heads * chunks;
+  const int64_t step = int64_t(gridDim.x) * kStageThreads;
+  for (int64_t u = int64_t(blockIdx.x) * kStageThreads + threadIdx.x; u < units; u += step) {
+    // u enumerates (batch, row, head, chunk) in the copy's own order, so the copy's offset is u chunks.
+    const int c = int(u % chunks) * kChunk;
+    int64_t rest = u / chunks;
+    const int h = int(rest % j.heads);
+    rest /= j.heads;
+    const int64_t r = rest % j.rows, b = rest / j.rows;
+    const uint8_t* src = j.src + b * j.batch_stride + r * j.row_stride + int64_t(h) * j.head_stride + c;
+    uint8_t bytes[kChunk];
+    if (j.vector) {
+      *reinterpret_cast<uint2*>(bytes) = *reinterpret_cast<const uint2*>(src);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) bytes[e] = src[e];
+    }
+    float scale = 1.f;
+    if (j.descale != nullptr) {
+      const int64_t seq = j.cu_seqlens != nullptr ? varlen_sequence_of(j.cu_seqlens, a.sequences, r) : b;
+      scale = j.descale[seq * j.descale_batch_stride + int64_t(h / j.head_group) * j.descale_head_stride];
+    }
+    uint32_t words[kChunk / 2];
+#pragma unroll
+    for (int w = 0; w < kChunk / 2; ++w)
+      words[w] = pack_scaled<T>(__nv_fp8x2_storage_t(bytes[2 * w] | (bytes[2 * w + 1] << 8)), scale);
+    reinterpret_cast<uint4*>(j.dst)[u] = make_uint4(words[0], words[1], words[2], words[3]);
+  }
+}
+
+// The job of one e4m3 input and its 16-bit copy at dst; the copy's strides go to *staged_strides (batch, row,
+// head), 0 batch stride in varlen as validation leaves a varlen call's.
+StageJob stage_job(const FwdParams& p, const void* src, void* dst, int64_t rows, int64_t heads, int64_t dim,
+                   int64_t batch_stride, int64_t row_stride, int64_t head_stride, const float* descale,
+                   const int64_t* descale_strides, int64_t head_group, const int32_t* cu_seqlens,
+                   int64_t staged_strides[3]) {
+  const bool varlen = p.is_varlen();
+  StageJob j;
+  j.src = static_cast<const uint8_t*>(src), j.dst = dst;
+  j.batch_stride = varlen ? 0 : batch_stride, j.row_stride = row_stride, j.head_stride = head_stride;
+  j.descale = descale;
+  if (descale != nullptr) j.descale_batch_stride = descale_strides[0], j.descale_head_stride = descale_strides[1];
+  j.cu_seqlens = varlen ? cu_seqlens : nullptr;
+  j.rows = rows, j.heads = int(heads), j.dim = int(dim), j.head_group = int(head_group);
+  j.vector = reinterpret_cast<uintptr_t>(src) % kChunk == 0 && row_stride % kChunk == 0 &&
+             head_stride % kChunk == 0 && (varlen || batch_stride % kChunk == 0);
+  staged_strides[0] = varlen ? 0 : rows * heads * dim, staged_strides[1] = heads * dim, staged_strides[2] = dim;
+  return j;
+}
+
+size_t aligned_bytes(size_t bytes) { return (bytes + kStageAlign - 1) / kStageAlign * kStageAlign; }
+
+}  // namespace
+}  // namespace flashattn::cuda::sm90
+
+namespace flashattn::detail {
+
+Status sm90_fp8_backward_run(const BwdParams& p, Sm90BackwardFn run16) {
+  using namespace flashattn::cuda::sm90;
+  const bool varlen = p.is_varlen();
+  const int64_t batches = varlen ? 1 : p.batch;
+  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
+  const int64_t group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
+  const size_t elem = 2;  // bytes of the 16-bit copies
+  const size_t sizes[kStagedTensors] = {
+      size_t(batches * rows_q * p.heads_q * p.head_dim) * elem, size_t(batches * rows_k * p.heads_kv * p.head_dim) * elem,
+      size_t(batches * rows_k * p.heads_kv * p.head_dim_v) * elem,
+      size_t(batches * rows_q * p.heads_q * p.head_dim_v) * elem};
+  size_t total = 0;
+  for (size_t s : sizes) total += aligned_bytes(std::max<size_t>(s, 1));
+  const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  void* workspace = nullptr;
+  Status st = workspace_alloc(&workspace, total, p.device.index, stream);
+  if (!st.ok()) return st;
+  uint8_t* copies[kStagedTensors];
+  size_t at = 0;
+  for (int i = 0; i < kStagedTensors; ++i) {
+    copies[i] = static_cast<uint8_t*>(workspace) + at;
+    at += aligned_bytes(std::max<size_t>(sizes[i], 1));
+  }
+
+  BwdParams f = p;
+  f.dtype = p.out_dtype;
+  StageArgs a;
+  a.batches = int(batches), a.sequences = int(p.batch);
+  int64_t s[3];
+  // Q and K without their descales, which the kernel applies to the scores (f keeps them).
+  a.job[0] = stage_job(p, p.q, copies[0], rows_q, p.heads_q, p.head_dim, p.q_batch_stride, p.q_row_stride,
+                       p.q_head_stride, nullptr, nullptr, group, p.cu_seqlens_q, s);
+  f.q = copies[0], f.q_batch_stride = s[0], f.q_row_stride = s[1], f.q_head_stride = s[2];
+  a.job[1] = stage_job(p, p.k, copies[1], rows_k, p.heads_kv, p.head_dim, p.k_batch_stride, p.k_row_stride,
+                       p.k_head_stride, nullptr, nullptr, 1, p.cu_seqlens_k, s);
+  f.k = copies[1], f.k_batch_stride = s[0], f.k_row_stride = s[1], f.k_head_stride = s[2];
+  a.job[2] = stage_job(p, p.v, copies[2], rows_k, p.heads_kv, p.head_dim_v, p.v_batch_stride, p.v_row_stride,
+                       p.v_head_stride, p.v_descale, p.v_descale_strides, 1, p.cu_seqlens_k, s);
+  f.v = copies[2], f.v_batch_stride = s[0], f.v_row_stride = s[1], f.v_head_stride = s[2];
+  a.job[3] = stage_job(p, p.dout, copies[3], rows_q, p.heads_q, p.head_dim_v, p.do_batch_stride, p.do_row_stride,
+                       p.do_head_stride, p.do_descale, p.do_descale_strides, group, p.cu_seqlens_q, s);
+  f.dout = copies[3], f.do_batch_stride = s[0], f.do_row_stride = s[1], f.do_head_stride = s[2];
+  f.v_descale = f.do_descale = nullptr;
+
+  int64_t most_chunks = 0;
+  for (const StageJob& j : a.job) most_chunks = std::max(most_chunks, batches * j.rows * j.heads * (j.dim / kChunk));
+  if (most_chunks > 0) {
+    const dim3 grid(unsigned(std::min<int64_t>((most_chunks + kStageThreads - 1) / kStageThreads, kMaxStageBlocks)),
+                    kStagedTensors);
+    if (p.out_dtype == DType::bf16)
+      fp8_stage_kernel<__nv_bfloat16><<<grid, kStageThreads, 0, stream>>>(a);
+    else
+      fp8_stage_kernel<__half><<<grid, kStageThreads, 0, stream>>>(a);
+    st = cuda_status(cudaGetLastError(), "cuda_sm90 FP8 backward staging launch");
+  }
+  if (st.ok()) st = run16(f);
+  Status freed = workspace_free(workspace, stream);
+  return st.ok() ? freed : st;
+}
+
+}  // namespace flashattn::detail
