@@ -547,11 +547,8 @@ Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCa
                            (varlen ? "[total_q, heads, dim] (cu_seqlens_q given)" : "[batch, seqlen_q, heads, dim]") +
                            ", got rank " + std::to_string(a.q.rank) + " " + shape_str(a.q));
   }
-  if (!is_float_dtype(a.q.dtype)) {
-    if (a.q.dtype == DType::e4m3) {
-      return Status::unsupported("q: float8_e4m3fn over a KV cache is not supported yet (the plain forward takes it)");
-    }
-    return Status::invalid(std::string("q: dtype must be float16, bfloat16, float32 or float64, got ") +
+  if (!is_float_dtype(a.q.dtype) && a.q.dtype != DType::e4m3) {
+    return Status::invalid(std::string("q: dtype must be float16, bfloat16, float32, float64 or float8_e4m3fn, got ") +
                            dtype_name(a.q.dtype));
   }
   for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"k_cache", &a.k_cache}, {"v_cache", &a.v_cache}}) {
@@ -645,9 +642,20 @@ Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCa
   std::copy(a.q.shape, a.q.shape + qrank, o_shape);
   o_shape[qrank - 1] = p.head_dim_v;
   if (!a.out.defined()) return Status::invalid("out: required");
-  if (!((st = check_tensor("out", a.out, qrank, o_shape, p.dtype, dev, true)).ok())) return st;
+  p.out_dtype = p.dtype;
+  if (p.dtype == DType::e4m3) {  // float8 caches write a 16-bit output, as the plain FP8 forward does
+    if (a.out.dtype != DType::bf16 && a.out.dtype != DType::f16) {
+      return Status::invalid(std::string("out: float8_e4m3fn inputs write a bfloat16 or float16 output, got ") +
+                             dtype_name(a.out.dtype));
+    }
+    p.out_dtype = a.out.dtype;
+  }
+  if (!((st = check_tensor("out", a.out, qrank, o_shape, p.out_dtype, dev, true)).ok())) return st;
   if (!((st = set_lse(a.lse, &p)).ok())) return st;
   if (!((st = set_alibi(a.alibi_slopes, &p)).ok())) return st;
+  if (!((st = set_descale("q_descale", a.q_descale, &p, &p.q_descale, p.q_descale_strides)).ok())) return st;
+  if (!((st = set_descale("k_descale", a.k_descale, &p, &p.k_descale, p.k_descale_strides)).ok())) return st;
+  if (!((st = set_descale("v_descale", a.v_descale, &p, &p.v_descale, p.v_descale_strides)).ok())) return st;
 
   // New rows to append, and the rotary embedding.
   if (a.k_new.defined() != a.v_new.defined()) {
@@ -705,6 +713,10 @@ Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCa
                                                   : "rotary_cos: required when rotary_sin is given");
   }
   if (a.rotary_cos.defined()) {
+    if (p.dtype == DType::e4m3) {
+      return Status::unsupported("rotary_cos: rotary embedding of float8_e4m3fn rows is not supported (rotate before "
+                                 "quantising)");
+    }
     if (!a.k_new.defined()) return Status::invalid("rotary_cos: rotary embedding needs the new rows k_new / v_new");
     if (a.rotary_cos.rank != 2) {
       return Status::invalid("rotary_cos: expected a rank-2 tensor [seqlen_ro, rotary_dim / 2], got " +

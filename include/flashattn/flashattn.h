@@ -114,6 +114,10 @@ struct KVCacheArgs {
   TensorView cu_seqlens_q;
   TensorView cu_seqlens_k_new, rotary_seqlens;
   TensorView alibi_slopes;
+  // float8_e4m3fn q, caches and new rows (FA3's FP8 KV cache): fp32 [batch, heads_kv] descales as in ForwardArgs (the
+  // k / v descales apply to every row of sequence b's cache), out in bfloat16 or float16. CPU backends only for now;
+  // no rotary embedding (e4m3 rows would need requantising).
+  TensorView q_descale, k_descale, v_descale;
   int64_t max_seqlen_q = 0;
   bool rotary_interleaved = true;
   int num_splits = 0;  // CUDA: key splits per sequence (1 = none); 0 = chosen from the shape

@@ -350,12 +350,12 @@ def _kvcache_native_options(int_options: List[int], float_options: List[float]) 
     return o
 
 
-def _kvcache_outputs(q: Tensor, v_cache: Tensor, varlen: bool) -> Tuple[Tensor, Tensor]:
+def _kvcache_outputs(q: Tensor, v_cache: Tensor, varlen: bool, out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
     _check_rank("q", q, varlen)
     if v_cache.dim() != 4:
         raise ValueError(f"v_cache: expected a rank-4 tensor [batch_cache, seqlen_cache, heads_kv, dim] or, paged, "
                          f"[num_pages, page_size, heads_kv, dim], got shape {list(v_cache.shape)}")
-    return _outputs_like(q, v_cache.shape[-1], varlen)
+    return _outputs_like(q, v_cache.shape[-1], varlen, out_dtype)
 
 
 def _checked_slopes(alibi_slopes: Optional[Tensor]) -> Optional[Tensor]:
@@ -401,12 +401,17 @@ def _attention_with_kvcache_impl(
     alibi_slopes: Optional[Tensor],
     cu_seqlens_k_new: Optional[Tensor],
     rotary_seqlens: Optional[Tensor],
+    q_descale: Optional[Tensor],
+    k_descale: Optional[Tensor],
+    v_descale: Optional[Tensor],
     int_options: List[int],
     float_options: List[float],
+    out_dtype: torch.dtype,
     backend: str,
 ) -> Tuple[Tensor, Tensor]:
     """Appends k_new / v_new to the caches in place (k_new rotated when rotary_cos / rotary_sin are given; packed
-    [total_new, heads_kv, d] with cu_seqlens_k_new) and attends q over them: out [.., heads_q, d_v] and lse (fp32).
+    [total_new, heads_kv, d] with cu_seqlens_k_new) and attends q over them: out [.., heads_q, d_v] in out_dtype
+    (q's dtype, or 16 bits for float8_e4m3fn caches, scaled by the descales) and lse (fp32).
     Options as kvcache_options() builds them.
     Inference only (no backward). The caches are written, never copied: their last dimension must be contiguous."""
     o = _kvcache_native_options(int_options, float_options)
@@ -422,13 +427,14 @@ def _attention_with_kvcache_impl(
         _contiguous(t) for t in (rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                  cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens))
     alibi_slopes = _checked_slopes(alibi_slopes)
-    out, lse = _kvcache_outputs(q, v_cache, cu_seqlens_q is not None)
+    out, lse = _kvcache_outputs(q, v_cache, cu_seqlens_q is not None, out_dtype)
     # The native module makes q's device current for the launch itself.
     _C.attention_with_kvcache(_dl(q), _dl(k_cache), _dl(v_cache), _dl(out), _dl(lse), _dl(k_new), _dl(v_new),
                               _dl(rotary_cos), _dl(rotary_sin), _dl(cache_seqlens), _dl(cache_batch_idx),
                               _dl(cache_leftpad), _dl(block_table), _dl(cu_seqlens_q), o.pop("max_seqlen_q"),
                               alibi_slopes=_dl(alibi_slopes), cu_seqlens_k_new=_dl(cu_seqlens_k_new),
-                              rotary_seqlens=_dl(rotary_seqlens), backend=backend, stream=_stream(q), **o)
+                              rotary_seqlens=_dl(rotary_seqlens), backend=backend, stream=_stream(q),
+                              q_descale=_dl(q_descale), k_descale=_dl(k_descale), v_descale=_dl(v_descale), **o)
     return out, lse
 
 
@@ -439,8 +445,9 @@ attention_with_kvcache = torch.library.custom_op("flashattn::attention_with_kvca
 @attention_with_kvcache.register_fake
 def _attention_with_kvcache_fake(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
                                  cache_batch_idx, cache_leftpad, block_table, cu_seqlens_q, alibi_slopes,
-                                 cu_seqlens_k_new, rotary_seqlens, int_options, float_options, backend):
-    return _kvcache_outputs(q, v_cache, cu_seqlens_q is not None)
+                                 cu_seqlens_k_new, rotary_seqlens, q_descale, k_descale, v_descale, int_options,
+                                 float_options, out_dtype, backend):
+    return _kvcache_outputs(q, v_cache, cu_seqlens_q is not None, out_dtype)
 
 
 # ---- Python entry points ------------------------------------------------------------------------------------------
@@ -840,6 +847,10 @@ def kvcache_attention(
     num_threads: int = 0,
     check_index_values: bool = True,
     names: Optional[dict] = None,
+    q_descale: Optional[Tensor] = None,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Attention over a KV cache in the library's own terms (flash_attn_with_kvcache's semantics); returns (out, lse).
 
@@ -855,17 +866,33 @@ def kvcache_attention(
     rotary_seqlens (and cu_seqlens_q when max_seqlen_q > 0) on the host, a device synchronisation each on CUDA: the kernels then clamp out-of-range values
     (nothing outside the tensors is read or written) instead of raising. It is off anyway under CUDA-graph capture.
     `names` maps the library's argument names to the caller's, for error messages (see _renamed).
+    float8_e4m3fn q, caches and new rows (FA3's FP8 KV cache): q_descale / k_descale / v_descale fp32 [b, h_kv] as
+    in fp8_attention (k / v descales for every row of sequence b's cache), out in out_dtype (bfloat16 by default, or
+    float16); no rotary. CPU backends only so far (CUDA says so). Other dtypes: out in q's dtype.
     """
     names = names or {}
     name = lambda n: names.get(n, n)  # noqa: E731
-    _check_tensor(name("q"), q)
+    fp8 = isinstance(q, Tensor) and q.dtype == torch.float8_e4m3fn
+    _check_tensor(name("q"), q, floating=not fp8)
     for n, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k_new", k_new), ("v_new", v_new),
                  ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
         if t is None and n not in ("k_cache", "v_cache"):
             continue
-        _check_tensor(name(n), t)
+        if fp8 and n.startswith("rotary"):
+            raise NotImplementedError(f"{name(n)}: rotary embedding of float8_e4m3fn rows is not supported (rotate "
+                                      f"before quantising)")
+        _check_tensor(name(n), t, floating=not fp8)
         if t.dtype != q.dtype:
             raise TypeError(f"{name(n)}: dtype {t.dtype} differs from q's {q.dtype}")
+    _check_descale_types(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    if fp8:
+        out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+        if out_dtype not in FP8_OUT_DTYPES:
+            raise ValueError(f"out_dtype: float8_e4m3fn caches write bfloat16 or float16, got {out_dtype}")
+    elif out_dtype is not None and out_dtype != q.dtype:
+        raise ValueError(f"out_dtype: only float8_e4m3fn caches take one (out is q's dtype), got {out_dtype}")
+    else:
+        out_dtype = q.dtype
     if isinstance(cache_seqlens, Tensor) or cache_seqlens is None:
         _check_index(name("cache_seqlens"), cache_seqlens)
     else:
@@ -900,8 +927,9 @@ def kvcache_attention(
         for t in (q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin))
     _check_slopes_type(alibi_slopes)
     args = (q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-            block_table, cu_seqlens_q, alibi_slopes, cu_seqlens_k_new, rotary_seqlens, ints, floats, str(backend))
-    call = _direct_kvcache if _dispatch_free(*args[:15]) else torch.ops.flashattn.attention_with_kvcache
+            block_table, cu_seqlens_q, alibi_slopes, cu_seqlens_k_new, rotary_seqlens, q_descale, k_descale, v_descale,
+            ints, floats, out_dtype, str(backend))
+    call = _direct_kvcache if _dispatch_free(*args[:18]) else torch.ops.flashattn.attention_with_kvcache
     if not names or torch.compiler.is_compiling():
         return call(*args)
     try:

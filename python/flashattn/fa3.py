@@ -28,7 +28,8 @@ Arguments, supported or not (nothing that could change a result is ever ignored)
   forward, each scaled by its optional fp32 ``q_descale`` / ``k_descale`` / ``v_descale`` (batch, nheads_k), out
   in bfloat16; forward only: CUDA tensors run the Hopper FP8 kernel (compute capability 9.0; other GPUs report it
   unsupported), CPU tensors the CPU backends. Descales with other
-  dtypes raise ValueError (FA3 ignores them there). FP8 KV caches raise NotImplementedError.
+  dtypes raise ValueError (FA3 ignores them there). FP8 KV caches (flash_attn_with_kvcache) run on the CPU backends
+  only so far (CUDA raises NotImplementedError).
 * Scheduling hints, validated and then not used, because they cannot change flashattn's results: ``pack_gqa``
   (None / True / False; flashattn's decode kernel always packs a KV head's query heads into the rows of one tile,
   the other kernels choose their own tiling), ``sm_margin`` (an int >= 0: FA3 leaves that many SMs idle for
@@ -435,15 +436,16 @@ def flash_attn_with_kvcache(
     Returns out (batch, seqlen_q, nheads, headdim_v) (varlen: (total_q, nheads, headdim_v)), or with
     return_softmax_lse=True (out, softmax_lse, out_accum, softmax_lse_accum): softmax_lse (batch, nheads,
     seqlen_q) (varlen: (nheads, total_q)) fp32, the last two empty fp32 tensors (module docstring). Inference only:
-    the outputs do not require grad. scheduler_metadata, qv, attention_chunk != 0 and float8 caches raise
-    NotImplementedError; the descales raise ValueError (they go with float8 inputs).
+    the outputs do not require grad. scheduler_metadata, qv and attention_chunk != 0 raise NotImplementedError.
+    FP8: float8_e4m3fn q, k_cache, v_cache (and k, v) with q_descale / k_descale / v_descale fp32 (batch, nheads_k)
+    give a bfloat16 out; no rotary (NotImplementedError); the CPU backends run it, CUDA raises NotImplementedError
+    (no FP8 decode kernel yet). The descales with any other dtype raise ValueError.
     check_index_values: as in flashattn.flash_attn_with_kvcache.
     """
     _reject_fa3_only(qv, attention_chunk)
-    if _is_fp8(q, k_cache, v_cache, k, v):
-        raise NotImplementedError("q: float8_e4m3fn over a KV cache is not supported yet (flash_attn_func and "
-                                  "flash_attn_varlen_func take FP8 inputs)")
-    _no_descales(q, q_descale, k_descale, v_descale)
+    fp8 = _is_fp8(q)
+    if not fp8:
+        _no_descales(q, q_descale, k_descale, v_descale)
     _require_none("scheduler_metadata", scheduler_metadata, "a precomputed FA3 schedule (scheduler_metadata)")
     splits = _scheduling_hints(num_splits, pack_gqa, sm_margin)
     return_softmax_lse = check_flag("return_softmax_lse", return_softmax_lse)  # before the caches are written
@@ -455,7 +457,8 @@ def flash_attn_with_kvcache(
         softmax_scale=softmax_scale, causal=causal, window_left=left, window_right=right, softcap=_softcap(softcap),
         rotary_interleaved=rotary_interleaved, num_splits=splits, cu_seqlens_k_new=cu_seqlens_k_new,
         rotary_seqlens=rotary_seqlens, backend=backend, num_threads=num_threads,
-        check_index_values=check_index_values, names=_FA3_NAMES)
+        check_index_values=check_index_values, names=_FA3_NAMES, q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale, out_dtype=torch.bfloat16 if fp8 else None)
     if not return_softmax_lse:
         return out
     out_accum, lse_accum = (torch.empty(0, dtype=torch.float32, device=out.device) for _ in range(2))

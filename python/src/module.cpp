@@ -238,7 +238,8 @@ std::string attention_with_kvcache(const In& q, const Out& k_cache, const Out& v
                                    int64_t window_right, double softcap, bool rotary_interleaved, int num_splits,
                                    bool check_index_values, const OptIn& alibi_slopes, const OptIn& cu_seqlens_k_new,
                                    const OptIn& rotary_seqlens, const std::string& backend, int num_threads,
-                                   uintptr_t stream) {
+                                   uintptr_t stream, const OptIn& q_descale, const OptIn& k_descale,
+                                   const OptIn& v_descale) {
   flashattn::KVCacheArgs a;
   a.q = to_view("q", q);
   a.k_cache = to_view("k_cache", k_cache);
@@ -257,6 +258,9 @@ std::string attention_with_kvcache(const In& q, const Out& k_cache, const Out& v
   a.alibi_slopes = to_view("alibi_slopes", alibi_slopes);
   a.cu_seqlens_k_new = to_view("cu_seqlens_k_new", cu_seqlens_k_new);
   a.rotary_seqlens = to_view("rotary_seqlens", rotary_seqlens);
+  a.q_descale = to_view("q_descale", q_descale);
+  a.k_descale = to_view("k_descale", k_descale);
+  a.v_descale = to_view("v_descale", v_descale);
   a.max_seqlen_q = max_seqlen_q;
   a.rotary_interleaved = rotary_interleaved;
   a.num_splits = num_splits;
@@ -350,6 +354,7 @@ NB_MODULE(_C, m) {
         "softcap"_a = 0.0, "rotary_interleaved"_a = true, "num_splits"_a = 0, "check_index_values"_a = true,
         "alibi_slopes"_a.none() = nb::none(), "cu_seqlens_k_new"_a.none() = nb::none(),
         "rotary_seqlens"_a.none() = nb::none(), "backend"_a = "auto", "num_threads"_a = 0, "stream"_a = 0,
+        "q_descale"_a.none() = nb::none(), "k_descale"_a.none() = nb::none(), "v_descale"_a.none() = nb::none(),
         "Attention over a key/value cache (flash_attn_with_kvcache), forward only. k_cache / v_cache: dense\n"
         "[b_cache, s_cache, h_kv, d] or, with block_table (int32 [entries, max_pages]), paged [num_pages, page_size,\n"
         "h_kv, d]; written in place when k_new / v_new [b, s_new, h_kv, d] (or [total_new, h_kv, d] with\n"
@@ -358,7 +363,9 @@ NB_MODULE(_C, m) {
         "int32 [b]. q is\n"
         "[b, s_q, h_q, d], or [total_q, h_q, d] with cu_seqlens_q; out like q with d_v, lse [b, h_q, s_q] or\n"
         "[h_q, total_q] (fp32). check_index_values=False skips the host copy and check of the index values (CUDA\n"
-        "graph capture; the kernels then clamp). Returns the name of the backend that ran.");
+        "graph capture; the kernels then clamp). float8_e4m3fn q, caches and new rows (no rotary) with optional fp32\n"
+        "[b, h_kv] q_descale / k_descale / v_descale write a bfloat16 or float16 out (CPU backends). Returns the\n"
+        "name of the backend that ran.");
 
   m.def("choose_backend", &choose_backend, "q"_a, "k"_a, "v"_a, "out"_a.none() = nb::none(),
         "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,

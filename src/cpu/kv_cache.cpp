@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "common/half.h"
 #include "common/kv_cache.h"
 #include "cpu/dtype_dispatch.h"
+#include "cpu/fp8.h"
 
 namespace flashattn::detail {
 namespace {
@@ -77,7 +79,10 @@ void append_typed(const KVCacheParams& kp) {
         const T* vn = static_cast<const T*>(kp.v_new) + vn_row + hk * kp.v_new_head_stride;
         T* kc = static_cast<T*>(kp.k_cache) + k_off + hk * p.k_head_stride;
         T* vc = static_cast<T*>(kp.v_cache) + v_off + hk * p.v_head_stride;
-        rotate_row(kn, kc, p.head_dim, kp, pos);
+        if constexpr (std::is_same_v<T, uint8_t>)  // e4m3 rows: copied (validation refuses rotary with them)
+          std::memcpy(kc, kn, size_t(p.head_dim));
+        else
+          rotate_row(kn, kc, p.head_dim, kp, pos);
         std::memcpy(vc, vn, size_t(p.head_dim_v) * sizeof(T));
       }
     }
@@ -130,7 +135,8 @@ Status dense_typed(const FwdParams& p, ForwardFn run) {
       for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
         T* kd = k.data() + (b * max_len + j) * k_row + hk * p.head_dim;
         T* vd = v.data() + (b * max_len + j) * v_row + hk * p.head_dim_v;
-        const T zero = from_double<T>(0.0);
+        T zero;  // all bits clear: +0 in every float format, e4m3's included
+        std::memset(&zero, 0, sizeof zero);
         if (k_off >= 0) {
           std::memcpy(kd, static_cast<const T*>(p.k) + k_off + hk * p.k_head_stride, size_t(p.head_dim) * sizeof(T));
         } else {
@@ -195,6 +201,15 @@ Status cpu_forward_dense_cache(const FwdParams& p, ForwardFn run) {
 
 Status cpu_kvcache(const KVCacheParams& kp, ForwardFn run) {
   Status st;
+  if (kp.attn.dtype == DType::e4m3) {
+    // float8 caches: the new rows copied in as bytes, then every sequence's rows gathered into dense per-sequence
+    // copies (so that the dequantising adapter sees [batch, rows, heads, dim] with descale row b = sequence b),
+    // dequantised and run in fp32.
+    if (kp.k_new) append_typed<uint8_t>(kp);
+    thread_local ForwardFn inner;  // ForwardFn is a plain function pointer: the lambda below cannot capture `run`
+    inner = run;
+    return dense_typed<uint8_t>(kp.attn, [](const FwdParams& d) { return cpu_fp8_forward(d, inner); });
+  }
   if (kp.k_new && !(st = by_dtype<Append>(kp.attn.dtype, kp)).ok()) return st;
   if (!kp.rotary_cos) return run(kp.attn);
   const FwdParams& p = kp.attn;

@@ -647,6 +647,82 @@ def test_fp8_backward_errors_name_the_argument():
                 flashattn.fp8_attention_backward(qc, qc, kc, vc, oc, lc)
 
 
+# FP8 KV caches (flash_attn_with_kvcache with float8_e4m3fn q, caches and new rows): the new rows land in the cache
+# byte for byte, and out is the float64 attention of the dequantised q and caches (sequence b's k / v rows scaled by
+# k_descale / v_descale[b]) within bfloat16's rounding.
+FP8_KV_CASES = [
+    KVCase(2, 1, 1, (5, 9), heads=(4, 2), d=32, causal=True, dtype=torch.float32),
+    KVCase(3, 3, 2, (0, 7, 20), page=4, heads=(2, 1), d=16, causal=True, dtype=torch.float32),
+    KVCase(2, 2, 0, (6, 3), batch_idx=True, leftpad=(2, 0), heads=(2, 2), d=16, window=(3, 0),
+           dtype=torch.float32),
+    KVCase(2, 1, 2, (11, 4), page=16, heads=(6, 2), d=24, d_v=16, softcap=5.0, dtype=torch.float32),
+]
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+@pytest.mark.parametrize("descales", ["given", None])
+@pytest.mark.parametrize("case", FP8_KV_CASES, ids=str)
+def test_fp8_kvcache(case, descales, backend):
+    g = torch.Generator().manual_seed(17)
+    inp = make_inputs(case)
+    as8 = lambda t: None if t is None else t.mul(2).to(F8)  # noqa: E731
+    inp8 = replace(inp, q=as8(inp.q), k_log=as8(inp.k_log), v_log=as8(inp.v_log), k_new=as8(inp.k_new),
+                   v_new=as8(inp.v_new), k_phys=as8(inp.k_phys), v_phys=as8(inp.v_phys))
+    if inp.block_table is not None:  # the logical caches as the pages hold them
+        inp8 = replace(inp8, k_log=logical_pages(inp8.k_phys, inp.block_table),
+                       v_log=logical_pages(inp8.v_phys, inp.block_table))
+    b, hkv = inp.batch, case.heads[1]
+    qs, ks, vs = ([torch.rand(b, hkv, generator=g) + 0.5 for _ in range(3)] if descales else [None] * 3)
+    kc, vc = (t.clone() for t in inp8.caches())
+    out, lse, *_ = fa3.flash_attn_with_kvcache(
+        inp8.q, kc, vc, inp8.k_new, inp8.v_new, cache_seqlens=index_tensor(inp.lengths, "cpu"),
+        cache_batch_idx=index_tensor(inp.batch_idx, "cpu"), cache_leftpad=index_tensor(inp.leftpad, "cpu"),
+        page_table=inp.block_table, q_descale=qs, k_descale=ks, v_descale=vs, causal=case.causal,
+        window_size=case.window, softcap=case.softcap, return_softmax_lse=True, backend=backend)
+    assert out.dtype == torch.bfloat16
+    # The append: bytes, checked on uint8 views.
+    bytes_of = lambda t: None if t is None else t.view(torch.uint8)  # noqa: E731
+    inp_u8 = replace(inp8, k_log=bytes_of(inp8.k_log), v_log=bytes_of(inp8.v_log), k_new=bytes_of(inp8.k_new),
+                     v_new=bytes_of(inp8.v_new), k_phys=bytes_of(inp8.k_phys), v_phys=bytes_of(inp8.v_phys))
+    k_exp, v_exp = expected_caches(inp_u8, True)
+    check_caches(inp_u8, bytes_of(kc), bytes_of(vc), k_exp, v_exp)
+    # The oracle: dequantised q and appended caches (entry e = sequence b's rows times its descale), float64.
+    k_deq, v_deq = k_exp.view(F8).double(), v_exp.view(F8).double()
+    for seq in range(b):
+        e = inp.entry(seq)
+        if ks is not None:
+            k_deq[e] *= ks[seq].double()[None, :, None]
+            v_deq[e] *= vs[seq].double()[None, :, None]
+    q_deq = dequantised_fp8(inp8.q, qs, case.heads[0] // hkv)
+    ref, ref_lse = reference(replace(inp, q=q_deq), k_deq, v_deq, causal=case.causal, window=case.window,
+                             softcap=case.softcap, interleaved=True)
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=1e-2)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=1e-4, rtol=1e-5)
+
+
+def logical_pages(pages: Tensor, block_table: Tensor) -> Tensor:
+    """[entries, pages x page, h, d] through block_table, by byte gather (float8 has no CPU indexing kernels)."""
+    return pages.view(torch.uint8)[block_table.long()].flatten(1, 2).view(F8)
+
+
+def test_fp8_kvcache_refusals():
+    q = torch.randn(1, 1, 2, 16).to(F8)
+    k_cache, v_cache = (torch.randn(1, 8, 2, 16).to(F8) for _ in range(2))
+    cos = torch.ones(8, 8)
+    with pytest.raises(NotImplementedError, match=r"^rotary_cos: rotary embedding of float8_e4m3fn"):
+        fa3.flash_attn_with_kvcache(q, k_cache, v_cache, q[:, :, :2], q[:, :, :2], rotary_cos=cos, rotary_sin=cos,
+                                    cache_seqlens=3)
+    with pytest.raises(TypeError, match=r"^k_cache: dtype torch.bfloat16 differs from q's"):
+        fa3.flash_attn_with_kvcache(q, k_cache.bfloat16(), v_cache)
+    with pytest.raises(ValueError, match=r"^k_descale: expected shape \[1, 2\]"):
+        fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k_descale=torch.ones(2, 2))
+    if torch.cuda.is_available() and flashattn.built_with_cuda():
+        with pytest.raises(NotImplementedError, match="float8"):
+            fa3.flash_attn_with_kvcache(q.cuda(), k_cache.cuda(), v_cache.cuda())
+
+
 def test_fp8_is_forward_only_and_packed_qkv_runs():
     q, k, v = (torch.randn(2, 3, 2, 16).to(F8) for _ in range(3))
     q.requires_grad_()
@@ -765,8 +841,8 @@ ERRORS = [
     ("flash_attn_varlen_func", dict(q=_fp8(torch.randn(7, 4, 16)), k=_fp8(torch.randn(9, 2, 16)),
                                     v=_fp8(torch.randn(9, 2, 16)), seqused_k=torch.tensor([3, 4], dtype=I32)),
      NotImplementedError, r"^seqused_k: float8_e4m3fn"),
-    ("flash_attn_with_kvcache", dict(q=_fp8(torch.randn(2, 1, 4, 16))), NotImplementedError,
-     r"^q: float8_e4m3fn over a KV cache"),
+    ("flash_attn_with_kvcache", dict(q=_fp8(torch.randn(2, 1, 4, 16))), TypeError,
+     r"^k_cache: dtype torch.float\d+ differs from q's torch.float8_e4m3fn"),
     ("flash_attn_func", dict(pack_gqa="yes"), TypeError, r"^pack_gqa: expected a bool"),
     ("flash_attn_func", dict(sm_margin=-1), ValueError, r"^sm_margin: must be in \[0"),
     ("flash_attn_func", dict(num_splits=1.5), TypeError, r"^num_splits: expected an integer"),

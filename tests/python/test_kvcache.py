@@ -501,8 +501,8 @@ def op_args(inp: KVInputs, case: KVCase, *, check_index_values=True, backend="cp
             to_device(inp.cos, device), to_device(inp.sin, device),
             index_tensor(inp.lengths if lengths is None else lengths, device),
             index_tensor(inp.batch_idx if batch_idx is None else batch_idx, device),
-            index_tensor(inp.leftpad, device), to_device(inp.block_table, device), None, None, None, None, ints,
-            floats, backend)
+            index_tensor(inp.leftpad, device), to_device(inp.block_table, device), None, None, None, None,
+            None, None, None, ints, floats, inp.q.dtype, backend)
 
 
 OPCHECK_CASES = [

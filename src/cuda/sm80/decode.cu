@@ -37,7 +37,8 @@ Status decode_by_bucket(const FwdParams& p, int bucket) {
 
 Status cuda_decode_supports(const FwdParams& p) {
   if (p.dtype != DType::f16 && p.dtype != DType::bf16) {
-    return Status::unsupported(std::string("cuda decode: runs float16 and bfloat16; got ") + dtype_name(p.dtype));
+    return Status::unsupported(std::string("cuda decode: runs float16 and bfloat16 caches; got ") + dtype_name(p.dtype) +
+                               (p.dtype == DType::e4m3 ? " (float8 KV caches run on the CPU backends only so far)" : ""));
   }
   if (cuda::sm80::forward_head_dim_bucket(std::max(p.head_dim, p.head_dim_v)) == 0) {
     return Status::unsupported("cuda decode: head dims must be in [1, 256]");
