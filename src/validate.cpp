@@ -169,6 +169,18 @@ Status set_lse(const TensorView& lse, FwdParams* p) {
 
 // The optional ALiBi slopes: fp32 [h_q] or [batch, h_q] on the call's device, last dim contiguous; on the CPU
 // every slope finite (CUDA slopes stay unread: reading them would synchronise every call).
+// O's dtype: float8 inputs write a 16-bit output (out's), every other dtype its own.
+Status set_out_dtype(const TensorView& out, FwdParams* p) {
+  p->out_dtype = p->dtype;
+  if (p->dtype != DType::e4m3) return Status::success();
+  if (out.dtype != DType::bf16 && out.dtype != DType::f16) {
+    return Status::invalid(std::string("out: float8_e4m3fn inputs write a bfloat16 or float16 output, got ") +
+                           dtype_name(out.dtype));
+  }
+  p->out_dtype = out.dtype;
+  return Status::success();
+}
+
 // One descale factor tensor of float8 inputs: fp32 [batch, heads_kv], any strides (an expanded scalar is fine),
 // finite and > 0 where the host can read it (CPU tensors).
 Status set_descale(const char* name, const TensorView& t, FwdParams* p, const float** ptr, int64_t* strides) {
@@ -326,15 +338,7 @@ Status make_forward_params(const ForwardArgs& a, const AttentionOptions& o, FwdP
   if (!((st = check_tensor("k", a.k, rank, k_shape, p.dtype, dev, true)).ok())) return st;
   if (!((st = check_tensor("v", a.v, rank, v_shape, p.dtype, dev, true)).ok())) return st;
   if (!a.out.defined()) return Status::invalid("out: required");
-  // float8 inputs write a 16-bit output; every other dtype writes its own.
-  p.out_dtype = p.dtype;
-  if (p.dtype == DType::e4m3) {
-    if (a.out.dtype != DType::bf16 && a.out.dtype != DType::f16) {
-      return Status::invalid(std::string("out: float8_e4m3fn inputs write a bfloat16 or float16 output, got ") +
-                             dtype_name(a.out.dtype));
-    }
-    p.out_dtype = a.out.dtype;
-  }
+  if (!((st = set_out_dtype(a.out, &p)).ok())) return st;
   if (!((st = check_tensor("out", a.out, rank, o_shape, p.out_dtype, dev, true)).ok())) return st;
 
   if (varlen) {
@@ -642,14 +646,7 @@ Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCa
   std::copy(a.q.shape, a.q.shape + qrank, o_shape);
   o_shape[qrank - 1] = p.head_dim_v;
   if (!a.out.defined()) return Status::invalid("out: required");
-  p.out_dtype = p.dtype;
-  if (p.dtype == DType::e4m3) {  // float8 caches write a 16-bit output, as the plain FP8 forward does
-    if (a.out.dtype != DType::bf16 && a.out.dtype != DType::f16) {
-      return Status::invalid(std::string("out: float8_e4m3fn inputs write a bfloat16 or float16 output, got ") +
-                             dtype_name(a.out.dtype));
-    }
-    p.out_dtype = a.out.dtype;
-  }
+  if (!((st = set_out_dtype(a.out, &p)).ok())) return st;
   if (!((st = check_tensor("out", a.out, qrank, o_shape, p.out_dtype, dev, true)).ok())) return st;
   if (!((st = set_lse(a.lse, &p)).ok())) return st;
   if (!((st = set_alibi(a.alibi_slopes, &p)).ok())) return st;

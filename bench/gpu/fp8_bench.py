@@ -126,9 +126,9 @@ def bf16_backward(dout, q, k, v, out, lse, causal):
     return torch.ops.flashattn.attention_backward(dout, q, k, v, out, lse, None, None, None, ints, floats, "auto")
 
 
-def backward_cell(d, s, causal, repeats, seconds):
-    b, h = 16384 // s, 2048 // d
-    x = [torch.randn(b, s, h, d, device="cuda") for _ in range(4)]
+def backward_calls(x, causal):
+    """(fp8, bf16): our FP8 backward of x = (q, k, v, dout) quantised per (batch, head), and our bf16 backward of
+    x, each given its own forward's out and lse."""
     q16, k16, v16, do16 = (t.bfloat16() for t in x)
     (q8, qd), (k8, kd), (v8, vd), (do8, dod) = (quantise(t) for t in x)
     with torch.no_grad():
@@ -137,6 +137,12 @@ def backward_cell(d, s, causal, repeats, seconds):
     fp8 = lambda: flashattn.fp8_attention_backward(do8, q8, k8, v8, out8, lse8, q_descale=qd, k_descale=kd,
                                                    v_descale=vd, do_descale=dod, causal=causal)
     bf16 = lambda: bf16_backward(do16, q16, k16, v16, out16, lse16, causal)
+    return fp8, bf16
+
+
+def backward_cell(d, s, causal, repeats, seconds):
+    b, h = 16384 // s, 2048 // d
+    fp8, bf16 = backward_calls([torch.randn(b, s, h, d, device="cuda") for _ in range(4)], causal)
     f = 2.5 * flops(b, h, s, d, causal, False)
     runs = {"fp8": [], "bf16": []}
     for i in range(repeats):
@@ -165,16 +171,9 @@ def backward_accuracy(d, s, causal, outliers):
         return torch.autograd.grad(out, (q, k, v), dout.double())
 
     ref = grads64(*x)
-    qs = [quantise(t) for t in x]
-    ref_deq = grads64(*(t8.double() * sc.double()[:, None, :, None] for t8, sc in qs))
-    (q8, qd), (k8, kd), (v8, vd), (do8, dod) = qs
-    with torch.no_grad():
-        out8, lse8 = flashattn.fp8_attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, causal=causal)
-        q16, k16, v16, do16 = (t.bfloat16() for t in x)
-        out16, lse16 = flashattn.attention(q16, k16, v16, causal=causal)
-    g8 = flashattn.fp8_attention_backward(do8, q8, k8, v8, out8, lse8, q_descale=qd, k_descale=kd, v_descale=vd,
-                                          do_descale=dod, causal=causal)
-    g16 = bf16_backward(do16, q16, k16, v16, out16, lse16, causal)
+    ref_deq = grads64(*(t8.double() * sc.double()[:, None, :, None] for t8, sc in map(quantise, x)))
+    fp8, bf16 = backward_calls(x, causal)
+    g8, g16 = fp8(), bf16()
     fmt = lambda got, want: "/".join(f"{rmse(a_, b_):.1e}" for a_, b_ in zip(got, want))
     return fmt(g8, ref), fmt(g16, ref), fmt(g8, ref_deq)
 

@@ -110,9 +110,9 @@ void rotate_queries_typed(const KVCacheParams& kp, T* dst) {
 }
 
 // Paged K and V gathered into dense [batch, max_len, heads_kv, d] copies holding each sequence's used rows
-// from row 0, with the lengths as seqused_k.
-template <typename T>
-Status dense_typed(const FwdParams& p, ForwardFn run) {
+// from row 0, with the lengths as seqused_k; `run` (any callable taking the dense params) attends over them.
+template <typename T, typename Run>
+Status dense_typed(const FwdParams& p, Run run) {
   const KVCacheLayout cache = KVCacheLayout::of(p);
   std::vector<int32_t> lengths(size_t(p.batch));
   std::vector<int64_t> begins(size_t(p.batch));
@@ -206,9 +206,7 @@ Status cpu_kvcache(const KVCacheParams& kp, ForwardFn run) {
     // copies (so that the dequantising adapter sees [batch, rows, heads, dim] with descale row b = sequence b),
     // dequantised and run in fp32.
     if (kp.k_new) append_typed<uint8_t>(kp);
-    thread_local ForwardFn inner;  // ForwardFn is a plain function pointer: the lambda below cannot capture `run`
-    inner = run;
-    return dense_typed<uint8_t>(kp.attn, [](const FwdParams& d) { return cpu_fp8_forward(d, inner); });
+    return dense_typed<uint8_t>(kp.attn, [run](const FwdParams& d) { return cpu_fp8_forward(d, run); });
   }
   if (kp.k_new && !(st = by_dtype<Append>(kp.attn.dtype, kp)).ok()) return st;
   if (!kp.rotary_cos) return run(kp.attn);

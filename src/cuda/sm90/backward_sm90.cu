@@ -946,8 +946,7 @@ struct DqConvertArgs {
   int batch, seqlen_q;
   int head_dim;     // dQ's columns (at most the bucket's)
   float scale;      // softmax_scale
-  const float* k_descale;  // float8 inputs' K descale [batch, heads_kv] (BackwardKernelArgs), or null
-  int64_t k_descale_strides[2];
+  ScoreDescales descales;  // Cfg::kDescaled: dQ's factor is times k_descale
   int heads_per_kv;
   bool pair_stores;   // dq's base and strides allow 4-byte stores of element pairs
   bool chunk_stores;  // ... and 16-byte stores of 8 elements (head_dim a multiple of 8)
@@ -983,7 +982,7 @@ __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel
   T* dq = static_cast<T*>(a.dq) + (a.cu_seqlens_q ? row0 * a.dq_row_stride : int64_t(b) * a.dq_batch_stride) +
           int64_t(head) * a.dq_head_stride;
   const float scale =
-      Cfg::kDescaled ? a.scale * descale_of(a.k_descale, a.k_descale_strides, b, head / a.heads_per_kv) : a.scale;
+      Cfg::kDescaled ? a.scale * descale_of(a.descales.k, a.descales.k_strides, b, head / a.heads_per_kv) : a.scale;
   const float* tile = a.dq_accum + (int64_t(head) * a.ws_head_stride + ws_row) * Cfg::kHeadDim;
   const int t = threadIdx.x, quad = t % 4;
   static_assert(Cfg::kDqStageCols % 16 == 0, "dq_convert_fragments_kernel: float4s in pairs");
@@ -1044,6 +1043,9 @@ using sm90_checks::tma_stride_ok;
 template <typename T, int kHeadDim, bool kExtras, bool kDropout, bool kDescaled>
 Status launch(const BwdParams& p) {
   using Cfg = cuda::sm90::BackwardConfig<kHeadDim, kExtras, kDropout, kDescaled>;
+  cuda::sm90::ScoreDescales descales{p.q_descale, p.k_descale, {}, {}};
+  for (int i = 0; i < 2; ++i)
+    descales.q_strides[i] = p.q_descale_strides[i], descales.k_strides[i] = p.k_descale_strides[i];
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   const bool varlen = p.is_varlen();
   cuda::sm80::BwdKernelArgs rows = sm80_backward_args(p);
@@ -1146,9 +1148,6 @@ Status launch(const BwdParams& p) {
       a.alibi_slopes = rows.alibi_slopes, a.alibi_batch_stride = rows.alibi_batch_stride;
       a.dropout_p = rows.dropout_p, a.dropout_seed = rows.dropout_seed, a.dropout_offset = rows.dropout_offset;
       a.keep_scale = kDropout ? 1.f / (1.f - rows.dropout_p) : 1.f;
-      cuda::sm90::ScoreDescales descales{p.q_descale, p.k_descale, {}, {}};
-      for (int i = 0; i < 2; ++i)
-        descales.q_strides[i] = p.q_descale_strides[i], descales.k_strides[i] = p.k_descale_strides[i];
 
       auto kernel = cuda::sm90::backward_kernel<T, Cfg>;
       FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
@@ -1168,8 +1167,7 @@ Status launch(const BwdParams& p) {
     c.seqlen_q = int(p.seqlen_q);
     c.head_dim = int(p.head_dim);
     c.scale = rows.scale;
-    c.k_descale = p.k_descale;
-    c.k_descale_strides[0] = p.k_descale_strides[0], c.k_descale_strides[1] = p.k_descale_strides[1];
+    c.descales = descales;
     c.heads_per_kv = rows.group;
     c.pair_stores = aligned(p.dq, 4) && p.dq_row_stride % 2 == 0 && p.dq_head_stride % 2 == 0 &&
                     (varlen || p.dq_batch_stride % 2 == 0);

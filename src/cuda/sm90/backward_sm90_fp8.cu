@@ -103,15 +103,13 @@ __global__ void __launch_bounds__(kStageThreads) fp8_stage_kernel(const StageArg
   }
 }
 
-// The job of one e4m3 input and its 16-bit copy at dst; the copy's strides go to *staged_strides (batch, row,
-// head), 0 batch stride in varlen as validation leaves a varlen call's.
-StageJob stage_job(const FwdParams& p, const void* src, void* dst, int64_t rows, int64_t heads, int64_t dim,
+// The job of one e4m3 input; its copy's place (dst) is set once the workspace exists.
+StageJob stage_job(const FwdParams& p, const void* src, int64_t rows, int64_t heads, int64_t dim,
                    int64_t batch_stride, int64_t row_stride, int64_t head_stride, const float* descale,
-                   const int64_t* descale_strides, int64_t head_group, const int32_t* cu_seqlens,
-                   int64_t staged_strides[3]) {
+                   const int64_t* descale_strides, int64_t head_group, const int32_t* cu_seqlens) {
   const bool varlen = p.is_varlen();
   StageJob j;
-  j.src = static_cast<const uint8_t*>(src), j.dst = dst;
+  j.src = static_cast<const uint8_t*>(src);
   j.batch_stride = varlen ? 0 : batch_stride, j.row_stride = row_stride, j.head_stride = head_stride;
   j.descale = descale;
   if (descale != nullptr) j.descale_batch_stride = descale_strides[0], j.descale_head_stride = descale_strides[1];
@@ -119,7 +117,6 @@ StageJob stage_job(const FwdParams& p, const void* src, void* dst, int64_t rows,
   j.rows = rows, j.heads = int(heads), j.dim = int(dim), j.head_group = int(head_group);
   j.vector = reinterpret_cast<uintptr_t>(src) % kChunk == 0 && row_stride % kChunk == 0 &&
              head_stride % kChunk == 0 && (varlen || batch_stride % kChunk == 0);
-  staged_strides[0] = varlen ? 0 : rows * heads * dim, staged_strides[1] = heads * dim, staged_strides[2] = dim;
   return j;
 }
 
@@ -136,46 +133,51 @@ Status sm90_fp8_backward_run(const BwdParams& p, Sm90BackwardFn run16) {
   const int64_t batches = varlen ? 1 : p.batch;
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   const int64_t group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
-  const size_t elem = 2;  // bytes of the 16-bit copies
-  const size_t sizes[kStagedTensors] = {
-      size_t(batches * rows_q * p.heads_q * p.head_dim) * elem, size_t(batches * rows_k * p.heads_kv * p.head_dim) * elem,
-      size_t(batches * rows_k * p.heads_kv * p.head_dim_v) * elem,
-      size_t(batches * rows_q * p.heads_q * p.head_dim_v) * elem};
-  size_t total = 0;
-  for (size_t s : sizes) total += aligned_bytes(std::max<size_t>(s, 1));
+  StageArgs a;
+  a.batches = int(batches), a.sequences = int(p.batch);
+  // Q and K without their descales, which the kernel applies to the scores (f keeps them).
+  a.job[0] = stage_job(p, p.q, rows_q, p.heads_q, p.head_dim, p.q_batch_stride, p.q_row_stride, p.q_head_stride,
+                       nullptr, nullptr, group, p.cu_seqlens_q);
+  a.job[1] = stage_job(p, p.k, rows_k, p.heads_kv, p.head_dim, p.k_batch_stride, p.k_row_stride, p.k_head_stride,
+                       nullptr, nullptr, 1, p.cu_seqlens_k);
+  a.job[2] = stage_job(p, p.v, rows_k, p.heads_kv, p.head_dim_v, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
+                       p.v_descale, p.v_descale_strides, 1, p.cu_seqlens_k);
+  a.job[3] = stage_job(p, p.dout, rows_q, p.heads_q, p.head_dim_v, p.do_batch_stride, p.do_row_stride,
+                       p.do_head_stride, p.do_descale, p.do_descale_strides, group, p.cu_seqlens_q);
+
+  // One workspace for the four contiguous 16-bit copies, each [batches, rows, heads, dim].
+  constexpr size_t kElemBytes = 2;
+  size_t offsets[kStagedTensors], total = 0;
+  int64_t most_chunks = 0;
+  for (int i = 0; i < kStagedTensors; ++i) {
+    const StageJob& j = a.job[i];
+    const int64_t elements = batches * j.rows * j.heads * j.dim;
+    offsets[i] = total;
+    total += aligned_bytes(std::max<size_t>(size_t(elements) * kElemBytes, 1));
+    most_chunks = std::max(most_chunks, elements / kChunk);
+  }
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   void* workspace = nullptr;
   Status st = workspace_alloc(&workspace, total, p.device.index, stream);
   if (!st.ok()) return st;
-  uint8_t* copies[kStagedTensors];
-  size_t at = 0;
-  for (int i = 0; i < kStagedTensors; ++i) {
-    copies[i] = static_cast<uint8_t*>(workspace) + at;
-    at += aligned_bytes(std::max<size_t>(sizes[i], 1));
-  }
+  for (int i = 0; i < kStagedTensors; ++i) a.job[i].dst = static_cast<uint8_t*>(workspace) + offsets[i];
 
+  // The 16-bit backward's params: the copies (contiguous; 0 batch stride in varlen, as validation leaves a varlen
+  // call's), V's and dO's descales applied.
   BwdParams f = p;
   f.dtype = p.out_dtype;
-  StageArgs a;
-  a.batches = int(batches), a.sequences = int(p.batch);
-  int64_t s[3];
-  // Q and K without their descales, which the kernel applies to the scores (f keeps them).
-  a.job[0] = stage_job(p, p.q, copies[0], rows_q, p.heads_q, p.head_dim, p.q_batch_stride, p.q_row_stride,
-                       p.q_head_stride, nullptr, nullptr, group, p.cu_seqlens_q, s);
-  f.q = copies[0], f.q_batch_stride = s[0], f.q_row_stride = s[1], f.q_head_stride = s[2];
-  a.job[1] = stage_job(p, p.k, copies[1], rows_k, p.heads_kv, p.head_dim, p.k_batch_stride, p.k_row_stride,
-                       p.k_head_stride, nullptr, nullptr, 1, p.cu_seqlens_k, s);
-  f.k = copies[1], f.k_batch_stride = s[0], f.k_row_stride = s[1], f.k_head_stride = s[2];
-  a.job[2] = stage_job(p, p.v, copies[2], rows_k, p.heads_kv, p.head_dim_v, p.v_batch_stride, p.v_row_stride,
-                       p.v_head_stride, p.v_descale, p.v_descale_strides, 1, p.cu_seqlens_k, s);
-  f.v = copies[2], f.v_batch_stride = s[0], f.v_row_stride = s[1], f.v_head_stride = s[2];
-  a.job[3] = stage_job(p, p.dout, copies[3], rows_q, p.heads_q, p.head_dim_v, p.do_batch_stride, p.do_row_stride,
-                       p.do_head_stride, p.do_descale, p.do_descale_strides, group, p.cu_seqlens_q, s);
-  f.dout = copies[3], f.do_batch_stride = s[0], f.do_row_stride = s[1], f.do_head_stride = s[2];
+  auto point = [&](int i, const void** data, int64_t* batch_stride, int64_t* row_stride, int64_t* head_stride) {
+    const StageJob& j = a.job[i];
+    *data = j.dst;
+    *batch_stride = varlen ? 0 : j.rows * j.heads * j.dim, *row_stride = int64_t(j.heads) * j.dim,
+    *head_stride = j.dim;
+  };
+  point(0, &f.q, &f.q_batch_stride, &f.q_row_stride, &f.q_head_stride);
+  point(1, &f.k, &f.k_batch_stride, &f.k_row_stride, &f.k_head_stride);
+  point(2, &f.v, &f.v_batch_stride, &f.v_row_stride, &f.v_head_stride);
+  point(3, &f.dout, &f.do_batch_stride, &f.do_row_stride, &f.do_head_stride);
   f.v_descale = f.do_descale = nullptr;
 
-  int64_t most_chunks = 0;
-  for (const StageJob& j : a.job) most_chunks = std::max(most_chunks, batches * j.rows * j.heads * (j.dim / kChunk));
   if (most_chunks > 0) {
     const dim3 grid(unsigned(std::min<int64_t>((most_chunks + kStageThreads - 1) / kStageThreads, kMaxStageBlocks)),
                     kStagedTensors);
