@@ -3,6 +3,7 @@
 set(FLASHATTN_CUDA_SOURCES
   src/cuda/runtime.cu
   src/cuda/kv_cache.cu
+  src/cuda/merge.cu
   src/cuda/sm80/supports.cpp
   src/cuda/sm80/forward.cu
   src/cuda/sm80/forward_hd64.cu

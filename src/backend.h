@@ -36,6 +36,10 @@ Status cuda_kvcache(const KVCacheParams& kp, ForwardFn forward);
 Status cuda_decode_supports(const FwdParams& p);
 Status cuda_decode_forward(const FwdParams& p);
 
+// merge_attention_states on validated params (cpu/merge.cpp, cuda/merge.cu).
+Status cpu_merge(const MergeParams& p);
+Status cuda_merge(const MergeParams& p);
+
 // Runtime queries and the small host<->device copies validation needs (varlen offsets).
 int cuda_device_count_impl();
 int cuda_compute_capability_impl(int device_index);

@@ -181,6 +181,17 @@ Status attention_backward(const BackwardArgs& args, const AttentionOptions& opti
   return run_backward(p, options.backend);
 }
 
+Status run_merge(const MergeParams& p) {
+  return p.device.type == DeviceType::cuda ? detail::cuda_merge(p) : detail::cpu_merge(p);
+}
+
+Status merge_attention_states(const MergeArgs& args) {
+  MergeParams p;
+  Status st = make_merge_params(args, &p);
+  if (!st.ok()) return st;
+  return run_merge(p);
+}
+
 bool built_with_cuda() {
 #ifdef FLASHATTN_WITH_CUDA
   return true;

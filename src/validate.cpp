@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "backend.h"
@@ -768,6 +769,128 @@ Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCa
   // With no index tensor at all this is a plain forward over every cache row (any backend runs it).
   if (a.check_index_values && !((st = check_index_values(kp, a.block_table)).ok())) return st;
   *out = kp;
+  return Status::success();
+}
+
+namespace {
+
+// The lowest and one past the highest byte a view can touch (its elements' span).
+std::pair<uintptr_t, uintptr_t> byte_span(const TensorView& t) {
+  const uintptr_t base = reinterpret_cast<uintptr_t>(t.data);
+  int64_t last = 0;
+  for (int i = 0; i < t.rank; ++i) last += (t.shape[i] - 1) * t.stride[i];
+  return {base, base + uintptr_t((last + 1) * int64_t(dtype_size(t.dtype)))};
+}
+
+bool same_view(const TensorView& x, const TensorView& y) {
+  if (x.data != y.data || x.dtype != y.dtype || x.rank != y.rank) return false;
+  for (int i = 0; i < x.rank; ++i) {
+    if (x.shape[i] != y.shape[i] || (x.shape[i] > 1 && x.stride[i] != y.stride[i])) return false;
+  }
+  return true;
+}
+
+// An output may be exactly an input (in-place accumulation: each element is read before it is written) but must
+// not overlap it otherwise.
+Status check_overlap(const char* out_name, const TensorView& out, const char* in_name, const TensorView& in) {
+  if (out.numel() == 0 || in.numel() == 0 || same_view(out, in)) return Status::success();
+  const auto o = byte_span(out), i = byte_span(in);
+  if (o.first < i.second && i.first < o.second) {
+    return Status::invalid(std::string(out_name) + ": overlaps " + in_name +
+                           " without being the same view (only exact in-place accumulation is supported)");
+  }
+  return Status::success();
+}
+
+bool is_merge_dtype(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
+
+}  // namespace
+
+Status make_merge_params(const MergeArgs& a, MergeParams* out) {
+  if (!out) return Status::invalid("params: null output pointer");
+  if (!a.out_a.defined()) return Status::invalid("out_a: required");
+  const bool varlen = a.out_a.rank == 3;
+  if (a.out_a.rank != 3 && a.out_a.rank != 4) {
+    return Status::invalid("out_a: expected [batch, seqlen, heads, head_dim_v] or [total, heads, head_dim_v], got "
+                           "rank " + std::to_string(a.out_a.rank) + " " + shape_str(a.out_a));
+  }
+  if (!is_merge_dtype(a.out_a.dtype)) {
+    return Status::invalid(std::string("out_a: expected float32, float16 or bfloat16, got ") +
+                           dtype_name(a.out_a.dtype));
+  }
+  if (a.out_b.defined() && !is_merge_dtype(a.out_b.dtype)) {
+    return Status::invalid(std::string("out_b: expected float32, float16 or bfloat16, got ") +
+                           dtype_name(a.out_b.dtype));
+  }
+  const Device device = a.out_a.device;
+  const int rank = a.out_a.rank;
+  const int64_t* shape = a.out_a.shape;
+  const int64_t lse_padded[3] = {shape[0], shape[2], shape[1]};
+  const int64_t lse_varlen[2] = {shape[1], shape[0]};
+  const int64_t* lse_shape = varlen ? lse_varlen : lse_padded;
+  struct Named {
+    const char* name;
+    const TensorView& t;
+    bool out_like;
+  };
+  const Named all[] = {{"out_a", a.out_a, true}, {"lse_a", a.lse_a, false}, {"out_b", a.out_b, true},
+                       {"lse_b", a.lse_b, false}, {"out", a.out, true},     {"lse", a.lse, false}};
+  for (const Named& n : all) {
+    if (!n.t.defined()) {
+      if (&n.t == &a.lse) continue;
+      return Status::invalid(std::string(n.name) + ": required");
+    }
+    if (!same_device(n.t.device, device)) {
+      return Status::invalid(std::string(n.name) + ": on " + device_str(n.t.device) + " but out_a is on " +
+                             device_str(device));
+    }
+    const DType dtype = !n.out_like ? DType::f32 : &n.t == &a.out_b ? a.out_b.dtype : a.out_a.dtype;
+    const Status st = check_tensor(n.name, n.t, n.out_like ? rank : rank - 1, n.out_like ? shape : lse_shape, dtype,
+                                   device, true);
+    if (!st.ok()) return st;
+  }
+  for (const Named& o : {all[4], all[5]}) {
+    if (!o.t.defined()) continue;
+    for (const Named& in : all) {
+      if (&in.t == &a.out || &in.t == &a.lse || !in.t.defined()) continue;
+      const Status st = check_overlap(o.name, o.t, in.name, in.t);
+      if (!st.ok()) return st;
+    }
+  }
+  if (a.lse.defined()) {
+    const Status st = check_overlap("lse", a.lse, "out", a.out);
+    if (!st.ok()) return st;
+  }
+  if (a.num_threads < 0) return Status::invalid("num_threads: must be >= 0, got " + std::to_string(a.num_threads));
+
+  MergeParams p;
+  auto side = [&](const TensorView& o, const TensorView& lse) {
+    MergeParams::Side s;
+    s.out = o.data;
+    s.lse = static_cast<const float*>(lse.data);
+    s.dtype = o.dtype;
+    row_strides(o, varlen, &s.batch_stride, &s.row_stride, &s.head_stride);
+    s.lse_batch_stride = varlen ? 0 : lse.stride[0];
+    s.lse_head_stride = lse.stride[varlen ? 0 : 1];
+    return s;
+  };
+  p.a = side(a.out_a, a.lse_a);
+  p.b = side(a.out_b, a.lse_b);
+  p.out = a.out.data;
+  row_strides(a.out, varlen, &p.o_batch_stride, &p.o_row_stride, &p.o_head_stride);
+  if (a.lse.defined()) {
+    p.lse = static_cast<float*>(a.lse.data);
+    p.lse_batch_stride = varlen ? 0 : a.lse.stride[0];
+    p.lse_head_stride = a.lse.stride[varlen ? 0 : 1];
+  }
+  p.batch = varlen ? 1 : shape[0];
+  p.rows = shape[varlen ? 0 : 1];
+  p.heads = shape[rank - 2];
+  p.head_dim_v = shape[rank - 1];
+  p.device = device;
+  p.stream = a.stream;
+  p.num_threads = a.num_threads;
+  *out = p;
   return Status::success();
 }
 

@@ -124,6 +124,25 @@ struct KVCacheArgs {
   bool check_index_values = true;
 };
 
+// Attention over the union of two disjoint key sets, from the attention over each (split-KV decoding, cascade /
+// prefix-shared attention, ring attention): out_a, lse_a over key set A and out_b, lse_b over B give
+//   lse = log(exp(lse_a) + exp(lse_b)),   out = exp(lse_a - lse) · out_a + exp(lse_b - lse) · out_b
+// for every (row, head). A side whose LSE is -inf (it saw no key) gets weight 0 and its out is not read (it may hold
+// anything); a row neither side saw gets out 0 and lse -inf; a NaN LSE on either side makes the row NaN.
+//   out_a, out_b, out  [b, s, h, d_v] (or [total, h, d_v]), last dim contiguous; out_a and out in one of float32,
+//                      float16, bfloat16, out_b in any of them
+//   lse_a, lse_b, lse  fp32 [b, h, s] (or [h, total]), last dim contiguous; lse optional (undefined: not written)
+// out may be the same view as out_a or out_b, and lse as lse_a or lse_b (accumulating in place); any other
+// overlap between an output and an input is rejected. Arithmetic in fp32. CPU or CUDA tensors (all on one device).
+struct MergeArgs {
+  TensorView out_a, lse_a, out_b, lse_b, out, lse;
+  void* stream = nullptr;  // cudaStream_t for CUDA tensors; nullptr = the default stream
+  int num_threads = 0;     // CPU: 0 = all hardware threads
+};
+Status merge_attention_states(const MergeArgs& args);
+Status make_merge_params(const MergeArgs& args, MergeParams* params);
+Status run_merge(const MergeParams& params);
+
 // What the dispatcher would run for a call, and why.
 struct BackendChoice {
   Backend backend = Backend::cpu_flash;

@@ -150,4 +150,26 @@ struct BwdParams : FwdParams {
   bool deterministic = false;  // bitwise-identical gradients from run to run
 };
 
+// merge_attention_states (flashattn.h): rows (b, i) x heads h of two partial attentions and their merge.
+// Padded: out-like tensors [batch, rows, heads, head_dim_v], LSE-like [batch, heads, rows]; varlen ([total, ...])
+// is batch = 1 with every batch stride 0. Strides in elements; out-like last dim and LSE-like row stride 1.
+struct MergeParams {
+  struct Side {
+    const void* out = nullptr;
+    const float* lse = nullptr;
+    DType dtype = DType::f32;
+    int64_t batch_stride = 0, row_stride = 0, head_stride = 0;  // out
+    int64_t lse_batch_stride = 0, lse_head_stride = 0;
+  };
+  Side a, b;
+  void* out = nullptr;  // a's dtype
+  float* lse = nullptr;  // may be null: not written
+  int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
+  int64_t lse_batch_stride = 0, lse_head_stride = 0;
+  int64_t batch = 0, rows = 0, heads = 0, head_dim_v = 0;
+  Device device;
+  void* stream = nullptr;
+  int num_threads = 0;
+};
+
 }  // namespace flashattn

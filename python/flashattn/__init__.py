@@ -24,7 +24,8 @@ except ImportError:  # the native module alone still works
     _torch = None
 
 if _torch is not None:
-    from ._ops import BackendChoice, attention, choose_backend, fp8_attention, fp8_attention_backward
+    from ._ops import (BackendChoice, attention, choose_backend, fp8_attention, fp8_attention_backward,
+                       merge_attention_states, merge_attention_states_)
     from .flash_attn_interface import (
         flash_attn_func,
         flash_attn_kvpacked_func,
@@ -54,5 +55,7 @@ if _torch is not None:
         "flash_attn_with_kvcache",
         "fp8_attention",
         "fp8_attention_backward",
+        "merge_attention_states",
+        "merge_attention_states_",
         "scaled_dot_product_attention",
     ]

@@ -34,7 +34,7 @@ from torch.utils.dlpack import to_dlpack as _to_dlpack
 
 from . import _C
 
-__all__ = ["attention", "choose_backend", "BackendChoice"]
+__all__ = ["attention", "choose_backend", "BackendChoice", "merge_attention_states", "merge_attention_states_"]
 
 
 # ---- talking to the native module -------------------------------------------------------------------------------
@@ -319,6 +319,119 @@ def _call_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_options
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _DirectAttention.apply(*args)
     return _attention_forward_impl(*args)
+
+
+# ---- merging partial attentions through their LSEs ---------------------------------------------------------------
+
+
+def _check_merge_inputs(out_a, lse_a, out_b, lse_b) -> None:
+    for name, t in (("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)):
+        _check_tensor(name, t)
+    for name, t in (("out_a", out_a), ("out_b", out_b)):
+        if t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise TypeError(f"{name}: dtype must be float16, bfloat16 or float32, got {t.dtype}")
+    for name, t in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name}: dtype must be torch.float32, got {t.dtype}")
+    if out_a.dim() not in (3, 4):
+        raise ValueError(f"out_a: expected [batch, seqlen, heads, head_dim_v] or [total, heads, head_dim_v], got "
+                         f"shape {list(out_a.shape)}")
+
+
+def _merge_run(out_a, lse_a, out_b, lse_b, out, lse) -> None:
+    _C.merge_attention_states(_dl(out_a), _dl(lse_a), _dl(out_b), _dl(lse_b), _dl(out), _dl(lse),
+                              stream=_stream(out_a))
+
+
+def _merge_impl(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
+    _check_merge_inputs(out_a, lse_a, out_b, lse_b)
+    out = torch.empty(out_a.shape, dtype=out_a.dtype, device=out_a.device)
+    lse = torch.empty(lse_a.shape, dtype=torch.float32, device=lse_a.device)
+    _merge_run(_last_dim_contiguous(out_a), _last_dim_contiguous(lse_a), _last_dim_contiguous(out_b),
+               _last_dim_contiguous(lse_b), out, lse)
+    return out, lse
+
+
+merge_attention_states_op = torch.library.custom_op("flashattn::merge_attention_states", mutates_args=())(
+    _merge_impl)
+
+
+@merge_attention_states_op.register_fake
+def _merge_fake(out_a, lse_a, out_b, lse_b):
+    _check_merge_inputs(out_a, lse_a, out_b, lse_b)
+    return (torch.empty(out_a.shape, dtype=out_a.dtype, device=out_a.device),
+            torch.empty(lse_a.shape, dtype=torch.float32, device=lse_a.device))
+
+
+def _merge_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs, *output)
+
+
+def _merge_backward(ctx, dout, dlse):
+    """out = w_a·out_a + w_b·out_b with w_x = exp(lse_x - lse), lse = logaddexp(lse_a, lse_b):
+    d out_x = w_x·dout and d lse_x = w_x·(dlse + Σ_c dout·(out_x - out)). A side of weight 0 gets 0."""
+    out_a, lse_a, out_b, lse_b, out, lse = ctx.saved_tensors
+    grads = []
+    for o, l in ((out_a, lse_a), (out_b, lse_b)):
+        w = torch.where(torch.isfinite(lse), torch.exp(l - lse), 0.0)
+        w_rows = w.transpose(-1, -2).unsqueeze(-1)  # [b, h, s] -> [b, s, h, 1] ([h, t] -> [t, h, 1])
+        d_out = dout.float() * w_rows if dout is not None else torch.zeros_like(o, dtype=torch.float32)
+        d_lse = torch.zeros_like(w) if dlse is None else dlse.float()
+        if dout is not None:
+            d_lse = d_lse + (dout.float() * (o.float() - out.float())).sum(-1).transpose(-1, -2)
+        d_lse = torch.where(w > 0, w * d_lse, 0.0)
+        grads += [torch.where(w_rows > 0, d_out, 0.0).to(o.dtype), d_lse]
+    return tuple(grads)
+
+
+merge_attention_states_op.register_autograd(_merge_backward, setup_context=_merge_setup_context)
+
+
+def _merge_inplace_impl(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> None:
+    _check_merge_inputs(out_a, lse_a, out_b, lse_b)
+    _merge_run(out_a, lse_a, _last_dim_contiguous(out_b), _last_dim_contiguous(lse_b), out_a, lse_a)
+
+
+merge_attention_states_inplace_op = torch.library.custom_op(
+    "flashattn::merge_attention_states_", mutates_args=("out_a", "lse_a"))(_merge_inplace_impl)
+
+
+@merge_attention_states_inplace_op.register_fake
+def _merge_inplace_fake(out_a, lse_a, out_b, lse_b):
+    _check_merge_inputs(out_a, lse_a, out_b, lse_b)
+
+
+def merge_attention_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
+    """Attention over the union of two disjoint key sets from the attention over each: (out_a, lse_a) over keys A,
+    (out_b, lse_b) over keys B (e.g. a shared prefix and each sequence's suffix, or the splits of a long cache)
+    give (out, lse) over A and B:
+
+        lse = logaddexp(lse_a, lse_b),   out = exp(lse_a - lse)·out_a + exp(lse_b - lse)·out_b
+
+    out_a / out_b: [batch, seqlen, heads, head_dim_v] (or varlen [total, heads, head_dim_v]) in float16,
+    bfloat16 or float32 (any mix); lse_a / lse_b: float32 [batch, heads, seqlen] ([heads, total]), the layout
+    flashattn's and flash_attn's forwards return. out has out_a's dtype. A side whose lse is -inf (no key) weighs 0
+    and its out is not read; rows neither side saw give out 0 and lse -inf. One fused kernel (fp32 arithmetic) on
+    CUDA; differentiable (out_a, out_b, lse_a, lse_b all get gradients)."""
+    args = (out_a, lse_a, out_b, lse_b)
+    _check_merge_inputs(*args)
+    if not _dispatch_free(*args):
+        return torch.ops.flashattn.merge_attention_states(*args)
+    if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in args):
+        return torch.ops.flashattn.merge_attention_states(*args)
+    return _merge_impl(*args)
+
+
+def merge_attention_states_(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> None:
+    """merge_attention_states accumulating into out_a and lse_a in place (no autograd): out_a and lse_a (any
+    strides with the last dimension contiguous, e.g. a slice of a larger accumulator) become the merged out and
+    lse."""
+    args = (out_a, lse_a, out_b, lse_b)
+    _check_merge_inputs(*args)
+    if _dispatch_free(*args):
+        _merge_inplace_impl(*args)
+    else:
+        torch.ops.flashattn.merge_attention_states_(*args)
 
 
 # ---- the KV-cache operator (forward only) -----------------------------------------------------------------------

@@ -13,7 +13,7 @@ gradients) equal single-device attention over the whole sequence, to rounding: o
 Forward: at step t rank r attends its queries to the K/V block of rank (r − t) mod P while the block of step t + 1
 is already travelling (torch.distributed isend / irecv to the next rank, from the previous one: NCCL on GPUs, gloo
 on CPUs; a CUDA tensor over gloo is staged through host memory). Partial results merge through their log-sum-exp
-in fp32. Under a causal mask, blocks that are fully masked are skipped and fully visible ones run without a mask
+into fp32 accumulators, one fused kernel per block (flashattn.merge_attention_states_). Under a causal mask, blocks that are fully masked are skipped and fully visible ones run without a mask
 (a zigzag step is one unmasked product of half the queries or half the keys, or the rank's own causal block).
 Backward: the same ring again with each block's dK / dV accumulators travelling beside it (one hop more than K / V,
 which brings them home); dQ stays local; every block's gradients come from flashattn's backward with the saved
@@ -39,7 +39,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ._ops import INT32_MAX, check_flag, check_integer, check_softcap, op_options, resolve_scale
+from ._ops import (INT32_MAX, check_flag, check_integer, check_softcap, merge_attention_states_, op_options,
+                   resolve_scale)
 from .flash_attn_interface import _window
 
 __all__ = ["ring_flash_attn_func", "ring_flash_attn_varlen_func", "shard", "unshard", "shard_varlen",
@@ -247,6 +248,10 @@ class _Geometry:
             return part if isinstance(part, slice) else part.rows
         return self.parts[part][0]
 
+    def is_view(self, part) -> bool:
+        """Whether take() gives a view of the part (a slice) rather than a gathered copy."""
+        return isinstance(self._rows(part), slice)
+
     def take(self, t: Tensor, part, dim: Optional[int] = None) -> Tensor:
         rows = self._rows(part)
         dim = self.dim if dim is None else dim
@@ -323,15 +328,13 @@ def _block_pieces(geo: _Geometry, layout: str, causal: bool, window: Tuple[int, 
 
 
 def _merge(geo: _Geometry, part, out_acc: Tensor, lse_acc: Tensor, out: Tensor, lse: Tensor) -> None:
-    """The rows `part` of out_acc / lse_acc (fp32) become the attention over both key sets: the partial results
-    weighted by exp(lse - lse_new). Rows that saw no key on one side (lse -inf) take the other."""
+    """The rows `part` of out_acc / lse_acc (fp32) become the attention over both key sets, in one fused merge
+    (merge_attention_states_): in place where the part is a slice, through a gathered copy where it is an index."""
     acc_out, acc_lse = geo.take(out_acc, part), geo.take(lse_acc, part, dim=-1)
-    new = torch.logaddexp(acc_lse, lse)
-    finite = torch.isfinite(new)
-    w_acc = torch.where(finite, torch.exp(acc_lse - new), 0.0).transpose(-1, -2).unsqueeze(-1)
-    w_new = torch.where(finite, torch.exp(lse - new), 0.0).transpose(-1, -2).unsqueeze(-1)
-    geo.put(out_acc, part, acc_out * w_acc + out.float() * w_new)
-    geo.put(lse_acc, part, new, dim=-1)
+    merge_attention_states_(acc_out, acc_lse, out, lse)
+    if not geo.is_view(part):
+        geo.put(out_acc, part, acc_out)
+        geo.put(lse_acc, part, acc_lse, dim=-1)
 
 
 class _RingAttention(torch.autograd.Function):

@@ -276,6 +276,25 @@ std::string attention_with_kvcache(const In& q, const Out& k_cache, const Out& v
 // What the dispatcher would run for this call and why, as (backend, supported, reason). Validation errors
 // raise as in forward(). Without `out` a view of the right shape over q's memory stands in: validation only
 // reads shapes and strides, and nothing runs (float8_e4m3fn inputs: a bfloat16 view).
+void merge_attention_states(const In& out_a, const In& lse_a, const In& out_b, const In& lse_b, const Out& out,
+                            const OptOut& lse, int num_threads, uintptr_t stream) {
+  flashattn::MergeArgs a;
+  a.out_a = to_view("out_a", out_a);
+  a.lse_a = to_view("lse_a", lse_a);
+  a.out_b = to_view("out_b", out_b);
+  a.lse_b = to_view("lse_b", lse_b);
+  a.out = to_view("out", out);
+  a.lse = to_view("lse", lse);
+  a.num_threads = num_threads;
+  a.stream = reinterpret_cast<void*>(stream);
+  Status st;
+  {
+    nb::gil_scoped_release release;
+    st = flashattn::merge_attention_states(a);
+  }
+  throw_if_failed(st);
+}
+
 std::tuple<std::string, bool, std::string> choose_backend(const In& q, const In& k, const In& v, const OptOut& out,
                                                           const OptIn& cu_seqlens_q, const OptIn& cu_seqlens_k,
                                                           int64_t max_seqlen_q, int64_t max_seqlen_k,
@@ -366,6 +385,12 @@ NB_MODULE(_C, m) {
         "graph capture; the kernels then clamp). float8_e4m3fn q, caches and new rows (no rotary) with optional fp32\n"
         "[b, h_kv] q_descale / k_descale / v_descale write a bfloat16 or float16 out (CPU backends). Returns the\n"
         "name of the backend that ran.");
+
+  m.def("merge_attention_states", &merge_attention_states, "out_a"_a, "lse_a"_a, "out_b"_a, "lse_b"_a, "out"_a,
+        "lse"_a.none() = nb::none(), nb::kw_only(), "num_threads"_a = 0, "stream"_a = 0,
+        "Attention over two disjoint key sets from each one's (out, lse): out = exp(lse_a - lse) out_a +\n"
+        "exp(lse_b - lse) out_b, lse = logaddexp(lse_a, lse_b). out_* [b, s, h, d_v] or [total, h, d_v], lse_* fp32\n"
+        "[b, h, s] or [h, total]; out in out_a's dtype and may be out_a itself (lse: lse_a) to accumulate in place.");
 
   m.def("choose_backend", &choose_backend, "q"_a, "k"_a, "v"_a, "out"_a.none() = nb::none(),
         "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,

@@ -66,4 +66,33 @@ struct SoftmaxState {
   }
 };
 
+// Two partial attentions of one row over disjoint key sets, by their LSEs (merge_attention_states): the merged LSE
+// and each side's weight in the merged output. A side at -inf (no key) weighs 0; both at -inf: weights 0 and LSE
+// -inf; a NaN LSE makes everything NaN.
+template <typename T>
+struct LseMerge {
+  T lse, weight_a, weight_b;
+
+  // The merged output element; a side of weight 0 is not read into it (its output may be anything, NaN included:
+  // an accumulator that saw no key yet).
+  FA_HD T combine(T out_a, T out_b) const {
+    return (weight_a == T(0) ? T(0) : weight_a * out_a) + (weight_b == T(0) ? T(0) : weight_b * out_b);
+  }
+};
+
+template <typename T>
+FA_HD LseMerge<T> merge_lse(T lse_a, T lse_b) {
+  const T m = lse_a > lse_b ? lse_a : lse_b;
+  const T offset = SoftmaxState<T>::exp_offset(m);
+  const T ea = std::exp(lse_a - offset), eb = std::exp(lse_b - offset);
+  const T sum = ea + eb;
+  if (!(sum > T(0))) {
+    // No key on either side, or a NaN (which `sum > 0` is false for too): out 0 and lse -inf, or NaN throughout.
+    const T none = sum == T(0) ? T(0) : sum;
+    return {sum == T(0) ? -std::numeric_limits<T>::infinity() : sum, none, none};
+  }
+  const T inv = T(1) / sum;
+  return {offset + std::log(sum), ea * inv, eb * inv};
+}
+
 }  // namespace flashattn

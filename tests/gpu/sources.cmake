@@ -12,6 +12,7 @@ set(FLASHATTN_GPU_TEST_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/test_gpu_kvcache.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_gpu_alibi_dropout.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_decode_splits.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/test_gpu_merge.cpp
 )
 
 # Hopper tests: the primitive test kernels are sm_90a code, built like the library's sm_90a objects.
