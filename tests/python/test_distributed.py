@@ -186,6 +186,14 @@ def _worker(rank, world, port, device, dtype, out_dir):
         dist.destroy_process_group()
 
 
+def _relative_error(got, want):
+    """‖got − want‖ / ‖want‖, the denominator floored at an RMS of 1 (that of dout, N(0, 1)): a gradient that is zero
+    in exact arithmetic (window (0, 0): one key per query, so dS = 0 and dQ = dK = 0) is rounding noise on both
+    sides (RMS ~1e-7 in fp32), and two noises differ by their own size."""
+    floor = want.numel() ** 0.5
+    return (got.double() - want.double()).norm() / max(want.double().norm().item(), floor)
+
+
 def _run(world, device, dtype, tmp_path):
     mp.start_processes(_worker, args=(world, _free_port(), device, dtype, str(tmp_path)), nprocs=world,
                        join=True, start_method="spawn")
@@ -202,7 +210,7 @@ def _check(world, device, dtype, tmp_path, tol):
         wants = [want.detach().cpu(), q.grad.cpu(), k.grad.cpu(), v.grad.cpu()]
         got = [unshard([per_rank[r]["results"][i][0][j] for r in range(world)], layout) for j in range(4)]
         for name, g, w in zip(("out", "dq", "dk", "dv"), got, wants):
-            err = (g.double() - w.double()).norm() / w.double().norm()
+            err = _relative_error(g, w)
             assert err < tol, f"{case} over {world} ranks: {name} relative error {err:.2e}"
         if len(per_rank[0]["results"][i]) == 2:
             for r in range(world):
@@ -226,7 +234,7 @@ def _check(world, device, dtype, tmp_path, tol):
         wants = [want.detach().cpu(), q.grad.cpu(), k.grad.cpu(), v.grad.cpu()]
         got = [unshard([per_rank[r]["windowed"][i][j] for r in range(world)], layout) for j in range(4)]
         for name, g, w in zip(("out", "dq", "dk", "dv"), got, wants):
-            err = (g.double() - w.double()).norm() / w.double().norm()
+            err = _relative_error(g, w)
             assert err < tol, f"window {window} {layout} causal={causal} over {world} ranks: {name} error {err:.2e}"
     for i, case in enumerate(VARLEN_CASES):
         layout, causal, _, _, _, _, softcap, scale = case
@@ -239,7 +247,7 @@ def _check(world, device, dtype, tmp_path, tol):
         got = [unshard_varlen([per_rank[r]["varlen"][i][j] for r in range(world)], cu.cpu(), layout)
                for j in range(4)]
         for name, g, w in zip(("out", "dq", "dk", "dv"), got, wants):
-            err = (g.double() - w.double()).norm() / w.double().norm()
+            err = _relative_error(g, w)
             assert err < tol, f"varlen {case} over {world} ranks: {name} relative error {err:.2e}"
     for i, (layout, causal, window) in enumerate(VARLEN_WINDOW_CASES):
         tensors, cu = _varlen_problem(VARLEN_CASES[0], device, dtype)
@@ -251,7 +259,7 @@ def _check(world, device, dtype, tmp_path, tol):
         got = [unshard_varlen([per_rank[r]["varlen"][len(VARLEN_CASES) + i][j] for r in range(world)], cu.cpu(),
                               layout) for j in range(4)]
         for name, g, w in zip(("out", "dq", "dk", "dv"), got, wants):
-            err = (g.double() - w.double()).norm() / w.double().norm()
+            err = _relative_error(g, w)
             assert err < tol, f"varlen window {window} {layout} causal={causal} over {world} ranks: {name} {err:.2e}"
     for r in range(world):
         errors = per_rank[r]["varlen_errors"]
