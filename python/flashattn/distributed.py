@@ -337,68 +337,140 @@ def _merge(geo: _Geometry, part, out_acc: Tensor, lse_acc: Tensor, out: Tensor, 
         geo.put(lse_acc, part, acc_lse, dim=-1)
 
 
+def _ring_forward(q, k, v, geo, scale, causal, window, softcap, layout, group, deterministic, backend):
+    """This rank's rows of the output and their (global) LSE."""
+    ring = _Ring(group)
+    out_acc = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float32, device=q.device)
+    lse_shape = (q.shape[1], q.shape[0]) if geo.dim == 0 else (q.shape[0], q.shape[2], q.shape[1])
+    lse_acc = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device)
+    kv = [k, v]
+    for step in range(ring.world):
+        pending = ring.start(kv) if step < ring.world - 1 else None
+        src = (ring.rank - step) % ring.world
+        for piece in _block_pieces(geo, layout, causal, window, ring, src):
+            qp, kp = piece[:2]
+            cu_q, cu_k, int_options, float_options = geo.options(piece, scale, softcap, deterministic)
+            out, lse = torch.ops.flashattn.attention_forward(
+                geo.take(q, qp), geo.take(kv[0], kp), geo.take(kv[1], kp), cu_q, cu_k, None, int_options,
+                float_options, backend)
+            _merge(geo, qp, out_acc, lse_acc, out, lse)
+        if pending is not None:
+            kv = ring.finish(pending)
+    return out_acc.to(q.dtype), lse_acc
+
+
+def _ring_backward(dout, q, k, v, out, lse, geo, scale, causal, window, softcap, layout, group, deterministic,
+                   backend):
+    """dq, dk, dv of this rank's shard."""
+    ring = _Ring(group)
+    dout = dout.contiguous()
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    kv = [k, v]
+    dkv = [torch.zeros(k.shape, dtype=torch.float32, device=k.device),
+           torch.zeros(v.shape, dtype=torch.float32, device=v.device)]
+    pending_dkv = None
+    for step in range(ring.world):
+        pending_kv = ring.start(kv) if step < ring.world - 1 else None
+        src = (ring.rank - step) % ring.world
+        block_grads = []
+        for piece in _block_pieces(geo, layout, causal, window, ring, src):
+            qp, kp = piece[:2]
+            cu_q, cu_k, int_options, float_options = geo.options(piece, scale, softcap, deterministic)
+            bq, bk, bv = torch.ops.flashattn.attention_backward(
+                geo.take(dout, qp), geo.take(q, qp), geo.take(kv[0], kp), geo.take(kv[1], kp),
+                geo.take(out, qp), geo.take(lse, qp, dim=-1).contiguous(), cu_q, cu_k, None, int_options,
+                float_options, backend)
+            geo.put(dq, qp, bq.float(), add=True)
+            block_grads.append((kp, bk, bv))
+        # The block's accumulators travel while its gradients are computed: they arrive now, take this rank's
+        # part and move on (one hop more than K / V after the last step: home).
+        if pending_dkv is not None:
+            dkv = ring.finish(pending_dkv)
+        for kp, bk, bv in block_grads:
+            geo.put(dkv[0], kp, bk.float(), add=True)
+            geo.put(dkv[1], kp, bv.float(), add=True)
+        pending_dkv = ring.start(dkv) if ring.world > 1 else None
+        if pending_kv is not None:
+            kv = ring.finish(pending_kv)
+    if pending_dkv is not None:
+        dkv = ring.finish(pending_dkv)
+    return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+
+
 class _RingAttention(torch.autograd.Function):
+    """The varlen ring (its geometry holds host-side offsets, so it stays out of torch.compile's graphs)."""
+
     @staticmethod
     def forward(ctx, q, k, v, geo, scale, causal, window, softcap, layout, group, deterministic, backend):
-        ring = _Ring(group)
-        out_acc = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float32, device=q.device)
-        lse_shape = (q.shape[1], q.shape[0]) if geo.dim == 0 else (q.shape[0], q.shape[2], q.shape[1])
-        lse_acc = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device)
-        kv = [k, v]
-        for step in range(ring.world):
-            pending = ring.start(kv) if step < ring.world - 1 else None
-            src = (ring.rank - step) % ring.world
-            for piece in _block_pieces(geo, layout, causal, window, ring, src):
-                qp, kp = piece[:2]
-                cu_q, cu_k, int_options, float_options = geo.options(piece, scale, softcap, deterministic)
-                out, lse = torch.ops.flashattn.attention_forward(
-                    geo.take(q, qp), geo.take(kv[0], kp), geo.take(kv[1], kp), cu_q, cu_k, None, int_options,
-                    float_options, backend)
-                _merge(geo, qp, out_acc, lse_acc, out, lse)
-            if pending is not None:
-                kv = ring.finish(pending)
-        out = out_acc.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, lse_acc)
+        out, lse = _ring_forward(q, k, v, geo, scale, causal, window, softcap, layout, group, deterministic, backend)
+        ctx.save_for_backward(q, k, v, out, lse)
         ctx.settings = (geo, scale, causal, window, softcap, layout, group, deterministic, backend)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        geo, scale, causal, window, softcap, layout, group, deterministic, backend = ctx.settings
-        ring = _Ring(group)
-        dout = dout.contiguous()
-        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        kv = [k, v]
-        dkv = [torch.zeros(k.shape, dtype=torch.float32, device=k.device),
-               torch.zeros(v.shape, dtype=torch.float32, device=v.device)]
-        pending_dkv = None
-        for step in range(ring.world):
-            pending_kv = ring.start(kv) if step < ring.world - 1 else None
-            src = (ring.rank - step) % ring.world
-            block_grads = []
-            for piece in _block_pieces(geo, layout, causal, window, ring, src):
-                qp, kp = piece[:2]
-                cu_q, cu_k, int_options, float_options = geo.options(piece, scale, softcap, deterministic)
-                bq, bk, bv = torch.ops.flashattn.attention_backward(
-                    geo.take(dout, qp), geo.take(q, qp), geo.take(kv[0], kp), geo.take(kv[1], kp),
-                    geo.take(out, qp), geo.take(lse, qp, dim=-1).contiguous(), cu_q, cu_k, None, int_options,
-                    float_options, backend)
-                geo.put(dq, qp, bq.float(), add=True)
-                block_grads.append((kp, bk, bv))
-            # The block's accumulators travel while its gradients are computed: they arrive now, take this rank's
-            # part and move on (one hop more than K / V after the last step: home).
-            if pending_dkv is not None:
-                dkv = ring.finish(pending_dkv)
-            for kp, bk, bv in block_grads:
-                geo.put(dkv[0], kp, bk.float(), add=True)
-                geo.put(dkv[1], kp, bv.float(), add=True)
-            pending_dkv = ring.start(dkv) if ring.world > 1 else None
-            if pending_kv is not None:
-                kv = ring.finish(pending_kv)
-        if pending_dkv is not None:
-            dkv = ring.finish(pending_dkv)
-        return (dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)) + (None,) * 9
+        grads = _ring_backward(dout, *ctx.saved_tensors, *ctx.settings)
+        return grads + (None,) * 9
+
+
+# ---- the padded ring as operators: torch.compile keeps it in its graph (fullgraph=True works) ----
+# The process group travels by name (ProcessGroup.group_name, resolved as torch's functional collectives do); the
+# geometry of a padded shard is its length alone.
+
+
+def _group_of(name: str):
+    return dist.distributed_c10d._resolve_process_group(name)
+
+
+def _ring_op_forward(q: Tensor, k: Tensor, v: Tensor, group_name: str, scale: float, causal: bool, window_left: int,
+                     window_right: int, softcap: float, layout: str, deterministic: bool,
+                     backend: str) -> Tuple[Tensor, Tensor]:
+    return _ring_forward(q, k, v, _Geometry(q.shape[1]), scale, causal, (window_left, window_right), softcap, layout,
+                         _group_of(group_name), deterministic, backend)
+
+
+ring_attention_op = torch.library.custom_op("flashattn::ring_attention", mutates_args=())(_ring_op_forward)
+
+
+@ring_attention_op.register_fake
+def _ring_op_forward_fake(q, k, v, group_name, scale, causal, window_left, window_right, softcap, layout,
+                          deterministic, backend):
+    return (q.new_empty(*q.shape[:-1], v.shape[-1]),
+            q.new_empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32))
+
+
+def _ring_op_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, group_name: str,
+                      scale: float, causal: bool, window_left: int, window_right: int, softcap: float, layout: str,
+                      deterministic: bool, backend: str) -> Tuple[Tensor, Tensor, Tensor]:
+    return _ring_backward(dout, q, k, v, out, lse, _Geometry(q.shape[1]), scale, causal, (window_left, window_right),
+                          softcap, layout, _group_of(group_name), deterministic, backend)
+
+
+ring_attention_backward_op = torch.library.custom_op("flashattn::ring_attention_backward", mutates_args=())(
+    _ring_op_backward)
+
+
+@ring_attention_backward_op.register_fake
+def _ring_op_backward_fake(dout, q, k, v, out, lse, group_name, scale, causal, window_left, window_right, softcap,
+                           layout, deterministic, backend):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _ring_op_setup_context(ctx, inputs, output):
+    q, k, v = inputs[:3]
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.settings = inputs[3:]
+    ctx.mark_non_differentiable(lse)
+
+
+def _ring_op_autograd(ctx, dout, _dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.flashattn.ring_attention_backward(dout, q, k, v, out, lse, *ctx.settings)
+    return (dq, dk, dv) + (None,) * 9
+
+
+ring_attention_op.register_autograd(_ring_op_autograd, setup_context=_ring_op_setup_context)
 
 
 def _check_common(q, k, v, rank_dims: int, shape_name: str) -> None:
@@ -421,7 +493,6 @@ def _check_common(q, k, v, rank_dims: int, shape_name: str) -> None:
         raise NotImplementedError("q: float64 ring attention is not supported (fp16, bf16 and fp32 are)")
 
 
-@torch.compiler.disable
 def ring_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_scale: Optional[float] = None,
                          window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, layout: str = "contiguous",
                          group=None, *, deterministic: bool = False, backend: str = "auto") -> Tensor:
@@ -438,8 +509,10 @@ def ring_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, 
     deterministic = check_flag("deterministic", deterministic)
     scale = resolve_scale(softmax_scale, q.shape[-1])
     softcap = check_softcap(softcap)
-    return _RingAttention.apply(q, k, v, _Geometry(q.shape[1]), scale, causal, window, softcap, layout, group,
-                                deterministic, str(backend))
+    group = group if group is not None else dist.group.WORLD
+    out, _ = torch.ops.flashattn.ring_attention(q, k, v, group.group_name, scale, causal, window[0], window[1],
+                                                softcap, layout, deterministic, str(backend))
+    return out
 
 
 @torch.compiler.disable

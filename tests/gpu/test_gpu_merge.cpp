@@ -25,7 +25,7 @@ TEST(GpuMerge, FormulaForEveryDtypePairLayoutAndAlignment) {
   const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
   for (bool varlen : {false, true}) {
     for (int64_t pad : {0, 1}) {  // 0: every row 16-byte aligned (vector path); 1: not (scalar path)
-      for (int64_t d : {64, 200}) {
+      for (int64_t d : {8, 64, 200}) {
         for (DType a : dtypes) {
           for (DType b : dtypes) {
             MergeCase c(varlen, 2, 33, 3, d, a, b, pad, 17);

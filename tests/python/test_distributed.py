@@ -147,14 +147,14 @@ def _worker(rank, world, port, device, dtype, out_dir):
                 out.backward(dout)
                 runs.append([t.detach().cpu() for t in (out, ql.grad, kl.grad, vl.grad)])
             results.append(runs)
-        # Under torch.compile (a graph break at the ring: its communication stays eager), output and gradients as
-        # eager (on the CPU; the CUDA run of this check is still to come).
+        # Under torch.compile(fullgraph=True) (the padded ring is an operator: no graph break), output and gradients
+        # as eager.
         case = CASES[2]
         q, k, v, dout = (shard(t, rank, world, case[0]) for t in _problem(case, device, dtype))
         ql, kl, vl = (t.clone().requires_grad_() for t in (q, k, v))
         ring = lambda a, b, c: ring_flash_attn_func(a * 1.0, b, c, causal=True, layout=case[0],  # noqa: E731
                                                     deterministic=True) * 2.0
-        out = (torch.compile(ring) if device == "cpu" else ring)(ql, kl, vl)
+        out = torch.compile(ring, fullgraph=True)(ql, kl, vl)
         out.backward(dout)
         results.append([[t.detach().cpu() for t in (out, ql.grad, kl.grad, vl.grad)]])
         errors = {}
@@ -346,4 +346,10 @@ def test_needs_an_initialised_group():
         pytest.skip("a process group is initialised in this process")
     q = torch.randn(1, 8, 2, 16)
     with pytest.raises(ValueError, match="init_process_group"):
+        ring_flash_attn_func(q, q, q)
+
+
+def test_ring_needs_an_initialised_process_group():
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.raises(ValueError, match="group: torch.distributed is not initialised"):
         ring_flash_attn_func(q, q, q)
