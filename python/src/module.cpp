@@ -273,9 +273,8 @@ std::string attention_with_kvcache(const In& q, const Out& k_cache, const Out& v
       flashattn::run_kvcache);
 }
 
-// What the dispatcher would run for this call and why, as (backend, supported, reason). Validation errors
-// raise as in forward(). Without `out` a view of the right shape over q's memory stands in: validation only
-// reads shapes and strides, and nothing runs (float8_e4m3fn inputs: a bfloat16 view).
+// Merges two partial attentions (flashattn::merge_attention_states): out (and lse, when given) may be out_a
+// (lse_a) itself.
 void merge_attention_states(const In& out_a, const In& lse_a, const In& out_b, const In& lse_b, const Out& out,
                             const OptOut& lse, int num_threads, uintptr_t stream) {
   flashattn::MergeArgs a;
@@ -295,6 +294,9 @@ void merge_attention_states(const In& out_a, const In& lse_a, const In& out_b, c
   throw_if_failed(st);
 }
 
+// What the dispatcher would run for this call and why, as (backend, supported, reason). Validation errors
+// raise as in forward(). Without `out` a view of the right shape over q's memory stands in: validation only
+// reads shapes and strides, and nothing runs (float8_e4m3fn inputs: a bfloat16 view).
 std::tuple<std::string, bool, std::string> choose_backend(const In& q, const In& k, const In& v, const OptOut& out,
                                                           const OptIn& cu_seqlens_q, const OptIn& cu_seqlens_k,
                                                           int64_t max_seqlen_q, int64_t max_seqlen_k,
