@@ -5,8 +5,10 @@ a CUDA graph of `--calls` calls and the graphs are replayed round-robin (one lib
 rounds), so launch overhead counts as a serving engine sees it and the card's clock is shared fairly; the table
 gives each library's best round (median of `--reps` replays per round). Ours runs dense and paged (pages of 16
 and 256 rows, pages in shuffled order over the same memory) through flashattn.flash_attn_with_kvcache; cuDNN reads
-the dense cache through `enable_gqa`. `--eager` adds our eager call time (validation and its host read of
-cache_seqlens included, and with check_index_values=False). No mask: every query row sees the whole context (SDPA's causal is top-left aligned, ours
+the dense cache through `enable_gqa`. `--fp8` adds our float8_e4m3fn caches (dense and paged, q in e4m3 too,
+through flashattn.fa3.flash_attn_with_kvcache; their bandwidth counts their own bytes, 1 per element). `--eager`
+adds our eager call time (validation and its host read of cache_seqlens included, and with
+check_index_values=False). No mask: every query row sees the whole context (SDPA's causal is top-left aligned, ours
 bottom-right, so only the unmasked call means the same in both).
 
     python3 bench/gpu/decode_bench.py --out decode.json [--md decode.md]
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashattn
+from flashattn import fa3
 
 H_Q, H_KV, D = 32, 8, 128
 PEAK_TBS = 4.8
@@ -86,6 +89,18 @@ def cell(b, ctx, s_q, args, gen):
         kp, vp = k.view(pages, page, H_KV, D), v.view(pages, page, H_KV, D)
         fns[f"ours paged {page}"] = (lambda kp=kp, vp=vp, table=table: flashattn.flash_attn_with_kvcache(
             q, kp, vp, cache_seqlens=seqlens, block_table=table))
+    if args.fp8:
+        f8 = torch.float8_e4m3fn
+        q8, k8, v8 = q.to(f8), k.to(f8), v.to(f8)
+        fns["ours fp8 dense"] = lambda: fa3.flash_attn_with_kvcache(q8, k8, v8, cache_seqlens=seqlens)
+        for page in args.pages:
+            if ctx % page:
+                continue
+            pages = b * ctx // page
+            table = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32).view(b, ctx // page)
+            kp, vp = k8.view(pages, page, H_KV, D), v8.view(pages, page, H_KV, D)
+            fns[f"ours fp8 paged {page}"] = (lambda kp=kp, vp=vp, table=table: fa3.flash_attn_with_kvcache(
+                q8, kp, vp, cache_seqlens=seqlens, page_table=table))
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def cudnn():
@@ -103,7 +118,8 @@ def cell(b, ctx, s_q, args, gen):
         unchecked = lambda: flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, check_index_values=False)
         best["ours dense, eager unchecked"] = time_eager(unchecked, args.calls, args.reps)
     bytes_kv = 2 * b * ctx * H_KV * D * 2
-    out = {name: {"us": t, "tbs": bytes_kv / (t * 1e-6) / 1e12} for name, t in best.items()}
+    out = {name: {"us": t, "tbs": bytes_kv / (2 if "fp8" in name else 1) / (t * 1e-6) / 1e12}
+           for name, t in best.items()}
     # Correctness of what was timed: ours against cuDNN's output on this cell.
     ref = cudnn().transpose(1, 2)
     for name, fn in fns.items():
@@ -127,6 +143,7 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--fp8", action="store_true", help="also our float8_e4m3fn caches")
     ap.add_argument("--out", default="decode.json")
     ap.add_argument("--md", default=None)
     args = ap.parse_args()

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend.h"
 #include "common/kv_cache.h"
@@ -81,8 +82,12 @@ __global__ void append_kernel(const __grid_constant__ AppendArgs a) {
   const T* vn = static_cast<const T*>(a.v_new) + vn_row + hk * a.vn_head_stride;
   T* kc = static_cast<T*>(a.k_cache) + k_off + hk * a.k_head_stride;
   T* vc = static_cast<T*>(a.v_cache) + v_off + hk * a.v_head_stride;
-  const int64_t pos = rotary_base(a.rotary_seqlens, a.cache_seqlens, b) + i;
-  for (int c = int(threadIdx.x); c < a.head_dim; c += int(blockDim.x)) kc[c] = rotated(kn, c, a.rotary, pos);
+  if constexpr (std::is_same_v<T, uint8_t>) {  // float8_e4m3fn rows: bytes (validation refuses rotary with them)
+    for (int c = int(threadIdx.x); c < a.head_dim; c += int(blockDim.x)) kc[c] = kn[c];
+  } else {
+    const int64_t pos = rotary_base(a.rotary_seqlens, a.cache_seqlens, b) + i;
+    for (int c = int(threadIdx.x); c < a.head_dim; c += int(blockDim.x)) kc[c] = rotated(kn, c, a.rotary, pos);
+  }
   for (int c = int(threadIdx.x); c < a.head_dim_v; c += int(blockDim.x)) vc[c] = vn[c];
 }
 
@@ -121,37 +126,15 @@ __global__ void rotate_queries_kernel(const __grid_constant__ RotateQueryArgs a)
 
 int column_threads(int64_t cols) { return int(std::min<int64_t>(256, (cols + 31) / 32 * 32)); }
 
-template <typename T>
-Status kvcache_typed(const KVCacheParams& kp, ForwardFn forward) {
-  const FwdParams& p = kp.attn;
-  DeviceGuard guard(p.device.index);
-  FA_CUDA_TRY(guard.status());
-  auto stream = static_cast<cudaStream_t>(p.stream);
-  RotaryArgs rot{kp.rotary_cos, kp.rotary_sin, int(kp.rotary_dim), int(kp.rotary_rows), kp.rotary_interleaved};
-  if (kp.k_new && kp.seqlen_new > 0 && p.batch > 0) {
-    if (kp.seqlen_new > INT32_MAX || p.heads_kv > 65535 || p.batch > 65535)
-      return Status::unsupported("cuda: appending more than 2^31 rows, 65535 heads or 65535 sequences");
-    AppendArgs a{};
-    a.k_new = kp.k_new, a.v_new = kp.v_new, a.k_cache = kp.k_cache, a.v_cache = kp.v_cache;
-    a.kn_batch_stride = kp.k_new_batch_stride, a.kn_row_stride = kp.k_new_row_stride;
-    a.kn_head_stride = kp.k_new_head_stride;
-    a.vn_batch_stride = kp.v_new_batch_stride, a.vn_row_stride = kp.v_new_row_stride;
-    a.vn_head_stride = kp.v_new_head_stride;
-    a.k_batch_stride = p.k_batch_stride, a.k_row_stride = p.k_row_stride, a.k_head_stride = p.k_head_stride;
-    a.v_batch_stride = p.v_batch_stride, a.v_row_stride = p.v_row_stride, a.v_head_stride = p.v_head_stride;
-    a.cache_seqlens = p.seqused_k;
-    a.rotary_seqlens = kp.rotary_seqlens;
-    a.cache = KVCacheLayout::of(p);
-    a.seqlen_new = int(kp.seqlen_new), a.batch = int(p.batch), a.heads_kv = int(p.heads_kv);
-    a.head_dim = int(p.head_dim), a.head_dim_v = int(p.head_dim_v);
-    a.rotary = rot;
-    const bool varlen_new = p.cu_seqlens_k_new != nullptr;
-    const dim3 grid(unsigned(kp.seqlen_new), unsigned(p.heads_kv), varlen_new ? 1u : unsigned(p.batch));
-    append_kernel<T><<<grid, column_threads(std::max(p.head_dim, p.head_dim_v)), 0, stream>>>(a);
-    FA_CUDA_TRY(cudaGetLastError());
-  }
-  if (!kp.rotary_cos) return forward(p);
+RotaryArgs rotary_args(const KVCacheParams& kp) {
+  return {kp.rotary_cos, kp.rotary_sin, int(kp.rotary_dim), int(kp.rotary_rows), kp.rotary_interleaved};
+}
 
+// Q rotated into scratch (rotary_cos set), then `forward` over the cache with it.
+template <typename T>
+Status rotate_queries_and_run(const KVCacheParams& kp, ForwardFn forward, cudaStream_t stream) {
+  const FwdParams& p = kp.attn;
+  const RotaryArgs rot = rotary_args(kp);
   const int64_t rows = p.is_varlen() ? p.total_q : p.batch * p.seqlen_q;
   if (rows == 0) return forward(p);
   if (rows > INT32_MAX || p.heads_q > 65535) return Status::unsupported("cuda: rotary over 2^31 query rows or 65535 heads");
@@ -179,14 +162,52 @@ Status kvcache_typed(const KVCacheParams& kp, ForwardFn forward) {
   return st.ok() ? freed : st;
 }
 
+template <typename T>
+Status kvcache_typed(const KVCacheParams& kp, ForwardFn forward) {
+  const FwdParams& p = kp.attn;
+  DeviceGuard guard(p.device.index);
+  FA_CUDA_TRY(guard.status());
+  auto stream = static_cast<cudaStream_t>(p.stream);
+  const RotaryArgs rot = rotary_args(kp);
+  if (kp.k_new && kp.seqlen_new > 0 && p.batch > 0) {
+    if (kp.seqlen_new > INT32_MAX || p.heads_kv > 65535 || p.batch > 65535)
+      return Status::unsupported("cuda: appending more than 2^31 rows, 65535 heads or 65535 sequences");
+    AppendArgs a{};
+    a.k_new = kp.k_new, a.v_new = kp.v_new, a.k_cache = kp.k_cache, a.v_cache = kp.v_cache;
+    a.kn_batch_stride = kp.k_new_batch_stride, a.kn_row_stride = kp.k_new_row_stride;
+    a.kn_head_stride = kp.k_new_head_stride;
+    a.vn_batch_stride = kp.v_new_batch_stride, a.vn_row_stride = kp.v_new_row_stride;
+    a.vn_head_stride = kp.v_new_head_stride;
+    a.k_batch_stride = p.k_batch_stride, a.k_row_stride = p.k_row_stride, a.k_head_stride = p.k_head_stride;
+    a.v_batch_stride = p.v_batch_stride, a.v_row_stride = p.v_row_stride, a.v_head_stride = p.v_head_stride;
+    a.cache_seqlens = p.seqused_k;
+    a.rotary_seqlens = kp.rotary_seqlens;
+    a.cache = KVCacheLayout::of(p);
+    a.seqlen_new = int(kp.seqlen_new), a.batch = int(p.batch), a.heads_kv = int(p.heads_kv);
+    a.head_dim = int(p.head_dim), a.head_dim_v = int(p.head_dim_v);
+    a.rotary = rot;
+    const bool varlen_new = p.cu_seqlens_k_new != nullptr;
+    const dim3 grid(unsigned(kp.seqlen_new), unsigned(p.heads_kv), varlen_new ? 1u : unsigned(p.batch));
+    append_kernel<T><<<grid, column_threads(std::max(p.head_dim, p.head_dim_v)), 0, stream>>>(a);
+    FA_CUDA_TRY(cudaGetLastError());
+  }
+  if (!kp.rotary_cos) return forward(p);
+  if constexpr (std::is_same_v<T, uint8_t>) {
+    return Status::unsupported("rotary_cos: rotary embedding of float8_e4m3fn rows is not supported");
+  } else {
+    return rotate_queries_and_run<T>(kp, forward, stream);
+  }
+}
+
 }  // namespace
 
 Status cuda_kvcache(const KVCacheParams& kp, ForwardFn forward) {
   switch (kp.attn.dtype) {
     case DType::f16: return kvcache_typed<__half>(kp, forward);
     case DType::bf16: return kvcache_typed<__nv_bfloat16>(kp, forward);
+    case DType::e4m3: return kvcache_typed<uint8_t>(kp, forward);  // appends copy bytes
     default:
-      return Status::unsupported(std::string("cuda: the KV-cache path runs float16 and bfloat16; got ") +
+      return Status::unsupported(std::string("cuda: the KV-cache path runs float16, bfloat16 and float8_e4m3fn; got ") +
                                  dtype_name(kp.attn.dtype));
   }
 }

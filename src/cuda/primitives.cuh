@@ -11,7 +11,10 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 #include <cstdint>
+#include <type_traits>
 
 namespace flashattn::cuda {
 
@@ -57,6 +60,24 @@ __device__ __forceinline__ float to_float(T x) {
 template <typename T>
 __device__ __forceinline__ float2 unpack_pair(uint32_t bits) {
   return ElementTraits<T>::unpack(*reinterpret_cast<typename ElementTraits<T>::Pair*>(&bits));
+}
+
+// Two float8_e4m3fn values (low byte first) times `scale`, rounded into one register of two T (16-bit). With scale
+// 1 the conversion is exact (every e4m3 value is a float16 and a bfloat16). Hardware conversion on sm_89+, the
+// header's emulation before.
+template <typename T>
+__device__ __forceinline__ uint32_t e4m3_pair_to(uint16_t pair, float scale) {
+  const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3)));
+  return pack_pair<T>(f.x * scale, f.y * scale);
+}
+
+// Eight float8_e4m3fn values (bytes[0] first) times `scale` as one 16-byte chunk of T.
+template <typename T>
+__device__ __forceinline__ uint4 e4m3x8_to(const uint8_t (&bytes)[8], float scale) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) w[i] = e4m3_pair_to<T>(uint16_t(bytes[2 * i] | (bytes[2 * i + 1] << 8)), scale);
+  return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // ---- tensor-core matrix multiply: C(16x8, fp32) += A(16x16) * B(16x8) ----

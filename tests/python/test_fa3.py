@@ -656,10 +656,16 @@ FP8_KV_CASES = [
     KVCase(2, 2, 0, (6, 3), batch_idx=True, leftpad=(2, 0), heads=(2, 2), d=16, window=(3, 0),
            dtype=torch.float32),
     KVCase(2, 1, 2, (11, 4), page=16, heads=(6, 2), d=24, d_v=16, softcap=5.0, dtype=torch.float32),
+    # Long caches: the CUDA decode kernel's key splits (chosen, and 3 given), its paged and 64-row plans, hd 128 / 256.
+    KVCase(3, 1, 1, (2900, 1500, 37), page=16, heads=(8, 2), d=128, dtype=torch.float32),
+    KVCase(2, 16, 2, (3000, 700), heads=(8, 2), d=128, causal=True, num_splits=3, dtype=torch.float32),
+    KVCase(1, 1, 0, (2000,), heads=(2, 2), d=256, d_v=200, dtype=torch.float32),
 ]
+# CUDA runs them on the split-KV decode kernel (tiles converted to 16 bits on their way into shared memory).
+FP8_KV_BACKENDS = cpu_backends() + [pytest.param("cuda", marks=[pytest.mark.cuda, requires_cuda])]
 
 
-@pytest.mark.parametrize("backend", cpu_backends())
+@pytest.mark.parametrize("backend", FP8_KV_BACKENDS)
 @pytest.mark.parametrize("descales", ["given", None])
 @pytest.mark.parametrize("case", FP8_KV_CASES, ids=str)
 def test_fp8_kvcache(case, descales, backend):
@@ -673,12 +679,16 @@ def test_fp8_kvcache(case, descales, backend):
                        v_log=logical_pages(inp8.v_phys, inp.block_table))
     b, hkv = inp.batch, case.heads[1]
     qs, ks, vs = ([torch.rand(b, hkv, generator=g) + 0.5 for _ in range(3)] if descales else [None] * 3)
-    kc, vc = (t.clone() for t in inp8.caches())
+    dev = "cuda" if backend == "cuda" else "cpu"
+    to = lambda t: None if t is None else t.to(dev)  # noqa: E731
+    kc, vc = (t.clone().to(dev) for t in inp8.caches())
     out, lse, *_ = fa3.flash_attn_with_kvcache(
-        inp8.q, kc, vc, inp8.k_new, inp8.v_new, cache_seqlens=index_tensor(inp.lengths, "cpu"),
-        cache_batch_idx=index_tensor(inp.batch_idx, "cpu"), cache_leftpad=index_tensor(inp.leftpad, "cpu"),
-        page_table=inp.block_table, q_descale=qs, k_descale=ks, v_descale=vs, causal=case.causal,
-        window_size=case.window, softcap=case.softcap, return_softmax_lse=True, backend=backend)
+        to(inp8.q), kc, vc, to(inp8.k_new), to(inp8.v_new), cache_seqlens=index_tensor(inp.lengths, dev),
+        cache_batch_idx=index_tensor(inp.batch_idx, dev), cache_leftpad=index_tensor(inp.leftpad, dev),
+        page_table=to(inp.block_table), q_descale=to(qs), k_descale=to(ks), v_descale=to(vs), causal=case.causal,
+        window_size=case.window, softcap=case.softcap, num_splits=case.num_splits, return_softmax_lse=True,
+        backend="auto" if dev == "cuda" else backend)
+    out, lse, kc, vc = out.cpu(), lse.cpu(), kc.cpu(), vc.cpu()
     assert out.dtype == torch.bfloat16
     # The append: bytes, checked on uint8 views.
     bytes_of = lambda t: None if t is None else t.view(torch.uint8)  # noqa: E731
@@ -719,8 +729,10 @@ def test_fp8_kvcache_refusals():
     with pytest.raises(ValueError, match=r"^k_descale: expected shape \[1, 2\]"):
         fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k_descale=torch.ones(2, 2))
     if torch.cuda.is_available() and flashattn.built_with_cuda():
-        with pytest.raises(NotImplementedError, match="float8"):
-            fa3.flash_attn_with_kvcache(q.cuda(), k_cache.cuda(), v_cache.cuda())
+        with pytest.raises(NotImplementedError, match=r"^rotary_cos: rotary embedding of float8_e4m3fn"):
+            fa3.flash_attn_with_kvcache(q.cuda(), k_cache.cuda(), v_cache.cuda(), q[:, :, :2].cuda(),
+                                        q[:, :, :2].cuda(), rotary_cos=cos.cuda(), rotary_sin=cos.cuda(),
+                                        cache_seqlens=3)
 
 
 def test_fp8_is_forward_only_and_packed_qkv_runs():

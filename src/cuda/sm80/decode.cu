@@ -13,7 +13,7 @@
 #include "flashattn/params.h"
 
 namespace flashattn::cuda::sm80 {
-template <typename T, int kD>
+template <typename T, int kD, bool kFp8>
 Status launch_decode(const FwdParams& p);  // decode_launch.cuh, instantiated in decode_hd*.cu
 }  // namespace flashattn::cuda::sm80
 
@@ -22,13 +22,13 @@ namespace {
 
 bool aligned2(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 1u) == 0; }
 
-template <typename T>
+template <typename T, bool kFp8>
 Status decode_by_bucket(const FwdParams& p, int bucket) {
   using namespace flashattn::cuda::sm80;
   switch (bucket) {
-    case 64: return launch_decode<T, 64>(p);
-    case 128: return launch_decode<T, 128>(p);
-    case 256: return launch_decode<T, 256>(p);
+    case 64: return launch_decode<T, 64, kFp8>(p);
+    case 128: return launch_decode<T, 128, kFp8>(p);
+    case 256: return launch_decode<T, 256, kFp8>(p);
     default: return Status::unsupported("cuda decode: no kernel for head dims " + std::to_string(p.head_dim));
   }
 }
@@ -36,9 +36,14 @@ Status decode_by_bucket(const FwdParams& p, int bucket) {
 }  // namespace
 
 Status cuda_decode_supports(const FwdParams& p) {
-  if (p.dtype != DType::f16 && p.dtype != DType::bf16) {
-    return Status::unsupported(std::string("cuda decode: runs float16 and bfloat16 caches; got ") + dtype_name(p.dtype) +
-                               (p.dtype == DType::e4m3 ? " (float8 KV caches run on the CPU backends only so far)" : ""));
+  const bool fp8 = p.dtype == DType::e4m3;
+  if (!fp8 && p.dtype != DType::f16 && p.dtype != DType::bf16) {
+    return Status::unsupported(std::string("cuda decode: runs float16, bfloat16 and float8_e4m3fn caches; got ") +
+                               dtype_name(p.dtype));
+  }
+  if (fp8 && p.out_dtype != DType::f16 && p.out_dtype != DType::bf16) {
+    return Status::unsupported(std::string("cuda decode: float8_e4m3fn caches write float16 or bfloat16; out is ") +
+                               dtype_name(p.out_dtype));
   }
   if (cuda::sm80::forward_head_dim_bucket(std::max(p.head_dim, p.head_dim_v)) == 0) {
     return Status::unsupported("cuda decode: head dims must be in [1, 256]");
@@ -50,7 +55,7 @@ Status cuda_decode_supports(const FwdParams& p) {
   if (p.num_splits > cuda::sm80::kMaxDecodeSplits) {
     return Status::unsupported("num_splits: at most " + std::to_string(cuda::sm80::kMaxDecodeSplits));
   }
-  if (!aligned2(p.q) || !aligned2(p.k) || !aligned2(p.v) || !aligned2(p.o) ||
+  if ((!fp8 && (!aligned2(p.q) || !aligned2(p.k) || !aligned2(p.v))) || !aligned2(p.o) ||
       (p.lse != nullptr && (reinterpret_cast<uintptr_t>(p.lse) & 3u) != 0)) {
     return Status::unsupported("cuda decode: a tensor's data pointer is not aligned to its element size");
   }
@@ -63,7 +68,12 @@ Status cuda_decode_forward(const FwdParams& p) {
   const int64_t rows_q = p.is_varlen() ? p.total_q : p.batch * p.seqlen_q;
   if (p.batch == 0 || rows_q == 0 || p.seqlen_q == 0) return Status::success();
   const int bucket = cuda::sm80::forward_head_dim_bucket(std::max(p.head_dim, p.head_dim_v));
-  return p.dtype == DType::f16 ? decode_by_bucket<__half>(p, bucket) : decode_by_bucket<__nv_bfloat16>(p, bucket);
+  if (p.dtype == DType::e4m3) {
+    return p.out_dtype == DType::f16 ? decode_by_bucket<__half, true>(p, bucket)
+                                     : decode_by_bucket<__nv_bfloat16, true>(p, bucket);
+  }
+  return p.dtype == DType::f16 ? decode_by_bucket<__half, false>(p, bucket)
+                               : decode_by_bucket<__nv_bfloat16, false>(p, bucket);
 }
 
 }  // namespace flashattn::detail

@@ -1,10 +1,12 @@
-// The head-dim 128 split-KV decode kernels (fp16, bf16); see decode_launch.cuh.
+// The head-dim 128 split-KV decode kernels (fp16, bf16; 16-bit or float8_e4m3fn inputs); see decode_launch.cuh.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "cuda/sm80/decode_launch.cuh"
 
 namespace flashattn::cuda::sm80 {
-template Status launch_decode<__half, 128>(const FwdParams&);
-template Status launch_decode<__nv_bfloat16, 128>(const FwdParams&);
+template Status launch_decode<__half, 128, false>(const FwdParams&);
+template Status launch_decode<__nv_bfloat16, 128, false>(const FwdParams&);
+template Status launch_decode<__half, 128, true>(const FwdParams&);
+template Status launch_decode<__nv_bfloat16, 128, true>(const FwdParams&);
 }  // namespace flashattn::cuda::sm80

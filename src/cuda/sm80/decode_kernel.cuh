@@ -20,7 +20,12 @@
 // as zeros): strided rows for a dense cache, rows looked up in the block table one tile ahead for a paged one
 // (PagedTileRows).
 //
-// Preconditions (checked by the launcher, decode.cu): fp16 or bf16; head dims <= D; 2-byte aligned pointers;
+// float8_e4m3fn caches (kFp8: Q, K and V e4m3, T the output's 16-bit type): every tile row is converted to T on its
+// way into shared memory (exact; synchronous loads instead of cp.async), the scores are scaled by q_descale ·
+// k_descale and the output by v_descale (per batch entry and KV head), so the rest of the kernel is the 16-bit one.
+//
+// Preconditions (checked by the launcher, decode.cu): fp16 or bf16 (or e4m3 with an fp16 / bf16 output); head dims
+// <= D; 2-byte aligned pointers (16-bit inputs);
 // `vec` flags only for 16-byte aligned tensors with strides and head dims that are multiples of 8 elements;
 // capacity and packed rows below 2^31 - block_n.
 #pragma once
@@ -72,6 +77,11 @@ struct DecodeKernelArgs {
   // Paged K and V with the same page and row strides, each below 2^31 elements, page_size * row stride too: one
   // 32-bit in-page offset and one widening multiply per row serve both (PagedLoad::shift_shared32).
   bool paged_shared32;
+  // float8_e4m3fn inputs: fp32 [batch, heads_kv] factors (null = 1), strides {batch, head}.
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
+  int64_t q_descale_strides[2], k_descale_strides[2], v_descale_strides[2];
 };
 
 // How a paged tile's rows are addressed, chosen once per block: the page sizes that are not powers of two
@@ -92,10 +102,17 @@ __device__ __forceinline__ void copy_chunk(T* dst, const T* src, const T* fallba
   *reinterpret_cast<uint4*>(dst) = gather_chunk((in ? src : fallback) + col, col, cols_valid, in);
 }
 
+// The same from a float8_e4m3fn row, converted to T (tile_io.cuh e4m3_chunk).
+template <typename T>
+__device__ __forceinline__ void copy_chunk(T* dst, const uint8_t* src, const uint8_t* /*fallback*/, int col,
+                                           int cols_valid, bool vec) {
+  *reinterpret_cast<uint4*>(dst) = e4m3_chunk<T>(src, col, cols_valid, col < cols_valid && src != nullptr, vec);
+}
+
 // Copies kRows rows x kD columns into the swizzled tile `s`; row r comes from row_ptr(r) (null: zeros).
 // kThreads threads (thread t = threadIdx.x % kThreads) copy rows first_row .. first_row + kRows - 1.
-template <int kRows, int kD, int kThreads, typename T, typename RowPtr>
-__device__ __forceinline__ void gather_tile(T* s, RowPtr row_ptr, const T* fallback, int cols_valid, bool vec,
+template <int kRows, int kD, int kThreads, typename T, typename S, typename RowPtr>
+__device__ __forceinline__ void gather_tile(T* s, RowPtr row_ptr, const S* fallback, int cols_valid, bool vec,
                                             int first_row = 0) {
   constexpr int kChunksPerRow = kD / 8;
   constexpr int kRowsPerPass = kThreads / kChunksPerRow;
@@ -142,8 +159,8 @@ struct PagedTileRows {
 
   // Copies the fetched rows of tile n0 into the swizzled K and V tiles; rows of no page, or of a page out of
   // range, read as zeros.
-  template <PagedLoad kMode, typename T>
-  __device__ __forceinline__ void copy(T* sk, T* sv, const T* k_base, const T* v_base, int64_t k_page_stride,
+  template <PagedLoad kMode, typename T, typename S>
+  __device__ __forceinline__ void copy(T* sk, T* sv, const S* k_base, const S* v_base, int64_t k_page_stride,
                                        int64_t k_row_stride, int64_t v_page_stride, int64_t v_row_stride,
                                        int64_t num_pages, int key_begin, int n0, int page_size, int page_shift,
                                        int k_cols, int v_cols, bool k_vec, bool v_vec) const {
@@ -153,8 +170,8 @@ struct PagedTileRows {
     for (int i = 0; i < kPasses; ++i) {
       const int row = cache_row(key_begin, n0, i);
       const bool in = page[i] >= 0 && page[i] < num_pages;
-      const T* k_src = nullptr;
-      const T* v_src = nullptr;
+      const S* k_src = nullptr;
+      const S* v_src = nullptr;
       if constexpr (kMode == PagedLoad::shift_shared32) {
         const int64_t offset =
             int64_t(page[i]) * int32_t(k_page_stride) + (row & (page_size - 1)) * int32_t(k_row_stride);
@@ -172,8 +189,9 @@ struct PagedTileRows {
   }
 };
 
-template <typename T, int kD, int kRowsPlan>
+template <typename T, int kD, int kRowsPlan, bool kFp8>
 struct DecodeKernel {
+  using In = std::conditional_t<kFp8, uint8_t, T>;  // the element type of Q, K and V in global memory
   static constexpr DecodeTile kTile = decode_tile(kD, kRowsPlan);
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
@@ -226,16 +244,25 @@ struct DecodeKernel {
     const int split_end = min(n_block_end, split_begin + per_split);
     const int n_iters = split_end - split_begin;
 
-    auto q_row = [&](int r) -> const T* {
+    auto q_row = [&](int r) -> const In* {
       if (r >= rows) return nullptr;
       const int pr = r0 + r, i = pr / a.head_group, h = hk * a.head_group + pr % a.head_group;
-      return static_cast<const T*>(a.q) + b * a.q_batch_stride + (start_q + i) * a.q_row_stride + h * a.q_head_stride;
+      return static_cast<const In*>(a.q) + b * a.q_batch_stride + (start_q + i) * a.q_row_stride + h * a.q_head_stride;
     };
     // Tile it covers keys [n0, n0 + kBlockN) of the sequence, i.e. cache rows key_begin + n0 ... A dense cache
     // is strided rows (load_tile steps one pointer per pass); a paged cache's rows are looked up in the block
     // table one tile ahead (PagedTileRows).
-    const T* k_base = static_cast<const T*>(a.k) + hk * a.k_head_stride;
-    const T* v_base = static_cast<const T*>(a.v) + hk * a.v_head_stride;
+    const In* k_base = static_cast<const In*>(a.k) + hk * a.k_head_stride;
+    const In* v_base = static_cast<const In*>(a.v) + hk * a.v_head_stride;
+    // float8: the scores' factor and the output's (this block's batch entry and KV head share them).
+    float qk_descale = 1.f, v_descale = 1.f;
+    if constexpr (kFp8) {
+      auto descale = [&](const float* d, const int64_t* strides) {
+        return d != nullptr ? d[b * strides[0] + hk * strides[1]] : 1.f;
+      };
+      qk_descale = descale(a.q_descale, a.q_descale_strides) * descale(a.k_descale, a.k_descale_strides);
+      v_descale = descale(a.v_descale, a.v_descale_strides);
+    }
     const bool paged = a.cache.paged();
     const int page_size = int(a.cache.page_size);
     const int page_shift = paged && (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
@@ -312,7 +339,7 @@ struct DecodeKernel {
       }
     }
 
-    gather_tile<kBlockM, kD, kThreads>(sQ, q_row, static_cast<const T*>(a.q), a.head_dim, a.q_vec);
+    gather_tile<kBlockM, kD, kThreads>(sQ, q_row, static_cast<const In*>(a.q), a.head_dim, a.q_vec);
     for (int s = 0; s < kStages - 1; ++s) load_kv(s);  // the first group also carries Q
     for (int it = 0; it < n_iters; ++it) {
       cp_async_wait<kStages - 2>();
@@ -328,6 +355,12 @@ struct DecodeKernel {
         for (int e = 0; e < 4; ++e) s[0][nt][e] = 0.f;
       warp_gemm_qk<T, kD, 1, kNTiles>(s, sQ + row_warp * 16 * kD, sK + stage * kBlockN * kD + key_warp * kWarpKeys * kD,
                                       lane);
+      if constexpr (kFp8) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[0][nt][e] *= qk_descale;
+      }
       if (a.softcap_pre != 0.f) apply_softcap(s, a.softcap_pre);
       if (alibi) {
         const float base[1][2] = {{float(alibi_diag[0] - key0), float(alibi_diag[1] - key0)}};
@@ -397,7 +430,7 @@ struct DecodeKernel {
         sum += sSum[w * kBlockM + row] * f;
         o += sMerge[(w * kBlockM + row) * kD + c] * f;
       }
-      const float out = sum > 0.f ? o / sum : 0.f;
+      const float out = (sum > 0.f ? o / sum : 0.f) * v_descale;
       const float lse = sum > 0.f ? m * a.unit_scale + logf(sum) : -INFINITY;
       const int pr = r0 + row, i = pr / a.head_group, h = hk * a.head_group + pr % a.head_group;
       if (single) {
@@ -457,11 +490,12 @@ struct DecodeKernel {
   }
 };
 
-template <typename T, int kD, int kRowsPlan>
-__global__ void __launch_bounds__(DecodeKernel<T, kD, kRowsPlan>::kThreads, decode_tile(kD, kRowsPlan).min_blocks_sm)
+template <typename T, int kD, int kRowsPlan, bool kFp8>
+__global__ void __launch_bounds__(DecodeKernel<T, kD, kRowsPlan, kFp8>::kThreads,
+                                  decode_tile(kD, kRowsPlan).min_blocks_sm)
     decode_kernel(const __grid_constant__ DecodeKernelArgs args) {
   extern __shared__ __align__(128) unsigned char smem[];
-  DecodeKernel<T, kD, kRowsPlan>::run(args, smem);
+  DecodeKernel<T, kD, kRowsPlan, kFp8>::run(args, smem);
 }
 
 // Merges the splits' partial outputs: per (packed query row, head) one warp reads every split's LSE, weighs the

@@ -38,16 +38,16 @@ inline cudaLaunchConfig_t cluster_launch_config(dim3 grid, int threads, int smem
 // How many clusters of `splits` CTAs of decode_kernel<T, kD, kRowsPlan> run at once on the current device,
 // `device`: 0 where the binary that runs there is older than sm_90 (the sm_80 one has no cluster code). Asked once
 // per device, kernel and cluster size (static storage: -1 stored as 0 = not asked).
-template <typename T, int kD, int kRowsPlan>
+template <typename T, int kD, int kRowsPlan, bool kFp8>
 int decode_cluster_capacity(int device, int splits) {
-  using Kernel = DecodeKernel<T, kD, kRowsPlan>;
+  using Kernel = DecodeKernel<T, kD, kRowsPlan, kFp8>;
   static std::atomic<int> asked[kMaxDevices][kMaxClusterSplits + 1];  // capacity + 1; 0: not asked
   const bool cached = device >= 0 && device < kMaxDevices && splits >= 0 && splits <= kMaxClusterSplits;
   const int known = cached ? asked[device][splits].load(std::memory_order_relaxed) : 0;
   if (known != 0) return known - 1;
   int capacity = 0;
   cudaFuncAttributes attributes{};
-  auto kernel = decode_kernel<T, kD, kRowsPlan>;
+  auto kernel = decode_kernel<T, kD, kRowsPlan, kFp8>;
   if (cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess && attributes.binaryVersion >= 90) {
     cudaLaunchAttribute cluster{};
     const cudaLaunchConfig_t config = cluster_launch_config(dim3(unsigned(splits)), Kernel::kThreads,
@@ -59,9 +59,9 @@ int decode_cluster_capacity(int device, int splits) {
   return capacity;
 }
 
-template <typename T, int kD, int kRowsPlan>
+template <typename T, int kD, int kRowsPlan, bool kFp8>
 Status launch_decode_plan(const FwdParams& p) {
-  using Kernel = DecodeKernel<T, kD, kRowsPlan>;
+  using Kernel = DecodeKernel<T, kD, kRowsPlan, kFp8>;
   constexpr int kSmem = Kernel::kSmemBytes;
   DecodeKernelArgs a{};
   fill_attention_args(p, &a);
@@ -71,11 +71,17 @@ Status launch_decode_plan(const FwdParams& p) {
   auto small = [](int64_t x) { return x >= 0 && x <= INT32_MAX; };
   a.paged_shared32 = p.is_paged() && p.k_batch_stride == p.v_batch_stride && p.k_row_stride == p.v_row_stride &&
                      small(p.k_batch_stride) && small(p.k_row_stride) && small(p.page_size * p.k_row_stride);
+  a.q_descale = p.q_descale, a.k_descale = p.k_descale, a.v_descale = p.v_descale;
+  for (int i = 0; i < 2; ++i) {
+    a.q_descale_strides[i] = p.q_descale_strides[i];
+    a.k_descale_strides[i] = p.k_descale_strides[i];
+    a.v_descale_strides[i] = p.v_descale_strides[i];
+  }
 
   detail::DeviceGuard guard(p.device.index);
   FA_CUDA_TRY(guard.status());
   auto stream = static_cast<cudaStream_t>(p.stream);
-  auto kernel = decode_kernel<T, kD, kRowsPlan>;
+  auto kernel = decode_kernel<T, kD, kRowsPlan, kFp8>;
   static std::atomic<bool> smem_set[kMaxDevices];
   const bool cached = p.device.index >= 0 && p.device.index < kMaxDevices;
   if (!cached || !smem_set[p.device.index].load(std::memory_order_acquire)) {
@@ -91,7 +97,7 @@ Status launch_decode_plan(const FwdParams& p) {
   // not (measured on the H200: b = 8, 128k keys, 4 splits 1.27x slower in clusters).
   auto cluster_fits = [&](int s) {
     return s > 1 && s <= kMaxClusterSplits &&
-           m_blocks * p.heads_kv * p.batch <= decode_cluster_capacity<T, kD, kRowsPlan>(p.device.index, s);
+           m_blocks * p.heads_kv * p.batch <= decode_cluster_capacity<T, kD, kRowsPlan, kFp8>(p.device.index, s);
   };
   int splits = p.num_splits;
   if (splits == 0) {
@@ -171,10 +177,11 @@ inline bool decode_tall_rows(const FwdParams& p) {
   return rows_read >= double(p.is_paged() ? kDecodeTallPagedRowsRead : kDecodeTallRowsRead);
 }
 
-template <typename T, int kD>
+// T: the output's type (and, unless kFp8, the inputs'); kFp8: float8_e4m3fn Q, K, V.
+template <typename T, int kD, bool kFp8>
 Status launch_decode(const FwdParams& p) {
-  return decode_tall_rows(p) ? launch_decode_plan<T, kD, kDecodeRowsTall>(p)
-                             : launch_decode_plan<T, kD, kDecodeRowsShort>(p);
+  return decode_tall_rows(p) ? launch_decode_plan<T, kD, kDecodeRowsTall, kFp8>(p)
+                             : launch_decode_plan<T, kD, kDecodeRowsShort, kFp8>(p);
 }
 
 }  // namespace flashattn::cuda::sm80

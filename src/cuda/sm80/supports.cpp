@@ -6,9 +6,11 @@
 namespace flashattn::detail {
 
 Status cuda_sm80_supports(const FwdParams& p, bool /*backward*/) {
-  if (p.dtype != DType::f16 && p.dtype != DType::bf16) {
-    return Status::unsupported(std::string("cuda_sm80: runs float16 and bfloat16; got ") + dtype_name(p.dtype) +
-                               " (use CPU tensors or cast)");
+  // float8_e4m3fn KV caches run the decode kernel (its own check below); other float8 calls are Hopper's.
+  const bool fp8_cache = p.dtype == DType::e4m3 && p.has_kv_cache();
+  if (p.dtype != DType::f16 && p.dtype != DType::bf16 && !fp8_cache) {
+    return Status::unsupported(std::string("cuda_sm80: runs float16 and bfloat16 (float8_e4m3fn in KV-cache calls); "
+                                           "got ") + dtype_name(p.dtype) + " (use CPU tensors or cast)");
   }
   const int cc = cuda_compute_capability_impl(p.device.index);
   if (cc == 0) return Status::unsupported("cuda_sm80: CUDA device " + std::to_string(p.device.index) + " not found");

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/primitives.cuh"
 
@@ -41,14 +42,30 @@ __device__ __forceinline__ uint4 gather_chunk(const T* chunk, int col, int cols_
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// The 8 float8_e4m3fn elements at src + col as one 16-byte chunk of T (exact conversion): one 8-byte load when
+// `vec` (8-byte aligned rows, cols_valid a multiple of 8), else byte by byte; those at or past cols_valid, or all
+// of them when !in, as zeros. Synchronous: cp.async copies bytes as they are, and the tiles hold T.
+template <typename T>
+__device__ __forceinline__ uint4 e4m3_chunk(const uint8_t* src, int col, int cols_valid, bool in, bool vec) {
+  uint8_t bytes[8];
+  if (in && vec) {
+    *reinterpret_cast<uint2*>(bytes) = *reinterpret_cast<const uint2*>(src + col);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) bytes[j] = (in && col + j < cols_valid) ? src[col + j] : uint8_t(0);
+  }
+  return e4m3x8_to<T>(bytes, 1.f);
+}
+
 // Copies rows [0, kRows) x columns [0, kD) of a global tile (element (r, c) at g[r * row_stride + c]) into
 // the swizzled shared tile `s`, zero-filling rows >= rows_valid and columns >= cols_valid. All kThreads
 // threads of the block call it; the fast path only issues cp.async (the caller commits and waits).
 // Thread t always copies column chunk t % (kD / 8) of rows t / (kD / 8) + i * kRowsPerPass: one global pointer
 // and one shared offset per thread, stepped by constants, so that the kernel's main loop keeps no per-chunk
 // addresses alive (they cost registers: hoisted out of the loop, 16 chunk addresses spilled).
-template <int kRows, int kD, int kThreads, typename T>
-__device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, int rows_valid, int cols_valid,
+// A float8_e4m3fn source (S = uint8_t) is converted to T on the way (e4m3_chunk).
+template <int kRows, int kD, int kThreads, typename T, typename S>
+__device__ __forceinline__ void load_tile(T* s, const S* g, int64_t row_stride, int rows_valid, int cols_valid,
                                           bool vec) {
   constexpr int kChunksPerRow = kD / 8;
   constexpr int kRowsPerPass = kThreads / kChunksPerRow;
@@ -61,10 +78,17 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, 
   // their chunk index differs from the first pass's in bit 2, a fixed shift of 4 chunks one way or the other.
   const int odd_pass_shift = kRowsPerPass % 8 == 0 ? 0 : ((((col >> 3) ^ (row0 & 7)) & 4) ? -32 : 32);
   auto pass_offset = [&](int i) { return i * kRowsPerPass * kD + (i & 1) * odd_pass_shift; };
-  const T* src = g + row0 * row_stride + col;
+  const S* src = g + row0 * row_stride + col;
   const int64_t src_step = int64_t(kRowsPerPass) * row_stride;
   const bool col_in = col < cols_valid;
-  if (vec) {
+  if constexpr (std::is_same_v<S, uint8_t>) {
+#pragma unroll
+    for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+      const bool in = col_in && row0 + i * kRowsPerPass < rows_valid;
+      *reinterpret_cast<uint4*>(dst + pass_offset(i)) = e4m3_chunk<T>(src + i * src_step - col, col, cols_valid, in,
+                                                                      vec);
+    }
+  } else if (vec) {
 #pragma unroll
     for (int i = 0; i < kRows / kRowsPerPass; ++i) {
       const bool in = col_in && row0 + i * kRowsPerPass < rows_valid;

@@ -26,6 +26,7 @@
 
 #include "common/kv_cache.h"
 #include "cuda/check.h"
+#include "cuda/primitives.cuh"
 #include "cuda/sm90/backward_sm90_fp8.h"
 #include "cuda/workspace.h"
 
@@ -58,18 +59,6 @@ struct StageArgs {
 };
 
 template <typename T>
-__device__ __forceinline__ uint32_t pack_scaled(__nv_fp8x2_storage_t pair, float scale) {
-  const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    const __nv_bfloat162 r = __floats2bfloat162_rn(f.x * scale, f.y * scale);
-    return *reinterpret_cast<const uint32_t*>(&r);
-  } else {
-    const __half2 r = __floats2half2_rn(f.x * scale, f.y * scale);
-    return *reinterpret_cast<const uint32_t*>(&r);
-  }
-}
-
-template <typename T>
 __global__ void __launch_bounds__(kStageThreads) fp8_stage_kernel(const StageArgs a) {
   const StageJob& j = a.job[blockIdx.y];
   const int chunks = j.dim / kChunk;
@@ -95,11 +84,7 @@ __global__ void __launch_bounds__(kStageThreads) fp8_stage_kernel(const StageArg
       const int64_t seq = j.cu_seqlens != nullptr ? varlen_sequence_of(j.cu_seqlens, a.sequences, r) : b;
       scale = j.descale[seq * j.descale_batch_stride + int64_t(h / j.head_group) * j.descale_head_stride];
     }
-    uint32_t words[kChunk / 2];
-#pragma unroll
-    for (int w = 0; w < kChunk / 2; ++w)
-      words[w] = pack_scaled<T>(__nv_fp8x2_storage_t(bytes[2 * w] | (bytes[2 * w + 1] << 8)), scale);
-    reinterpret_cast<uint4*>(j.dst)[u] = make_uint4(words[0], words[1], words[2], words[3]);
+    reinterpret_cast<uint4*>(j.dst)[u] = e4m3x8_to<T>(bytes, scale);
   }
 }
 

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One GPU run for float8_e4m3fn KV caches on the split-KV decode kernel (src/cuda/sm80/decode_kernel.cuh, kFp8):
+# the FP8 KV-cache cases of test_fa3.py on CUDA, the 16-bit KV-cache CUDA cases (test_kvcache.py), the decode
+# benchmark with our FP8 caches beside the bf16 ones and cuDNN (bench/gpu/decode_bench.py --fp8), then
+# compute-sanitizer memcheck on the FP8 cases. Logs go to $OUT; a summary is printed last.
+#   PREBUILT=<build dir> (carried; its python/ holds flashattn/_C) skips the build: this tree's Python files are
+#   copied over the build's. DECODE_ARGS="<decode_bench.py args>" (empty: no benchmark).
+set -uo pipefail
+source bench/gpu/device_common.sh
+start_device_run /tmp/fp8kv-out
+if [ -n "${PREBUILT:-}" ]; then
+  cp -r "$R/python/flashattn/." "$R/$PREBUILT/python/flashattn/"
+  export PYTHONPATH=$R/$PREBUILT/python
+  echo "prebuilt $PREBUILT" >> "$log"
+else
+  build_python_tree /tmp/build-kv -- _C
+  export PYTHONPATH=/tmp/build-kv/python
+fi
+(cd /tmp && timeout 150 python3 -m pytest -q -p no:cacheprovider "$R/tests/python/test_fa3.py" -k "fp8_kvcache" \
+   > "$OUT/pytest-fp8.log" 2>&1
+ echo "pytest-fp8 rc=$?" >> "$OUT/pytest-fp8.log")
+(cd /tmp && timeout 150 python3 -m pytest -q -x -p no:cacheprovider "$R/tests/python/test_kvcache.py" -m cuda \
+   > "$OUT/pytest-kv16.log" 2>&1
+ echo "pytest-kv16 rc=$?" >> "$OUT/pytest-kv16.log")
+decode_args=${DECODE_ARGS-"--batches 1 8 64 --contexts 4096 32768 --pages 16 --fp8 --rounds 2"}
+if [ -n "$decode_args" ]; then
+  timeout 120 python3 bench/gpu/decode_bench.py $decode_args --out "$OUT/decode.json" --md "$OUT/decode.md" \
+    > "$OUT/decode.log" 2>&1
+  echo "decode bench rc=$?" >> "$OUT/decode.log"
+fi
+(cd /tmp && timeout 120 compute-sanitizer --tool memcheck python3 -m pytest -q -p no:cacheprovider \
+   "$R/tests/python/test_fa3.py" -k "fp8_kvcache and cuda" > "$OUT/memcheck.log" 2>&1
+ echo "memcheck rc=$?" >> "$OUT/memcheck.log")
+echo "==== summary $(( $(date +%s) - t0 )) s"; head -2 "$log"; grep -E "build rc|prebuilt" "$log"; grep -E " error" "$log" | head
+for f in pytest-fp8 pytest-kv16; do tail -3 "$OUT/$f.log"; grep -E "^(FAILED|ERROR)" "$OUT/$f.log" | head; done
+[ -f "$OUT/decode.md" ] && cat "$OUT/decode.md"
+[ -f "$OUT/decode.log" ] && tail -3 "$OUT/decode.log"
+grep -E "ERROR SUMMARY|passed|failed|rc=" "$OUT/memcheck.log" | tail -3
+(cd "$OUT" && tar czf logs.tgz --remove-files ./*.log 2>/dev/null)
