@@ -143,6 +143,12 @@ __device__ __forceinline__ void cp_async_16_partial(void* smem_dst, const void* 
                "r"(src_bytes));
 }
 
+// Copies 8 bytes when `valid`, else writes 8 zero bytes (float8 tile rows; .ca: only 16-byte copies may bypass L1).
+__device__ __forceinline__ void cp_async_8(void* smem_dst, const void* gmem_src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_address(smem_dst)), "l"(gmem_src),
+               "r"(valid ? 8 : 0));
+}
+
 // Copies one 4-byte word when `valid`, else writes zero (for small per-row vectors such as LSE; .ca because
 // 4-byte copies cannot bypass L1).
 __device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src, bool valid) {

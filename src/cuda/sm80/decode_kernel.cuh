@@ -157,10 +157,10 @@ struct PagedTileRows {
     }
   }
 
-  // Copies the fetched rows of tile n0 into the swizzled K and V tiles; rows of no page, or of a page out of
-  // range, read as zeros.
-  template <PagedLoad kMode, typename T, typename S>
-  __device__ __forceinline__ void copy(T* sk, T* sv, const S* k_base, const S* v_base, int64_t k_page_stride,
+  // Copies the fetched rows of tile n0 into the swizzled K and V tiles (float8: into the staging tiles, tile_io.cuh);
+  // rows of no page, or of a page out of range, read as zeros.
+  template <PagedLoad kMode, typename D, typename S>
+  __device__ __forceinline__ void copy(D* sk, D* sv, const S* k_base, const S* v_base, int64_t k_page_stride,
                                        int64_t k_row_stride, int64_t v_page_stride, int64_t v_row_stride,
                                        int64_t num_pages, int key_begin, int n0, int page_size, int page_shift,
                                        int k_cols, int v_cols, bool k_vec, bool v_vec) const {
@@ -183,8 +183,13 @@ struct PagedTileRows {
         v_src = in ? v_base + int64_t(page[i]) * v_page_stride + in_page * v_row_stride : nullptr;
       }
       const int tile_row = row0 + i * kRowsPerPass;
-      copy_chunk(sk + swizzle<kD>(tile_row, col), k_src, k_base, col, k_cols, k_vec);
-      copy_chunk(sv + swizzle<kD>(tile_row, col), v_src, v_base, col, v_cols, v_vec);
+      if constexpr (std::is_same_v<S, uint8_t>) {
+        copy_e4m3_chunk(sk + tile_row * kD + col, k_src, k_base, col, k_cols, k_vec);
+        copy_e4m3_chunk(sv + tile_row * kD + col, v_src, v_base, col, v_cols, v_vec);
+      } else {
+        copy_chunk(sk + swizzle<kD>(tile_row, col), k_src, k_base, col, k_cols, k_vec);
+        copy_chunk(sv + swizzle<kD>(tile_row, col), v_src, v_base, col, v_cols, v_vec);
+      }
     }
   }
 };
@@ -198,18 +203,25 @@ struct DecodeKernel {
   static constexpr int kWarps = kTile.warps;
   static constexpr int kKeyWarps = kTile.key_warps();
   static constexpr int kStages = kTile.stages;
+  // Tiles in flight: 16-bit K / V tiles, or float8 staging tiles (then one 16-bit K and V tile, converted per step).
+  static constexpr int kLoadStages = kFp8 ? decode_fp8_stages(kD, kRowsPlan) : kStages;
+  static constexpr int kTileStages = kFp8 ? 1 : kStages;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpKeys = kBlockN / kKeyWarps;
   static constexpr int kNTiles = kWarpKeys / 8;  // n-tiles of the warp's S
   static constexpr int kDTiles = kD / 8;
   static constexpr int kSmemBytes = decode_smem_bytes(kD, kRowsPlan);
+  static_assert(!kFp8 || (kBlockM + 2 * kBlockN) * kD * 2 + 2 * kLoadStages * kBlockN * kD <= kSmemBytes,
+                "the float8 staging fits the 16-bit plan's shared memory");
   static_assert(kBlockM % 16 == 0 && kTile.row_warps() * kKeyWarps == kWarps, "one m16 tile of rows per warp");
   static_assert(kWarpKeys % 16 == 0, "whole k16 steps of P per warp");
 
   __device__ static void run(const DecodeKernelArgs& a, unsigned char* smem) {
     T* sQ = reinterpret_cast<T*>(smem);
     T* sK = sQ + kBlockM * kD;
-    T* sV = sK + kStages * kBlockN * kD;
+    T* sV = sK + kTileStages * kBlockN * kD;
+    uint8_t* sK8 = reinterpret_cast<uint8_t*>(sV + kTileStages * kBlockN * kD);  // float8 staging (kFp8 only)
+    uint8_t* sV8 = sK8 + kLoadStages * kBlockN * kD;
     const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
     const int row_warp = warp / kKeyWarps, key_warp = warp % kKeyWarps;  // the warp's 16 rows, its keys
     const int split = int(blockIdx.x), m_block = int(blockIdx.y);
@@ -274,11 +286,17 @@ struct DecodeKernel {
       constexpr PagedLoad kMode = decltype(mode)::value;
       const int n0 = (split_begin + it) * kBlockN;
       if (it >= 0) {
-        const int stage = it % kStages;
-        paged_rows.template copy<kMode>(sK + stage * kBlockN * kD, sV + stage * kBlockN * kD, k_base, v_base,
-                                        a.k_batch_stride, a.k_row_stride, a.v_batch_stride, a.v_row_stride,
-                                        a.cache.num_pages, int(key_begin), n0, page_size, page_shift, a.head_dim,
-                                        a.head_dim_v, a.k_vec, a.v_vec);
+        const int offset = (it % kLoadStages) * kBlockN * kD;
+        auto copy_into = [&](auto* sk, auto* sv) {
+          paged_rows.template copy<kMode>(sk + offset, sv + offset, k_base, v_base, a.k_batch_stride, a.k_row_stride,
+                                          a.v_batch_stride, a.v_row_stride, a.cache.num_pages, int(key_begin), n0,
+                                          page_size, page_shift, a.head_dim, a.head_dim_v, a.k_vec, a.v_vec);
+        };
+        if constexpr (kFp8) {
+          copy_into(sK8, sV8);
+        } else {
+          copy_into(sK, sV);
+        }
       }
       if (it + 1 < n_iters) {
         paged_rows.template fetch<kMode>(table_row, int(key_begin), n0 + kBlockN, len_k, page_size, page_shift);
@@ -299,15 +317,20 @@ struct DecodeKernel {
     auto load_kv = [&](int it) {
       if (it < n_iters) {
         const int n0 = (split_begin + it) * kBlockN;
-        const int stage = it % kStages;
-        T* sk = sK + stage * kBlockN * kD;
-        T* sv = sV + stage * kBlockN * kD;
+        const int offset = (it % kLoadStages) * kBlockN * kD;
         if (!paged) {
           const int64_t row = key_begin + n0;
-          load_tile<kBlockN, kD, kThreads>(sk, k_base + entry * a.k_batch_stride + row * a.k_row_stride,
-                                           a.k_row_stride, len_k - n0, a.head_dim, a.k_vec);
-          load_tile<kBlockN, kD, kThreads>(sv, v_base + entry * a.v_batch_stride + row * a.v_row_stride,
-                                           a.v_row_stride, len_k - n0, a.head_dim_v, a.v_vec);
+          const In* k_tile = k_base + entry * a.k_batch_stride + row * a.k_row_stride;
+          const In* v_tile = v_base + entry * a.v_batch_stride + row * a.v_row_stride;
+          if constexpr (kFp8) {
+            load_e4m3_tile<kBlockN, kD, kThreads>(sK8 + offset, k_tile, a.k_row_stride, len_k - n0, a.head_dim,
+                                                  a.k_vec);
+            load_e4m3_tile<kBlockN, kD, kThreads>(sV8 + offset, v_tile, a.v_row_stride, len_k - n0, a.head_dim_v,
+                                                  a.v_vec);
+          } else {
+            load_tile<kBlockN, kD, kThreads>(sK + offset, k_tile, a.k_row_stride, len_k - n0, a.head_dim, a.k_vec);
+            load_tile<kBlockN, kD, kThreads>(sV + offset, v_tile, a.v_row_stride, len_k - n0, a.head_dim_v, a.v_vec);
+          }
         } else {
           paged_load(it);
         }
@@ -340,12 +363,20 @@ struct DecodeKernel {
     }
 
     gather_tile<kBlockM, kD, kThreads>(sQ, q_row, static_cast<const In*>(a.q), a.head_dim, a.q_vec);
-    for (int s = 0; s < kStages - 1; ++s) load_kv(s);  // the first group also carries Q
+    for (int s = 0; s < kLoadStages - 1; ++s) load_kv(s);  // the first group also carries Q
     for (int it = 0; it < n_iters; ++it) {
-      cp_async_wait<kStages - 2>();
+      cp_async_wait<kLoadStages - 2>();
       __syncthreads();  // tile it visible to all; every warp is done with the buffer refilled next
-      load_kv(it + kStages - 1);
-      const int stage = it % kStages;
+      if constexpr (kFp8) {
+        // Each thread widens the staging chunks it copied itself (visible to it after its wait) into the 16-bit
+        // tiles, which every warp finished reading at the barrier above.
+        const int offset = (it % kLoadStages) * kBlockN * kD;
+        convert_e4m3_tile<kBlockN, kD, kThreads>(sK, sK8 + offset);
+        convert_e4m3_tile<kBlockN, kD, kThreads>(sV, sV8 + offset);
+      }
+      load_kv(it + kLoadStages - 1);
+      if constexpr (kFp8) __syncthreads();  // the converted tiles visible to all
+      const int stage = it % kTileStages;
       const int key0 = (split_begin + it) * kBlockN + key_warp * kWarpKeys;
 
       float s[1][kNTiles][4];

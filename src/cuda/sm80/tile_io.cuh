@@ -14,7 +14,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include "cuda/primitives.cuh"
 
@@ -57,15 +56,69 @@ __device__ __forceinline__ uint4 e4m3_chunk(const uint8_t* src, int col, int col
   return e4m3x8_to<T>(bytes, 1.f);
 }
 
+// float8_e4m3fn tiles through shared memory: rows arrive as bytes in a plain row-major staging tile (kD bytes per
+// row: each thread reads back only what it copied, so no swizzle is needed), 8 bytes per chunk, then each thread
+// widens its own chunks into the swizzled 16-bit tile (convert_e4m3_tile). Thread t handles column chunk t % (kD / 8)
+// of rows t / (kD / 8) + i * (kThreads / (kD / 8)), as load_tile.
+//
+// One chunk of a staging row from the global row `src` (null: zeros): cp.async of 8 bytes when `vec` (8-byte
+// aligned rows, cols_valid a multiple of 8), else a synchronous byte gather; columns past cols_valid are zeros.
+// `fallback` is any valid global address (a zero-filled cp.async does not read it).
+__device__ __forceinline__ void copy_e4m3_chunk(uint8_t* dst, const uint8_t* src, const uint8_t* fallback, int col,
+                                                int cols_valid, bool vec) {
+  const bool in = col < cols_valid && src != nullptr;
+  if (vec) {
+    cp_async_8(dst, in ? src + col : fallback, in);
+    return;
+  }
+  uint8_t bytes[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) bytes[j] = (in && col + j < cols_valid) ? src[col + j] : uint8_t(0);
+  *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(bytes);
+}
+
+// Rows [0, kRows) of a global float8 tile (row r at g + r * row_stride) into the staging tile `s`, rows >=
+// rows_valid and columns >= cols_valid as zeros.
+template <int kRows, int kD, int kThreads>
+__device__ __forceinline__ void load_e4m3_tile(uint8_t* s, const uint8_t* g, int64_t row_stride, int rows_valid,
+                                               int cols_valid, bool vec) {
+  constexpr int kChunksPerRow = kD / 8;
+  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
+  const int row0 = int(threadIdx.x) / kChunksPerRow;
+  const int col = (int(threadIdx.x) % kChunksPerRow) * 8;
+#pragma unroll
+  for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+    const int row = row0 + i * kRowsPerPass;
+    copy_e4m3_chunk(s + row * kD + col, row < rows_valid ? g + row * row_stride : nullptr, g, col, cols_valid, vec);
+  }
+}
+
+// This thread's chunks of the staging tile `staged` (kRows x kD bytes) widened (exactly) into the swizzled T tile `s`.
+template <int kRows, int kD, int kThreads, typename T>
+__device__ __forceinline__ void convert_e4m3_tile(T* s, const uint8_t* staged) {
+  constexpr int kChunksPerRow = kD / 8;
+  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
+  const int row0 = int(threadIdx.x) / kChunksPerRow;
+  const int col = (int(threadIdx.x) % kChunksPerRow) * 8;
+#pragma unroll
+  for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+    const int row = row0 + i * kRowsPerPass;
+    uint8_t bytes[8];
+    *reinterpret_cast<uint2*>(bytes) = *reinterpret_cast<const uint2*>(staged + row * kD + col);
+    *reinterpret_cast<uint4*>(s + swizzle<kD>(row, col)) = e4m3x8_to<T>(bytes, 1.f);
+  }
+}
+
 // Copies rows [0, kRows) x columns [0, kD) of a global tile (element (r, c) at g[r * row_stride + c]) into
 // the swizzled shared tile `s`, zero-filling rows >= rows_valid and columns >= cols_valid. All kThreads
 // threads of the block call it; the fast path only issues cp.async (the caller commits and waits).
 // Thread t always copies column chunk t % (kD / 8) of rows t / (kD / 8) + i * kRowsPerPass: one global pointer
 // and one shared offset per thread, stepped by constants, so that the kernel's main loop keeps no per-chunk
 // addresses alive (they cost registers: hoisted out of the loop, 16 chunk addresses spilled).
-// A float8_e4m3fn source (S = uint8_t) is converted to T on the way (e4m3_chunk).
-template <int kRows, int kD, int kThreads, typename T, typename S>
-__device__ __forceinline__ void load_tile(T* s, const S* g, int64_t row_stride, int rows_valid, int cols_valid,
+template <int kRows, int kD, int kThreads, typename T>
+__device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, int rows_valid, int cols_valid,
                                           bool vec) {
   constexpr int kChunksPerRow = kD / 8;
   constexpr int kRowsPerPass = kThreads / kChunksPerRow;
@@ -78,17 +131,10 @@ __device__ __forceinline__ void load_tile(T* s, const S* g, int64_t row_stride, 
   // their chunk index differs from the first pass's in bit 2, a fixed shift of 4 chunks one way or the other.
   const int odd_pass_shift = kRowsPerPass % 8 == 0 ? 0 : ((((col >> 3) ^ (row0 & 7)) & 4) ? -32 : 32);
   auto pass_offset = [&](int i) { return i * kRowsPerPass * kD + (i & 1) * odd_pass_shift; };
-  const S* src = g + row0 * row_stride + col;
+  const T* src = g + row0 * row_stride + col;
   const int64_t src_step = int64_t(kRowsPerPass) * row_stride;
   const bool col_in = col < cols_valid;
-  if constexpr (std::is_same_v<S, uint8_t>) {
-#pragma unroll
-    for (int i = 0; i < kRows / kRowsPerPass; ++i) {
-      const bool in = col_in && row0 + i * kRowsPerPass < rows_valid;
-      *reinterpret_cast<uint4*>(dst + pass_offset(i)) = e4m3_chunk<T>(src + i * src_step - col, col, cols_valid, in,
-                                                                      vec);
-    }
-  } else if (vec) {
+  if (vec) {
 #pragma unroll
     for (int i = 0; i < kRows / kRowsPerPass; ++i) {
       const bool in = col_in && row0 + i * kRowsPerPass < rows_valid;
