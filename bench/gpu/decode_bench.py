@@ -81,24 +81,24 @@ def cell(b, ctx, s_q, args, gen):
     for splits in args.splits:
         fns[f"ours dense, {splits} splits"] = (lambda splits=splits: flashattn.flash_attn_with_kvcache(
             q, k, v, cache_seqlens=seqlens, num_splits=splits))
-    for page in args.pages:
-        if ctx % page:
-            continue
-        pages = b * ctx // page
-        table = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32).view(b, ctx // page)
-        kp, vp = k.view(pages, page, H_KV, D), v.view(pages, page, H_KV, D)
+
+    def paged(kc, vc):
+        """(page, k pages, v pages, block table) for every page size that divides the context: the same memory as
+        the dense cache, its pages in shuffled order."""
+        for page in args.pages:
+            if ctx % page == 0:
+                pages = b * ctx // page
+                table = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32).view(b, ctx // page)
+                yield page, kc.view(pages, page, H_KV, D), vc.view(pages, page, H_KV, D), table
+
+    for page, kp, vp, table in paged(k, v):
         fns[f"ours paged {page}"] = (lambda kp=kp, vp=vp, table=table: flashattn.flash_attn_with_kvcache(
             q, kp, vp, cache_seqlens=seqlens, block_table=table))
     if args.fp8:
         f8 = torch.float8_e4m3fn
         q8, k8, v8 = q.to(f8), k.to(f8), v.to(f8)
         fns["ours fp8 dense"] = lambda: fa3.flash_attn_with_kvcache(q8, k8, v8, cache_seqlens=seqlens)
-        for page in args.pages:
-            if ctx % page:
-                continue
-            pages = b * ctx // page
-            table = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32).view(b, ctx // page)
-            kp, vp = k8.view(pages, page, H_KV, D), v8.view(pages, page, H_KV, D)
+        for page, kp, vp, table in paged(k8, v8):
             fns[f"ours fp8 paged {page}"] = (lambda kp=kp, vp=vp, table=table: fa3.flash_attn_with_kvcache(
                 q8, kp, vp, cache_seqlens=seqlens, page_table=table))
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)

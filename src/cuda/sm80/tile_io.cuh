@@ -77,37 +77,45 @@ __device__ __forceinline__ void copy_e4m3_chunk(uint8_t* dst, const uint8_t* src
   *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(bytes);
 }
 
+// This thread's 8-column chunks of a kRows x kD tile, as load_tile assigns them: column chunk t % (kD / 8) of rows
+// row(i) = t / (kD / 8) + i * kRowsPerPass, i < kPasses.
+template <int kRows, int kD, int kThreads>
+struct ThreadChunks {
+  static constexpr int kChunksPerRow = kD / 8;
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static constexpr int kPasses = kRows / kRowsPerPass;
+  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
+  int row0 = int(threadIdx.x) / kChunksPerRow;
+  int col = (int(threadIdx.x) % kChunksPerRow) * 8;
+  __device__ __forceinline__ int row(int i) const { return row0 + i * kRowsPerPass; }
+};
+
 // Rows [0, kRows) of a global float8 tile (row r at g + r * row_stride) into the staging tile `s`, rows >=
 // rows_valid and columns >= cols_valid as zeros.
 template <int kRows, int kD, int kThreads>
 __device__ __forceinline__ void load_e4m3_tile(uint8_t* s, const uint8_t* g, int64_t row_stride, int rows_valid,
                                                int cols_valid, bool vec) {
-  constexpr int kChunksPerRow = kD / 8;
-  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
-  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
-  const int row0 = int(threadIdx.x) / kChunksPerRow;
-  const int col = (int(threadIdx.x) % kChunksPerRow) * 8;
+  using Chunks = ThreadChunks<kRows, kD, kThreads>;
+  const Chunks c;
 #pragma unroll
-  for (int i = 0; i < kRows / kRowsPerPass; ++i) {
-    const int row = row0 + i * kRowsPerPass;
-    copy_e4m3_chunk(s + row * kD + col, row < rows_valid ? g + row * row_stride : nullptr, g, col, cols_valid, vec);
+  for (int i = 0; i < Chunks::kPasses; ++i) {
+    const int row = c.row(i);
+    copy_e4m3_chunk(s + row * kD + c.col, row < rows_valid ? g + row * row_stride : nullptr, g, c.col, cols_valid,
+                    vec);
   }
 }
 
 // This thread's chunks of the staging tile `staged` (kRows x kD bytes) widened (exactly) into the swizzled T tile `s`.
 template <int kRows, int kD, int kThreads, typename T>
 __device__ __forceinline__ void convert_e4m3_tile(T* s, const uint8_t* staged) {
-  constexpr int kChunksPerRow = kD / 8;
-  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
-  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
-  const int row0 = int(threadIdx.x) / kChunksPerRow;
-  const int col = (int(threadIdx.x) % kChunksPerRow) * 8;
+  using Chunks = ThreadChunks<kRows, kD, kThreads>;
+  const Chunks c;
 #pragma unroll
-  for (int i = 0; i < kRows / kRowsPerPass; ++i) {
-    const int row = row0 + i * kRowsPerPass;
+  for (int i = 0; i < Chunks::kPasses; ++i) {
+    const int row = c.row(i);
     uint8_t bytes[8];
-    *reinterpret_cast<uint2*>(bytes) = *reinterpret_cast<const uint2*>(staged + row * kD + col);
-    *reinterpret_cast<uint4*>(s + swizzle<kD>(row, col)) = e4m3x8_to<T>(bytes, 1.f);
+    *reinterpret_cast<uint2*>(bytes) = *reinterpret_cast<const uint2*>(staged + row * kD + c.col);
+    *reinterpret_cast<uint4*>(s + swizzle<kD>(row, c.col)) = e4m3x8_to<T>(bytes, 1.f);
   }
 }
 
