@@ -134,6 +134,12 @@ void row_strides(const TensorView& t, bool varlen, int64_t* batch, int64_t* row,
   *head = t.stride[row_dim + 1];
 }
 
+// Batch and head strides of an LSE [b, h, s] (padded) or [h, total] (varlen, no batch stride).
+void lse_strides(const TensorView& t, bool varlen, int64_t* batch, int64_t* head) {
+  *batch = varlen ? 0 : t.stride[0];
+  *head = t.stride[varlen ? 0 : 1];
+}
+
 // Head counts and dims read off the shapes: their ranges and the GQA ratio; q_name / k_name / v_name are the
 // tensors they came from.
 Status check_heads(const FwdParams& p, const char* k_name, const char* v_name) {
@@ -163,13 +169,10 @@ Status set_lse(const TensorView& lse, FwdParams* p) {
   Status st = check_tensor("lse", lse, varlen ? 2 : 3, varlen ? lse_varlen : lse_padded, DType::f32, p->device, true);
   if (!st.ok()) return st;
   p->lse = static_cast<float*>(lse.data);
-  p->lse_batch_stride = varlen ? 0 : lse.stride[0];
-  p->lse_head_stride = varlen ? lse.stride[0] : lse.stride[1];
+  lse_strides(lse, varlen, &p->lse_batch_stride, &p->lse_head_stride);
   return Status::success();
 }
 
-// The optional ALiBi slopes: fp32 [h_q] or [batch, h_q] on the call's device, last dim contiguous; on the CPU
-// every slope finite (CUDA slopes stay unread: reading them would synchronise every call).
 // O's dtype: float8 inputs write a 16-bit output (out's), every other dtype its own.
 Status set_out_dtype(const TensorView& out, FwdParams* p) {
   p->out_dtype = p->dtype;
@@ -211,6 +214,8 @@ Status set_descale(const char* name, const TensorView& t, FwdParams* p, const fl
   return Status::success();
 }
 
+// The optional ALiBi slopes: fp32 [h_q] or [batch, h_q] on the call's device, last dim contiguous; on the CPU
+// every slope finite (CUDA slopes stay unread: reading them would synchronise every call).
 Status set_alibi(const TensorView& slopes, FwdParams* p) {
   if (!slopes.defined()) return Status::success();
   const int64_t per_head[1] = {p->heads_q}, per_batch[2] = {p->batch, p->heads_q};
@@ -870,8 +875,7 @@ Status make_merge_params(const MergeArgs& a, MergeParams* out) {
     s.lse = static_cast<const float*>(lse.data);
     s.dtype = o.dtype;
     row_strides(o, varlen, &s.batch_stride, &s.row_stride, &s.head_stride);
-    s.lse_batch_stride = varlen ? 0 : lse.stride[0];
-    s.lse_head_stride = lse.stride[varlen ? 0 : 1];
+    lse_strides(lse, varlen, &s.lse_batch_stride, &s.lse_head_stride);
     return s;
   };
   p.a = side(a.out_a, a.lse_a);
@@ -880,8 +884,7 @@ Status make_merge_params(const MergeArgs& a, MergeParams* out) {
   row_strides(a.out, varlen, &p.o_batch_stride, &p.o_row_stride, &p.o_head_stride);
   if (a.lse.defined()) {
     p.lse = static_cast<float*>(a.lse.data);
-    p.lse_batch_stride = varlen ? 0 : a.lse.stride[0];
-    p.lse_head_stride = a.lse.stride[varlen ? 0 : 1];
+    lse_strides(a.lse, varlen, &p.lse_batch_stride, &p.lse_head_stride);
   }
   p.batch = varlen ? 1 : shape[0];
   p.rows = shape[varlen ? 0 : 1];

@@ -369,18 +369,16 @@ def _merge_setup_context(ctx, inputs, output):
 
 def _merge_backward(ctx, dout, dlse):
     """out = w_a·out_a + w_b·out_b with w_x = exp(lse_x - lse), lse = logaddexp(lse_a, lse_b):
-    d out_x = w_x·dout and d lse_x = w_x·(dlse + Σ_c dout·(out_x - out)). A side of weight 0 gets 0."""
+    d out_x = w_x·dout and d lse_x = w_x·(dlse + Σ_c dout·(out_x - out)). A side of weight 0 gets 0. (Autograd
+    hands both incoming gradients in, zeros for an output that took none.)"""
     out_a, lse_a, out_b, lse_b, out, lse = ctx.saved_tensors
+    dout = dout.float()
     grads = []
     for o, l in ((out_a, lse_a), (out_b, lse_b)):
         w = torch.where(torch.isfinite(lse), torch.exp(l - lse), 0.0)
         w_rows = w.transpose(-1, -2).unsqueeze(-1)  # [b, h, s] -> [b, s, h, 1] ([h, t] -> [t, h, 1])
-        d_out = dout.float() * w_rows if dout is not None else torch.zeros_like(o, dtype=torch.float32)
-        d_lse = torch.zeros_like(w) if dlse is None else dlse.float()
-        if dout is not None:
-            d_lse = d_lse + (dout.float() * (o.float() - out.float())).sum(-1).transpose(-1, -2)
-        d_lse = torch.where(w > 0, w * d_lse, 0.0)
-        grads += [torch.where(w_rows > 0, d_out, 0.0).to(o.dtype), d_lse]
+        d_lse = dlse.float() + (dout * (o.float() - out.float())).sum(-1).transpose(-1, -2)
+        grads += [torch.where(w_rows > 0, dout * w_rows, 0.0).to(o.dtype), torch.where(w > 0, w * d_lse, 0.0)]
     return tuple(grads)
 
 
@@ -415,11 +413,9 @@ def merge_attention_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: T
     CUDA; differentiable (out_a, out_b, lse_a, lse_b all get gradients)."""
     args = (out_a, lse_a, out_b, lse_b)
     _check_merge_inputs(*args)
-    if not _dispatch_free(*args):
-        return torch.ops.flashattn.merge_attention_states(*args)
-    if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in args):
-        return torch.ops.flashattn.merge_attention_states(*args)
-    return _merge_impl(*args)
+    if _dispatch_free(*args) and not (torch.is_grad_enabled() and any(t.requires_grad for t in args)):
+        return _merge_impl(*args)
+    return torch.ops.flashattn.merge_attention_states(*args)
 
 
 def merge_attention_states_(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> None:

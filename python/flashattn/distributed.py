@@ -13,8 +13,9 @@ gradients) equal single-device attention over the whole sequence, to rounding: o
 Forward: at step t rank r attends its queries to the K/V block of rank (r − t) mod P while the block of step t + 1
 is already travelling (torch.distributed isend / irecv to the next rank, from the previous one: NCCL on GPUs, gloo
 on CPUs; a CUDA tensor over gloo is staged through host memory). Partial results merge through their log-sum-exp
-into fp32 accumulators, one fused kernel per block (flashattn.merge_attention_states_). Under a causal mask, blocks that are fully masked are skipped and fully visible ones run without a mask
-(a zigzag step is one unmasked product of half the queries or half the keys, or the rank's own causal block).
+into fp32 accumulators, one fused kernel per block (flashattn.merge_attention_states_). Under a causal mask, blocks
+that are fully masked are skipped and fully visible ones run without a mask (a zigzag step is one unmasked product
+of half the queries or half the keys, or the rank's own causal block).
 Backward: the same ring again with each block's dK / dV accumulators travelling beside it (one hop more than K / V,
 which brings them home); dQ stays local; every block's gradients come from flashattn's backward with the saved
 global LSE and output, so they are exact. The order of additions is fixed: deterministic where the single-device

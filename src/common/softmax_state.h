@@ -86,11 +86,8 @@ FA_HD LseMerge<T> merge_lse(T lse_a, T lse_b) {
   const T offset = SoftmaxState<T>::exp_offset(m);
   const T ea = std::exp(lse_a - offset), eb = std::exp(lse_b - offset);
   const T sum = ea + eb;
-  if (!(sum > T(0))) {
-    // No key on either side, or a NaN (which `sum > 0` is false for too): out 0 and lse -inf, or NaN throughout.
-    const T none = sum == T(0) ? T(0) : sum;
-    return {sum == T(0) ? -std::numeric_limits<T>::infinity() : sum, none, none};
-  }
+  // No key on either side: out 0 and lse -inf (a NaN LSE carries through the arithmetic below).
+  if (sum == T(0)) return {-std::numeric_limits<T>::infinity(), T(0), T(0)};
   const T inv = T(1) / sum;
   return {offset + std::log(sum), ea * inv, eb * inv};
 }

@@ -61,24 +61,6 @@ __device__ __forceinline__ void store_vector(T* p, const float (&v)[kN]) {
   }
 }
 
-template <typename T>
-__device__ __forceinline__ float load_one(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return *p;
-  } else {
-    return cuda::to_float(*p);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ void store_one(T* p, float v) {
-  if constexpr (std::is_same_v<T, float>) {
-    *p = v;
-  } else {
-    *p = cuda::from_float<T>(v);
-  }
-}
-
 // TA: out_a's and out's element type, TB: out_b's; 2^group_shift lanes per (row, head). Lanes past the last item
 // stay to the warp barrier (the group size does not divide the item count).
 template <typename TA, typename TB, bool kVector>
@@ -116,7 +98,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
         for (int e = 0; e < kVec; ++e) va[e] = m.combine(va[e], vb[e]);
         store_vector(o + c, va);
       } else {
-        store_one(o + c, m.combine(load_one(oa + c), load_one(ob + c)));
+        o[c] = cuda::from_float<TA>(m.combine(cuda::to_float(oa[c]), cuda::to_float(ob[c])));
       }
     }
   }

@@ -14,7 +14,6 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
-#include <type_traits>
 
 namespace flashattn::cuda {
 
@@ -38,6 +37,13 @@ struct ElementTraits<__nv_bfloat16> {
   __device__ static float2 unpack(Pair v) { return __bfloat1622float2(v); }
   __device__ static __nv_bfloat16 from(float x) { return __float2bfloat16_rn(x); }
   __device__ static float to(__nv_bfloat16 x) { return __bfloat162float(x); }
+};
+
+// fp32 storage (the merge kernel's accumulators): to_float / from_float are the identity.
+template <>
+struct ElementTraits<float> {
+  __device__ static float from(float x) { return x; }
+  __device__ static float to(float x) { return x; }
 };
 
 // Two floats rounded into one 32-bit register of two 16-bit elements (low half = first).

@@ -20,9 +20,10 @@
 // as zeros): strided rows for a dense cache, rows looked up in the block table one tile ahead for a paged one
 // (PagedTileRows).
 //
-// float8_e4m3fn caches (kFp8: Q, K and V e4m3, T the output's 16-bit type): every tile row is converted to T on its
-// way into shared memory (exact; synchronous loads instead of cp.async), the scores are scaled by q_descale ·
-// k_descale and the output by v_descale (per batch entry and KV head), so the rest of the kernel is the 16-bit one.
+// float8_e4m3fn caches (kFp8: Q, K and V e4m3, T the output's 16-bit type): K / V tiles arrive by cp.async as
+// bytes in staging buffers and each thread widens (exactly) the chunks it copied into one 16-bit K and V tile per
+// step (Q once, on its way in); the scores are scaled by q_descale · k_descale and the output by v_descale (per
+// batch entry and KV head), so the rest of the kernel is the 16-bit one.
 //
 // Preconditions (checked by the launcher, decode.cu): fp16 or bf16 (or e4m3 with an fp16 / bf16 output); head dims
 // <= D; 2-byte aligned pointers (16-bit inputs);

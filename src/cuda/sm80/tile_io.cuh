@@ -41,18 +41,25 @@ __device__ __forceinline__ uint4 gather_chunk(const T* chunk, int col, int cols_
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// The 8 float8_e4m3fn elements at src + col as one 16-byte chunk of T (exact conversion): one 8-byte load when
-// `vec` (8-byte aligned rows, cols_valid a multiple of 8), else byte by byte; those at or past cols_valid, or all
-// of them when !in, as zeros. Synchronous: cp.async copies bytes as they are, and the tiles hold T.
-template <typename T>
-__device__ __forceinline__ uint4 e4m3_chunk(const uint8_t* src, int col, int cols_valid, bool in, bool vec) {
-  uint8_t bytes[8];
+// The 8 float8_e4m3fn bytes at src + col (a row's chunk), loaded synchronously: one 8-byte load when `vec` (8-byte
+// aligned rows, cols_valid a multiple of 8), else byte by byte; those at or past cols_valid, or all of them when
+// !in, as zeros.
+__device__ __forceinline__ void load_e4m3_bytes(uint8_t (&bytes)[8], const uint8_t* src, int col,
+                                                int cols_valid, bool in, bool vec) {
   if (in && vec) {
     *reinterpret_cast<uint2*>(bytes) = *reinterpret_cast<const uint2*>(src + col);
-  } else {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) bytes[j] = (in && col + j < cols_valid) ? src[col + j] : uint8_t(0);
+    return;
   }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) bytes[j] = (in && col + j < cols_valid) ? src[col + j] : uint8_t(0);
+}
+
+// The same chunk as one 16-byte chunk of T (exact conversion): for tiles loaded once (Q), where cp.async's byte
+// copies would need a staging pass of their own.
+template <typename T>
+__device__ __forceinline__ uint4 e4m3_chunk(const uint8_t* src, int col, int cols_valid, bool in, bool vec) {
+  alignas(8) uint8_t bytes[8];
+  load_e4m3_bytes(bytes, src, col, cols_valid, in, vec);
   return e4m3x8_to<T>(bytes, 1.f);
 }
 
@@ -71,9 +78,8 @@ __device__ __forceinline__ void copy_e4m3_chunk(uint8_t* dst, const uint8_t* src
     cp_async_8(dst, in ? src + col : fallback, in);
     return;
   }
-  uint8_t bytes[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) bytes[j] = (in && col + j < cols_valid) ? src[col + j] : uint8_t(0);
+  alignas(8) uint8_t bytes[8];
+  load_e4m3_bytes(bytes, src, col, cols_valid, in, false);
   *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(bytes);
 }
 
@@ -113,7 +119,7 @@ __device__ __forceinline__ void convert_e4m3_tile(T* s, const uint8_t* staged) {
 #pragma unroll
   for (int i = 0; i < Chunks::kPasses; ++i) {
     const int row = c.row(i);
-    uint8_t bytes[8];
+    alignas(8) uint8_t bytes[8];
     *reinterpret_cast<uint2*>(bytes) = *reinterpret_cast<const uint2*>(staged + row * kD + c.col);
     *reinterpret_cast<uint4*>(s + swizzle<kD>(row, c.col)) = e4m3x8_to<T>(bytes, 1.f);
   }
