@@ -2,8 +2,12 @@
 //
 // Query row i of a sequence with s_q queries and s_k keys sits on diagonal diag = i + s_k - s_q (bottom-right
 // alignment, as flash-attn >= 2.1). Key j is visible iff
-//   (!causal || j <= diag) && (left < 0 || j >= diag - left) && (right < 0 || j <= diag + right).
-// Causal is the window's right edge at 0, so the two combine by taking the tighter right edge.
+//   (!causal || j <= diag) && (left < 0 || j >= diag - left) && (right < 0 || j <= diag + right)
+//   && (chunk == 0 || j lies in diag's chunk [floor(diag / chunk) * chunk, floor(diag / chunk) * chunk + chunk)).
+// Causal is the window's right edge at 0, so the two combine by taking the tighter right edge. Chunked attention
+// (FlashAttention-3's attention_chunk, Llama 4's local layers) cuts the keys into chunks of `chunk` and lets a row
+// see only its own diagonal's chunk; a row with diag < 0 then sees nothing. Every edge moves monotonically with
+// the row (a chunk's start and end never decrease), which the block ranges below rely on.
 #pragma once
 
 #include <cstdint>
@@ -18,18 +22,29 @@ struct BasicMaskSpec {
   Index seqlen_k = 0;
   Index left = -1;   // -1 = unbounded
   Index right = -1;  // -1 = unbounded; causal folds into right = min(right, 0)
+  Index chunk = 0;   // 0 = none; else the keys are cut into chunks of this many and a row sees its own
 
-  FA_HD static BasicMaskSpec make(Index sq, Index sk, bool causal, Index window_left, Index window_right) {
+  FA_HD static BasicMaskSpec make(Index sq, Index sk, bool causal, Index window_left, Index window_right,
+                                  Index attention_chunk = 0) {
     BasicMaskSpec m;
     m.seqlen_q = sq;
     m.seqlen_k = sk;
     m.left = window_left;
     // Any window_right >= 0 is at least as loose as causal's 0, so causal wins.
     m.right = causal ? 0 : window_right;
+    m.chunk = attention_chunk;
     return m;
   }
 
-  FA_HD bool has_mask() const { return left >= 0 || right >= 0; }
+  FA_HD bool has_mask() const { return left >= 0 || right >= 0 || chunk > 0; }
+
+  // Where diagonal `diag` sits inside its chunk, in [0, chunk): its chunk is [diag - offset, diag - offset + chunk).
+  // Floor semantics for negative diagonals (rows above the first key when s_q > s_k). Edges are kept as distances
+  // from the diagonal so that nothing overflows when the chunk is as long as the sequence.
+  FA_HD Index offset_in_chunk(Index diag) const {
+    const Index r = diag % chunk;
+    return r < 0 ? r + chunk : r;
+  }
 
   // The same window for every row of the sequence with edges no wider than needed: a left edge of seqlen_k or
   // more reaches every key of every row (diag - left < 0), a right edge of seqlen_q or more past every key (diag +
@@ -39,6 +54,12 @@ struct BasicMaskSpec {
   FA_HD static Index narrowest_right(Index window_right, Index sq) {
     return window_right < sq ? window_right : sq;
   }
+  // A chunk of seqlen_k keys or more puts every key in the chunk of every row with diag >= 0 (and rows with
+  // diag < 0 see nothing either way), so such a chunk is the chunk of seqlen_k keys (1 when there are none).
+  FA_HD static Index narrowest_chunk(Index attention_chunk, Index sk) {
+    if (attention_chunk <= sk) return attention_chunk;
+    return sk > 0 ? sk : 1;
+  }
 
   // Half-open range [lo, hi) of visible keys of query row i; empty (lo >= hi) when the row sees nothing.
   FA_HD void key_range(Index i, Index* lo, Index* hi) const {
@@ -46,6 +67,11 @@ struct BasicMaskSpec {
     Index a = 0, b = seqlen_k;
     if (left >= 0 && diag - left > a) a = diag - left;
     if (right >= 0 && diag + right + 1 < b) b = diag + right + 1;
+    if (chunk > 0) {
+      const Index offset = offset_in_chunk(diag);
+      if (diag - offset > a) a = diag - offset;
+      if (chunk - offset < b - diag) b = diag + (chunk - offset);
+    }
     *lo = a;
     *hi = b < a ? a : b;
   }
@@ -55,6 +81,10 @@ struct BasicMaskSpec {
     if (j < 0 || j >= seqlen_k) return false;
     if (left >= 0 && j < diag - left) return false;
     if (right >= 0 && j > diag + right) return false;
+    if (chunk > 0) {
+      const Index offset = offset_in_chunk(diag);
+      if (j < diag - offset || j - diag >= chunk - offset) return false;
+    }
     return true;
   }
 
@@ -77,6 +107,13 @@ struct BasicMaskSpec {
     if (right >= 0 && key_begin - shift - right > a) a = key_begin - shift - right;
     // left edge: j >= diag - left  <=>  i <= j - shift + left; the largest j of the block is the loosest.
     if (left >= 0 && (key_end - 1) - shift + left + 1 < b) b = (key_end - 1) - shift + left + 1;
+    // chunk: the rows whose diagonal lies in the chunks from key_begin's to key_end - 1's.
+    if (chunk > 0 && key_end > key_begin) {
+      const Index first_chunk = key_begin - offset_in_chunk(key_begin);
+      if (first_chunk - shift > a) a = first_chunk - shift;
+      const Index last = key_end - 1, past_last_chunk = chunk - offset_in_chunk(last);  // last + this: its end
+      if (past_last_chunk < b - (last - shift)) b = (last - shift) + past_last_chunk;
+    }
     *lo = a;
     *hi = b < a ? a : b;
   }
@@ -86,6 +123,12 @@ struct BasicMaskSpec {
     const Index shift = seqlen_k - seqlen_q;
     if (right >= 0 && key_end - 1 > row_begin + shift + right) return false;
     if (left >= 0 && key_begin < (row_end - 1) + shift - left) return false;
+    if (chunk > 0) {
+      // The last row's chunk starts last, the first row's ends first.
+      const Index diag_first = row_begin + shift, diag_last = (row_end - 1) + shift;
+      if (key_begin < diag_last - offset_in_chunk(diag_last)) return false;
+      if (key_end - diag_first > chunk - offset_in_chunk(diag_first)) return false;
+    }
     return true;
   }
 };
