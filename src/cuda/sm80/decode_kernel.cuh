@@ -21,13 +21,15 @@
 // (PagedTileRows).
 //
 // float8_e4m3fn caches (kFp8: Q, K and V e4m3, T the output's 16-bit type): K / V tiles arrive by cp.async as
-// bytes in staging buffers and each thread widens (exactly) the chunks it copied into one 16-bit K and V tile per
-// step (Q once, on its way in); the scores are scaled by q_descale · k_descale and the output by v_descale (per
-// batch entry and KV head), so the rest of the kernel is the 16-bit one.
+// bytes in staging buffers (16-byte chunks) and each thread widens (exactly) the chunks it copied into one float16
+// K and V tile per step (Q once, on its way in); the products run in float16 whatever T is (one conversion per
+// pair, where bfloat16 would take three). The scores are scaled by q_descale · k_descale and the output by
+// v_descale (per batch entry and KV head), so the rest of the kernel is the 16-bit one.
 //
 // Preconditions (checked by the launcher, decode.cu): fp16 or bf16 (or e4m3 with an fp16 / bf16 output); head dims
 // <= D; 2-byte aligned pointers (16-bit inputs);
-// `vec` flags only for 16-byte aligned tensors with strides and head dims that are multiples of 8 elements;
+// `vec` flags only for 16-byte aligned tensors with strides and head dims that are multiples of 8 elements (float8
+// K / V: strides that are multiples of 16);
 // capacity and packed rows below 2^31 - block_n.
 #pragma once
 
@@ -103,11 +105,10 @@ __device__ __forceinline__ void copy_chunk(T* dst, const T* src, const T* fallba
   *reinterpret_cast<uint4*>(dst) = gather_chunk((in ? src : fallback) + col, col, cols_valid, in);
 }
 
-// The same from a float8_e4m3fn row, converted to T (tile_io.cuh e4m3_chunk).
-template <typename T>
-__device__ __forceinline__ void copy_chunk(T* dst, const uint8_t* src, const uint8_t* /*fallback*/, int col,
+// The same from a float8_e4m3fn row, widened to float16 (tile_io.cuh e4m3_chunk_half).
+__device__ __forceinline__ void copy_chunk(__half* dst, const uint8_t* src, const uint8_t* /*fallback*/, int col,
                                            int cols_valid, bool vec) {
-  *reinterpret_cast<uint4*>(dst) = e4m3_chunk<T>(src, col, cols_valid, col < cols_valid && src != nullptr, vec);
+  *reinterpret_cast<uint4*>(dst) = e4m3_chunk_half(src, col, cols_valid, col < cols_valid && src != nullptr, vec);
 }
 
 // Copies kRows rows x kD columns into the swizzled tile `s`; row r comes from row_ptr(r) (null: zeros).
@@ -128,20 +129,21 @@ __device__ __forceinline__ void gather_tile(T* s, RowPtr row_ptr, const S* fallb
   }
 }
 
-// This thread's rows of a paged K/V tile, one per copy pass: the page holding each (-1: none), read from the
-// block table one tile ahead of the copies that use it (fetch, then copy the next time), so that the table's
-// latency hides behind a tile of math instead of stalling the copies. Only the pages are kept between the two
-// (the rows within them are recomputed): at d 256 a thread has 16 passes, and the registers are scarce there.
-template <int kRows, int kD, int kThreads>
+// This thread's rows of a paged K/V tile, one per copy pass (its chunks of kChunk columns: ThreadChunks): the
+// page holding each (-1: none), read from the block table one tile ahead of the copies that use it (fetch, then
+// copy the next time), so that the table's latency hides behind a tile of math instead of stalling the copies.
+// Only the pages are kept between the two (the rows within them are recomputed): at d 256 a thread has 16 passes,
+// and the registers are scarce there.
+template <int kRows, int kD, int kThreads, int kChunk>
 struct PagedTileRows {
-  static constexpr int kRowsPerPass = kThreads / (kD / 8);
-  static constexpr int kPasses = kRows / kRowsPerPass;
-  static_assert(kThreads % (kD / 8) == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
+  using Chunks = ThreadChunks<kRows, kD, kThreads, kChunk>;
+  static constexpr int kRowsPerPass = Chunks::kRowsPerPass;
+  static constexpr int kPasses = Chunks::kPasses;
   int page[kPasses];
 
   // Cache row of pass i's row: the sequence's key n0 + row0 + i * kRowsPerPass, past its first row key_begin.
   __device__ __forceinline__ static int cache_row(int key_begin, int n0, int i) {
-    return key_begin + n0 + int(threadIdx.x) / (kD / 8) + i * kRowsPerPass;
+    return key_begin + n0 + Chunks().row(i);
   }
 
   // kMode != divide: page_size is 1 << page_shift. table_row null: no rows.
@@ -165,8 +167,8 @@ struct PagedTileRows {
                                        int64_t k_row_stride, int64_t v_page_stride, int64_t v_row_stride,
                                        int64_t num_pages, int key_begin, int n0, int page_size, int page_shift,
                                        int k_cols, int v_cols, bool k_vec, bool v_vec) const {
-    const int row0 = int(threadIdx.x) / (kD / 8);
-    const int col = (int(threadIdx.x) % (kD / 8)) * 8;
+    const Chunks chunks;
+    const int col = chunks.col;
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       const int row = cache_row(key_begin, n0, i);
@@ -183,7 +185,7 @@ struct PagedTileRows {
         k_src = in ? k_base + int64_t(page[i]) * k_page_stride + in_page * k_row_stride : nullptr;
         v_src = in ? v_base + int64_t(page[i]) * v_page_stride + in_page * v_row_stride : nullptr;
       }
-      const int tile_row = row0 + i * kRowsPerPass;
+      const int tile_row = chunks.row(i);
       if constexpr (std::is_same_v<S, uint8_t>) {
         copy_e4m3_chunk(sk + tile_row * kD + col, k_src, k_base, col, k_cols, k_vec);
         copy_e4m3_chunk(sv + tile_row * kD + col, v_src, v_base, col, v_cols, v_vec);
@@ -198,6 +200,9 @@ struct PagedTileRows {
 template <typename T, int kD, int kRowsPlan, bool kFp8>
 struct DecodeKernel {
   using In = std::conditional_t<kFp8, uint8_t, T>;  // the element type of Q, K and V in global memory
+  // The element type of the shared tiles and the tensor-core products: float8 widens to float16 exactly in one
+  // conversion per pair (to bfloat16 it would take three, through fp32), and P in float16 keeps more bits.
+  using Mma = std::conditional_t<kFp8, __half, T>;
   static constexpr DecodeTile kTile = decode_tile(kD, kRowsPlan);
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
@@ -218,9 +223,9 @@ struct DecodeKernel {
   static_assert(kWarpKeys % 16 == 0, "whole k16 steps of P per warp");
 
   __device__ static void run(const DecodeKernelArgs& a, unsigned char* smem) {
-    T* sQ = reinterpret_cast<T*>(smem);
-    T* sK = sQ + kBlockM * kD;
-    T* sV = sK + kTileStages * kBlockN * kD;
+    Mma* sQ = reinterpret_cast<Mma*>(smem);
+    Mma* sK = sQ + kBlockM * kD;
+    Mma* sV = sK + kTileStages * kBlockN * kD;
     uint8_t* sK8 = reinterpret_cast<uint8_t*>(sV + kTileStages * kBlockN * kD);  // float8 staging (kFp8 only)
     uint8_t* sV8 = sK8 + kLoadStages * kBlockN * kD;
     const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
@@ -280,7 +285,7 @@ struct DecodeKernel {
     const int page_size = int(a.cache.page_size);
     const int page_shift = paged && (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
     const int32_t* table_row = paged && entry >= 0 ? a.cache.block_table + entry * a.cache.block_table_stride : nullptr;
-    PagedTileRows<kBlockN, kD, kThreads> paged_rows;
+    PagedTileRows<kBlockN, kD, kThreads, kFp8 ? kE4m3Chunk : 8> paged_rows;
     // One copy of the paged loads per PagedLoad mode, chosen outside the unrolled passes: a runtime choice
     // inside them would compute the division (and both offsets) for every row whatever the mode.
     auto paged_step = [&](auto mode, int it) {
@@ -385,7 +390,7 @@ struct DecodeKernel {
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[0][nt][e] = 0.f;
-      warp_gemm_qk<T, kD, 1, kNTiles>(s, sQ + row_warp * 16 * kD, sK + stage * kBlockN * kD + key_warp * kWarpKeys * kD,
+      warp_gemm_qk<Mma, kD, 1, kNTiles>(s, sQ + row_warp * 16 * kD, sK + stage * kBlockN * kD + key_warp * kWarpKeys * kD,
                                       lane);
       if constexpr (kFp8) {
 #pragma unroll
@@ -418,7 +423,7 @@ struct DecodeKernel {
       float factor[1][2];
       softmax.update(s, a.scale_log2, factor);
       OnlineSoftmax<1>::rescale(acc_o, factor);
-      warp_gemm_pv<T, kD, 1, kNTiles>(acc_o, s, sV + stage * kBlockN * kD + key_warp * kWarpKeys * kD, lane);
+      warp_gemm_pv<Mma, kD, 1, kNTiles>(acc_o, s, sV + stage * kBlockN * kD + key_warp * kWarpKeys * kD, lane);
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the K/V buffers: the merge reuses them

@@ -44,64 +44,63 @@ __device__ __forceinline__ uint4 gather_chunk(const T* chunk, int col, int cols_
 // The 8 float8_e4m3fn bytes at src + col (a row's chunk), loaded synchronously: one 8-byte load when `vec` (8-byte
 // aligned rows, cols_valid a multiple of 8), else byte by byte; those at or past cols_valid, or all of them when
 // !in, as zeros.
-__device__ __forceinline__ void load_e4m3_bytes(uint8_t (&bytes)[8], const uint8_t* src, int col,
-                                                int cols_valid, bool in, bool vec) {
-  if (in && vec) {
-    *reinterpret_cast<uint2*>(bytes) = *reinterpret_cast<const uint2*>(src + col);
-    return;
-  }
+__device__ __forceinline__ uint2 load_e4m3_bytes(const uint8_t* src, int col, int cols_valid, bool in, bool vec) {
+  if (in && vec) return *reinterpret_cast<const uint2*>(src + col);
+  alignas(8) uint8_t bytes[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) bytes[j] = (in && col + j < cols_valid) ? src[col + j] : uint8_t(0);
+  return *reinterpret_cast<const uint2*>(bytes);
 }
 
-// The same chunk as one 16-byte chunk of T (exact conversion): for tiles loaded once (Q), where cp.async's byte
-// copies would need a staging pass of their own.
-template <typename T>
-__device__ __forceinline__ uint4 e4m3_chunk(const uint8_t* src, int col, int cols_valid, bool in, bool vec) {
-  alignas(8) uint8_t bytes[8];
-  load_e4m3_bytes(bytes, src, col, cols_valid, in, vec);
-  return e4m3x8_to<T>(bytes, 1.f);
+// float8_e4m3fn tiles through shared memory, widened to float16 (exact: the float8 kernels compute in float16
+// whatever their output type). Tiles loaded once (Q) convert on their way in (e4m3_chunk_half); streamed tiles
+// arrive as bytes in a plain row-major staging tile (kD bytes per row: each thread reads back only what it copied,
+// so no swizzle is needed), 16 bytes per chunk, and each thread then widens its own chunks into the swizzled
+// 16-bit tile (convert_e4m3_tile).
+constexpr int kE4m3Chunk = 16;  // float8 elements (bytes) per staging copy
+
+// The 8 bytes at src + col as one 16-byte chunk of float16 (load_e4m3_bytes' zeros included).
+__device__ __forceinline__ uint4 e4m3_chunk_half(const uint8_t* src, int col, int cols_valid, bool in, bool vec) {
+  return e4m3x8_to_half(load_e4m3_bytes(src, col, cols_valid, in, vec));
 }
 
-// float8_e4m3fn tiles through shared memory: rows arrive as bytes in a plain row-major staging tile (kD bytes per
-// row: each thread reads back only what it copied, so no swizzle is needed), 8 bytes per chunk, then each thread
-// widens its own chunks into the swizzled 16-bit tile (convert_e4m3_tile). Thread t handles column chunk t % (kD / 8)
-// of rows t / (kD / 8) + i * (kThreads / (kD / 8)), as load_tile.
-//
-// One chunk of a staging row from the global row `src` (null: zeros): cp.async of 8 bytes when `vec` (8-byte
-// aligned rows, cols_valid a multiple of 8), else a synchronous byte gather; columns past cols_valid are zeros.
-// `fallback` is any valid global address (a zero-filled cp.async does not read it).
+// One 16-byte chunk of a staging row from the global row `src` (null: zeros): cp.async when `vec` (16-byte aligned
+// rows, cols_valid a multiple of 8: a chunk past it is zero-filled from there), else a synchronous byte gather;
+// columns past cols_valid are zeros. `fallback` is any valid global address (a zero-filled cp.async does not
+// read it).
 __device__ __forceinline__ void copy_e4m3_chunk(uint8_t* dst, const uint8_t* src, const uint8_t* fallback, int col,
                                                 int cols_valid, bool vec) {
   const bool in = col < cols_valid && src != nullptr;
   if (vec) {
-    cp_async_8(dst, in ? src + col : fallback, in);
+    cp_async_16_partial(dst, in ? src + col : fallback, in ? min(kE4m3Chunk, cols_valid - col) : 0);
     return;
   }
-  alignas(8) uint8_t bytes[8];
-  load_e4m3_bytes(bytes, src, col, cols_valid, in, false);
-  *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(bytes);
+  const uint2 lo = load_e4m3_bytes(src, col, cols_valid, in, false);
+  const uint2 hi = load_e4m3_bytes(src, col + 8, cols_valid, in, false);
+  *reinterpret_cast<uint4*>(dst) = make_uint4(lo.x, lo.y, hi.x, hi.y);
 }
 
-// This thread's 8-column chunks of a kRows x kD tile, as load_tile assigns them: column chunk t % (kD / 8) of rows
-// row(i) = t / (kD / 8) + i * kRowsPerPass, i < kPasses.
-template <int kRows, int kD, int kThreads>
+// This thread's kChunk-column chunks of a kRows x kCols tile, as load_tile assigns them: column chunk
+// t % (kCols / kChunk) of rows row(i) = t / (kCols / kChunk) + i * kRowsPerPass, i < kPasses.
+template <int kRows, int kCols, int kThreads, int kChunk = 8>
 struct ThreadChunks {
-  static constexpr int kChunksPerRow = kD / 8;
+  static constexpr int kChunksPerRow = kCols / kChunk;
   static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
   static constexpr int kPasses = kRows / kRowsPerPass;
   static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
   int row0 = int(threadIdx.x) / kChunksPerRow;
-  int col = (int(threadIdx.x) % kChunksPerRow) * 8;
+  int col = (int(threadIdx.x) % kChunksPerRow) * kChunk;
   __device__ __forceinline__ int row(int i) const { return row0 + i * kRowsPerPass; }
 };
+template <int kRows, int kD, int kThreads>
+using E4m3Chunks = ThreadChunks<kRows, kD, kThreads, kE4m3Chunk>;
 
 // Rows [0, kRows) of a global float8 tile (row r at g + r * row_stride) into the staging tile `s`, rows >=
 // rows_valid and columns >= cols_valid as zeros.
 template <int kRows, int kD, int kThreads>
 __device__ __forceinline__ void load_e4m3_tile(uint8_t* s, const uint8_t* g, int64_t row_stride, int rows_valid,
                                                int cols_valid, bool vec) {
-  using Chunks = ThreadChunks<kRows, kD, kThreads>;
+  using Chunks = E4m3Chunks<kRows, kD, kThreads>;
   const Chunks c;
 #pragma unroll
   for (int i = 0; i < Chunks::kPasses; ++i) {
@@ -111,17 +110,18 @@ __device__ __forceinline__ void load_e4m3_tile(uint8_t* s, const uint8_t* g, int
   }
 }
 
-// This thread's chunks of the staging tile `staged` (kRows x kD bytes) widened (exactly) into the swizzled T tile `s`.
-template <int kRows, int kD, int kThreads, typename T>
-__device__ __forceinline__ void convert_e4m3_tile(T* s, const uint8_t* staged) {
-  using Chunks = ThreadChunks<kRows, kD, kThreads>;
+// This thread's chunks of the staging tile `staged` (kRows x kD bytes) widened (exactly) into the swizzled float16
+// tile `s`.
+template <int kRows, int kD, int kThreads>
+__device__ __forceinline__ void convert_e4m3_tile(__half* s, const uint8_t* staged) {
+  using Chunks = E4m3Chunks<kRows, kD, kThreads>;
   const Chunks c;
 #pragma unroll
   for (int i = 0; i < Chunks::kPasses; ++i) {
     const int row = c.row(i);
-    alignas(8) uint8_t bytes[8];
-    *reinterpret_cast<uint2*>(bytes) = *reinterpret_cast<const uint2*>(staged + row * kD + c.col);
-    *reinterpret_cast<uint4*>(s + swizzle<kD>(row, c.col)) = e4m3x8_to<T>(bytes, 1.f);
+    const uint4 bytes = *reinterpret_cast<const uint4*>(staged + row * kD + c.col);
+    *reinterpret_cast<uint4*>(s + swizzle<kD>(row, c.col)) = e4m3x8_to_half(make_uint2(bytes.x, bytes.y));
+    *reinterpret_cast<uint4*>(s + swizzle<kD>(row, c.col + 8)) = e4m3x8_to_half(make_uint2(bytes.z, bytes.w));
   }
 }
 
