@@ -36,6 +36,7 @@ if _torch is not None:
         flash_attn_with_kvcache,
     )
     from .sdpa import scaled_dot_product_attention
+    from . import fp8  # quantising q, k, v for the FP8 paths (flashattn.fp8.quantize_qkv)
     from .integrations.transformers import register_when_imported as _register_with_transformers
 
     # attn_implementation="fattn" in transformers (flashattn.integrations.transformers), registered when (or
@@ -53,6 +54,7 @@ if _torch is not None:
         "flash_attn_varlen_kvpacked_func",
         "flash_attn_varlen_qkvpacked_func",
         "flash_attn_with_kvcache",
+        "fp8",
         "fp8_attention",
         "fp8_attention_backward",
         "merge_attention_states",
