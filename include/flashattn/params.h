@@ -72,6 +72,8 @@ struct FwdParams {
   // backward given the same seed and offset applies the forward's.
   float dropout_p = 0.f;
   uint64_t dropout_seed = 0, dropout_offset = 0;
+  // {seed, offset} in the tensors' memory (ForwardArgs::dropout_rng), read in place of the two above; null: unused.
+  const uint64_t* dropout_state = nullptr;
   // float8_e4m3fn inputs (dtype e4m3): O's dtype (float16 or bfloat16; else O is in `dtype`), and the fp32 descale
   // factors of Q, K, V, each [batch, heads_kv] with these strides (null: 1): query head h of sequence b reads
   // q * q_descale[b, h / (heads_q / heads_kv)], its keys k * k_descale[b, h_kv], values v * v_descale[b, h_kv].

@@ -48,7 +48,7 @@ struct BwdKernelArgs {
   const float* alibi_slopes;  // null: no ALiBi (common/alibi.h)
   int64_t alibi_batch_stride;
   float dropout_p;  // 0: no dropout (common/dropout.h)
-  uint64_t dropout_seed, dropout_offset;
+  DropoutRng dropout_rng;
 
   // Workspace: D = rowsum(dO o O) and lse_log2, [heads_q][ws_head_stride] each, and the fp32 dQ accumulator
   // [heads_q][ws_head_stride][dq_accum_ld] (rows_q of each head's ws_head_stride rows are used).
@@ -120,7 +120,7 @@ struct BwdDropout {
   float keep_scale;
 };
 __device__ __forceinline__ BwdDropout seq_dropout(const BwdKernelArgs& a, int b, int h) {
-  return {DropoutSpec::make(a.dropout_p, a.dropout_seed, a.dropout_offset, b, h), 1.f / (1.f - a.dropout_p)};
+  return {DropoutSpec::make(a.dropout_p, a.dropout_rng, b, h), 1.f / (1.f - a.dropout_p)};
 }
 
 __device__ __forceinline__ BwdAlibi seq_alibi(const BwdKernelArgs& a, const SeqExtent& e, int b, int h) {

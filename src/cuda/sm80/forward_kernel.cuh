@@ -29,6 +29,7 @@
 #include <cstdint>
 
 #include "common/alibi.h"
+#include "common/dropout.h"
 #include "common/mask.h"
 #include "cuda/primitives.cuh"
 #include "cuda/sm80/forward_config.h"
@@ -65,7 +66,7 @@ struct ForwardKernelArgs {
   const float* alibi_slopes;  // null: no ALiBi; else slope of (b, h) at b * alibi_batch_stride + h
   int64_t alibi_batch_stride;
   float dropout_p;  // 0: no dropout (common/dropout.h)
-  uint64_t dropout_seed, dropout_offset;
+  DropoutRng dropout_rng;
   bool q_vec, k_vec, v_vec, o_vec;  // 16-byte cp.async / stores allowed (tile_io.cuh)
 };
 
@@ -110,7 +111,7 @@ struct ForwardKernel {
     const MaskSpec mask = MaskSpec::make(len_q, len_k, a.causal, a.window_left, a.window_right);
     const Alibi32 alibi = Alibi32::make(a.alibi_slopes, a.alibi_batch_stride, b, h, len_q, len_k);
     const float alibi_slope_u = alibi.slope_in(a.unit_scale);
-    const DropoutSpec dropout = DropoutSpec::make(a.dropout_p, a.dropout_seed, a.dropout_offset, b, h);
+    const DropoutSpec dropout = DropoutSpec::make(a.dropout_p, a.dropout_rng, b, h);
     int64_t key_lo, key_hi;
     mask.key_range_for_rows(m0, m0 + rows, &key_lo, &key_hi);
     const int n_block_min = int(key_lo / kBlockN);

@@ -94,7 +94,7 @@ Status launch_forward(const FwdParams& p, int smem_limit) {
   ForwardKernelArgs a{};
   fill_attention_args(p, &a);
   a.cu_seqlens_k = p.cu_seqlens_k;
-  a.dropout_p = p.dropout_p, a.dropout_seed = p.dropout_seed, a.dropout_offset = p.dropout_offset;
+  a.dropout_p = p.dropout_p, a.dropout_rng = DropoutRng::of(p);
   a.seqlen_k = int(p.seqlen_k);
 
   detail::DeviceGuard guard(p.device.index);

@@ -201,7 +201,7 @@ Status launch(const FwdParams& p, Sm90Grid grid, const VOperand* v_t = nullptr) 
   a.window_right = int(MaskSpec::narrowest_right(p.window_right, p.seqlen_q));
   a.alibi_slopes = p.alibi_slopes;
   a.alibi_batch_stride = p.alibi_slopes_batch_stride;
-  a.dropout_p = p.dropout_p, a.dropout_seed = p.dropout_seed, a.dropout_offset = p.dropout_offset;
+  a.dropout_p = p.dropout_p, a.dropout_rng = DropoutRng::of(p);
   a.q_descale = p.q_descale, a.k_descale = p.k_descale, a.v_descale = p.v_descale;
   for (int i = 0; i < 2; ++i) {
     a.q_descale_strides[i] = p.q_descale_strides[i];

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "common/dropout.h"
 #include "common/mask.h"
 #include "cuda/sm90/forward_config.h"
 #include "cuda/sm90/fp8_v_layout.h"
@@ -33,7 +34,7 @@ struct ForwardKernelArgs {
   const float* alibi_slopes;  // null: no ALiBi; slope of (b, h) at b * alibi_batch_stride + h
   int64_t alibi_batch_stride;
   float dropout_p;            // 0: no dropout (common/dropout.h)
-  uint64_t dropout_seed, dropout_offset;
+  DropoutRng dropout_rng;
   // e4m3 inputs: descales of (sequence, KV head) at [b * strides[0] + h_kv * strides[1]] (null: 1).
   const float* q_descale;
   const float* k_descale;
