@@ -15,6 +15,7 @@
 #include <nanobind/stl/tuple.h>
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -77,7 +78,8 @@ DType to_dtype(const char* name, const nb::dlpack::dtype& t) {
     if (t.code == uint8_t(code::Float) && t.bits == 64) return DType::f64;
     if (t.code == uint8_t(code::Bfloat) && t.bits == 16) return DType::bf16;
     if (t.code == uint8_t(code::Int) && t.bits == 32) return DType::i32;
-    if (t.code == uint8_t(code::Int) && t.bits == 64) return DType::i64;
+    // int64 only where the library takes it (the dropout generator state): elsewhere it stays an unsupported type.
+    if (t.code == uint8_t(code::Int) && t.bits == 64 && std::strcmp(name, "dropout_rng") == 0) return DType::i64;
     if (t.code == uint8_t(code::Float8_E4M3FN) && t.bits == 8) return DType::e4m3;
   }
   std::string got = std::string(dl_type_name(t)) + std::to_string(int(t.bits));

@@ -136,7 +136,7 @@ class OpSpy(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if "attention_backward" in str(func):
-            self.backward_options.append(list(args[9]))  # int_options
+            self.backward_options.append(list(args[10]))  # int_options
         return func(*args, **(kwargs or {}))
 
 
