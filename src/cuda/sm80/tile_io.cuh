@@ -52,16 +52,20 @@ __device__ __forceinline__ uint2 load_e4m3_bytes(const uint8_t* src, int col, in
   return *reinterpret_cast<const uint2*>(bytes);
 }
 
-// float8_e4m3fn tiles through shared memory, widened to float16 (exact: the float8 kernels compute in float16
-// whatever their output type). Tiles loaded once (Q) convert on their way in (e4m3_chunk_half); streamed tiles
-// arrive as bytes in a plain row-major staging tile (kD bytes per row: each thread reads back only what it copied,
-// so no swizzle is needed), 16 bytes per chunk, and each thread then widens its own chunks into the swizzled
-// 16-bit tile (convert_e4m3_tile).
+// float8_e4m3fn tiles in shared memory (the decode kernel's FP8 KV cache). K and V stay e4m3 there, kD bytes per
+// row, and the matrix products widen each lane's own fragment bytes (warp_gemm_e4m3.cuh). The 16-byte chunk c of
+// row r is stored at chunk c ^ e4m3_phase(r), so that the rows one fragment load touches fall in different banks:
+// 8 consecutive rows (Q Kᵀ reads one word of each), or rows 2q, 2q + 1, 2q + 8, 2q + 9 (P V) of kD >= 128 bytes;
+// at kD = 64 two rows share a 128-byte line and the phase counts lines. Q, loaded once, is widened on its way in
+// (load_e4m3_q), with the column order the Q Kᵀ fragments assume.
 constexpr int kE4m3Chunk = 16;  // float8 elements (bytes) per staging copy
 
-// The 8 bytes at src + col as one 16-byte chunk of float16 (load_e4m3_bytes' zeros included).
-__device__ __forceinline__ uint4 e4m3_chunk_half(const uint8_t* src, int col, int cols_valid, bool in, bool vec) {
-  return e4m3x8_to_half(load_e4m3_bytes(src, col, cols_valid, in, vec));
+template <int kD>
+__device__ __forceinline__ int e4m3_offset(int row, int byte) {
+  static_assert(kD % 64 == 0, "16-byte chunks in groups that fill 128-byte lines");
+  constexpr int kChunks = kD / kE4m3Chunk;
+  const int phase = kChunks >= 8 ? (row & 7) : ((row >> 1) & (kChunks - 1));
+  return row * kD + ((((byte >> 4) ^ phase)) << 4) + (byte & 15);
 }
 
 // One 16-byte chunk of a staging row from the global row `src` (null: zeros): cp.async when `vec` (16-byte aligned
@@ -80,48 +84,39 @@ __device__ __forceinline__ void copy_e4m3_chunk(uint8_t* dst, const uint8_t* src
   *reinterpret_cast<uint4*>(dst) = make_uint4(lo.x, lo.y, hi.x, hi.y);
 }
 
-// This thread's kChunk-column chunks of a kRows x kCols tile, as load_tile assigns them: column chunk
-// t % (kCols / kChunk) of rows row(i) = t / (kCols / kChunk) + i * kRowsPerPass, i < kPasses.
-template <int kRows, int kCols, int kThreads, int kChunk = 8>
-struct ThreadChunks {
-  static constexpr int kChunksPerRow = kCols / kChunk;
-  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
-  static constexpr int kPasses = kRows / kRowsPerPass;
-  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
-  int row0 = int(threadIdx.x) / kChunksPerRow;
-  int col = (int(threadIdx.x) % kChunksPerRow) * kChunk;
-  __device__ __forceinline__ int row(int i) const { return row0 + i * kRowsPerPass; }
-};
-template <int kRows, int kD, int kThreads>
-using E4m3Chunks = ThreadChunks<kRows, kD, kThreads, kE4m3Chunk>;
-
-// Rows [0, kRows) of a global float8 tile (row r at g + r * row_stride) into the staging tile `s`, rows >=
-// rows_valid and columns >= cols_valid as zeros.
+// Rows [0, kRows) of a global float8 tile (row r at g + r * row_stride) into the e4m3 tile `s`, rows >= rows_valid
+// and columns >= cols_valid as zeros.
 template <int kRows, int kD, int kThreads>
 __device__ __forceinline__ void load_e4m3_tile(uint8_t* s, const uint8_t* g, int64_t row_stride, int rows_valid,
                                                int cols_valid, bool vec) {
-  using Chunks = E4m3Chunks<kRows, kD, kThreads>;
-  const Chunks c;
+  // load_tile's assignment: thread t copies chunk t % (kD / 16) of rows t / (kD / 16) + i * kRowsPerPass.
+  constexpr int kChunksPerRow = kD / kE4m3Chunk;
+  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
+  const int row0 = int(threadIdx.x) / kChunksPerRow, col = (int(threadIdx.x) % kChunksPerRow) * kE4m3Chunk;
 #pragma unroll
-  for (int i = 0; i < Chunks::kPasses; ++i) {
-    const int row = c.row(i);
-    copy_e4m3_chunk(s + row * kD + c.col, row < rows_valid ? g + row * row_stride : nullptr, g, c.col, cols_valid,
-                    vec);
+  for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+    const int row = row0 + i * kRowsPerPass;
+    copy_e4m3_chunk(s + e4m3_offset<kD>(row, col), row < rows_valid ? g + row * row_stride : nullptr, g, col,
+                    cols_valid, vec);
   }
 }
 
-// This thread's chunks of the staging tile `staged` (kRows x kD bytes) widened (exactly) into the swizzled float16
-// tile `s`.
-template <int kRows, int kD, int kThreads>
-__device__ __forceinline__ void convert_e4m3_tile(__half* s, const uint8_t* staged) {
-  using Chunks = E4m3Chunks<kRows, kD, kThreads>;
-  const Chunks c;
-#pragma unroll
-  for (int i = 0; i < Chunks::kPasses; ++i) {
-    const int row = c.row(i);
-    const uint4 bytes = *reinterpret_cast<const uint4*>(staged + row * kD + c.col);
-    *reinterpret_cast<uint4*>(s + swizzle<kD>(row, c.col)) = e4m3x8_to_half(make_uint2(bytes.x, bytes.y));
-    *reinterpret_cast<uint4*>(s + swizzle<kD>(row, c.col + 8)) = e4m3x8_to_half(make_uint2(bytes.z, bytes.w));
+// The kRows x kD float8 Q tile (row r from row_ptr(r), null: zeros) widened into the swizzled float16 tile `s`, its
+// columns permuted within each 16-column step as warp_gemm_qk_e4m3 reads K: the step's first 8 columns are the
+// actual columns 0, 1, 4, 5, 8, 9, 12, 13, the next 8 the columns 2, 3, 6, 7, 10, 11, 14, 15 (float16 pairs 0, 2, 4,
+// 6 and 1, 3, 5, 7). Synchronous loads (Q is read once per block).
+template <int kRows, int kD, int kThreads, typename RowPtr>
+__device__ __forceinline__ void load_e4m3_q(__half* s, RowPtr row_ptr, int cols_valid, bool vec) {
+  constexpr int kSteps = kD / 16;
+  for (int idx = int(threadIdx.x); idx < kRows * kSteps; idx += kThreads) {
+    const int row = idx / kSteps, col = (idx % kSteps) * 16;
+    const uint8_t* src = row_ptr(row);
+    const bool in = src != nullptr;
+    const uint4 lo = e4m3x8_to_half(load_e4m3_bytes(src, col, cols_valid, in && col < cols_valid, vec));
+    const uint4 hi = e4m3x8_to_half(load_e4m3_bytes(src, col + 8, cols_valid, in && col + 8 < cols_valid, vec));
+    *reinterpret_cast<uint4*>(s + swizzle<kD>(row, col)) = make_uint4(lo.x, lo.z, hi.x, hi.z);
+    *reinterpret_cast<uint4*>(s + swizzle<kD>(row, col + 8)) = make_uint4(lo.y, lo.w, hi.y, hi.w);
   }
 }
 
