@@ -491,19 +491,30 @@ struct DecodeKernel {
     for (int idx = rank * kThreads + int(threadIdx.x); idx < rows * kD; idx += splits * kThreads) {
       const int row = idx / kD, c = idx % kD;
       if (c >= a.head_dim_v) continue;
+      // Every split's LSE and O value first, all loads in flight together (one distributed-shared-memory round
+      // trip instead of one per split and pass); each CTA wrote both for every (row, c) it combines here.
+      float split_lse[kMaxClusterSplits], split_o[kMaxClusterSplits];
+#pragma unroll
+      for (int s = 0; s < kMaxClusterSplits; ++s) {
+        const bool in = s < splits;
+        split_lse[s] = in ? ld_shared_cluster_f32(cluster_shared_address(sPartialLse + row, s)) : -INFINITY;
+        split_o[s] = in ? ld_shared_cluster_f32(cluster_shared_address(sPartialO + row * kD + c, s)) : 0.f;
+      }
       float m = -INFINITY;
-      auto split_lse = [&](int s) { return ld_shared_cluster_f32(cluster_shared_address(sPartialLse + row, s)); };
-      for (int s = 0; s < splits; ++s) m = fmaxf(m, split_lse(s));
+#pragma unroll
+      for (int s = 0; s < kMaxClusterSplits; ++s) m = fmaxf(m, split_lse[s]);
       float sum = 0.f;
       if (m != -INFINITY) {
-        for (int s = 0; s < splits; ++s) sum += expf(split_lse(s) - m);
+#pragma unroll
+        for (int s = 0; s < kMaxClusterSplits; ++s) sum += expf(split_lse[s] - m);
       }
       const float lse = sum > 0.f ? m + logf(sum) : -INFINITY;
       float o = 0.f;
       if (sum > 0.f) {
-        for (int s = 0; s < splits; ++s) {
-          const float w = expf(split_lse(s) - lse);
-          if (w > 0.f) o += w * ld_shared_cluster_f32(cluster_shared_address(sPartialO + row * kD + c, s));
+#pragma unroll
+        for (int s = 0; s < kMaxClusterSplits; ++s) {
+          const float w = expf(split_lse[s] - lse);
+          if (w > 0.f) o += w * split_o[s];
         }
       }
       const int pr = r0 + row, i = pr / a.head_group, h = hk * a.head_group + pr % a.head_group;
