@@ -16,16 +16,22 @@ namespace flashattn::cuda::sm80 {
 // A = Q rows: matrices (rows +0/+8) x (cols +0/+8) in the order a[0..3] needs: row offset (l >> 3 & 1) * 8,
 // column offset (l >> 4) * 8. B = K rows read as "col" operand: b[0], b[1] of n-tile 2p are K rows +0..7 at
 // columns +0 / +8, those of n-tile 2p+1 rows +8..15: row offset (l >> 4) * 8, column offset (l >> 3 & 1) * 8.
+// The Q fragments of 16-column step ks: A operands of the warp's kMTiles m16 tiles of the swizzled tile sq.
+template <typename T, int kD, int kMTiles>
+__device__ __forceinline__ void q_fragments(uint32_t (&a)[kMTiles][4], const T* sq, int ks, int lane) {
+  const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) ldmatrix_x4(a[mt], sq + swizzle<kD>(mt * 16 + a_row, ks * 16 + a_col));
+}
+
 template <typename T, int kD, int kMTiles, int kNTiles>
 __device__ __forceinline__ void warp_gemm_qk(float (&s)[kMTiles][kNTiles][4], const T* sq, const T* sk, int lane) {
   static_assert(kNTiles % 2 == 0, "K fragments are loaded two n-tiles at a time");
-  const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
   const int b_row = (lane & 7) + (lane >> 4) * 8, b_col = ((lane >> 3) & 1) * 8;
 #pragma unroll
   for (int ks = 0; ks < kD / 16; ++ks) {
     uint32_t a[kMTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) ldmatrix_x4(a[mt], sq + swizzle<kD>(mt * 16 + a_row, ks * 16 + a_col));
+    q_fragments<T, kD, kMTiles>(a, sq, ks, lane);
 #pragma unroll
     for (int np = 0; np < kNTiles / 2; ++np) {
       uint32_t b[4];
@@ -94,13 +100,11 @@ __device__ __forceinline__ int e4m3_o_column(int d_tile, int n) { return 32 * (d
 template <int kD, int kMTiles, int kNTiles>
 __device__ __forceinline__ void warp_gemm_qk_e4m3(float (&s)[kMTiles][kNTiles][4], const __half* sq,
                                                   const uint8_t* sk, int key0, int lane) {
-  const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
   const int g = lane >> 2, q = lane & 3;
 #pragma unroll
   for (int ks = 0; ks < kD / 16; ++ks) {
     uint32_t a[kMTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) ldmatrix_x4(a[mt], sq + swizzle<kD>(mt * 16 + a_row, ks * 16 + a_col));
+    q_fragments<__half, kD, kMTiles>(a, sq, ks, lane);
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
       const uint8_t* bytes = sk + e4m3_offset<kD>(key0 + nt * 8 + g, ks * 16 + 4 * q);
