@@ -15,7 +15,8 @@ before quantisation without changing the attention. With R = diag(±1) · H / sq
 signs from `seed`), an outlier coordinate's energy spreads over all coordinates, whose quantisation errors then
 average out instead of landing on the few products that dominate the scores. Measured in bench/results/fp8.md: on
 N(0, 1) inputs with 0.1% of entries plus N(0, 100) (the FA3 paper's outlier distribution) the output's error
-against the unquantised attention drops about 1.6x; on plain N(0, 1) inputs nothing changes. v is not rotated
+against the unquantised attention falls to 0.42-0.66x (more at larger head dims); on plain N(0, 1) inputs nothing
+changes. v is not rotated
 (rotating it does not help: its error enters the output linearly). Head dims that are not a power of two rotate in
 blocks of the largest power of two dividing them (block-diagonal H).
 
