@@ -27,6 +27,7 @@ Gradients: fp8_attention_backward of rotated inputs returns dq, dk with respect 
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -43,18 +44,26 @@ _LAYOUTS = {4: "rank 4 [batch, seq, heads, d]", 3: "rank 3 [total, heads, d] (wi
 def hadamard_rotation(head_dim: int, *, seed: int = 0, device=None) -> Tensor:
     """The (head_dim, head_dim) fp32 orthogonal matrix diag(s) · H / sqrt(n): s random signs drawn from `seed`
     (a CPU generator: the same matrix on every device), H the Sylvester Hadamard matrix of order n, the largest
-    power of two dividing head_dim (block-diagonal: head_dim / n blocks)."""
+    power of two dividing head_dim (block-diagonal: head_dim / n blocks). A new tensor each call (built on the CPU
+    once per (head_dim, seed), then copied to `device`): inside CUDA-graph capture, make it beforehand and pass it
+    to quantize(..., rotation=)."""
     if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
         raise ValueError(f"head_dim: expected a positive int, got {head_dim!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
+    return _rotation_on_cpu(head_dim, seed).to(device=device, dtype=torch.float32)
+
+
+@functools.lru_cache(maxsize=32)
+def _rotation_on_cpu(head_dim: int, seed: int) -> Tensor:
+    """hadamard_rotation's matrix in float64 on the CPU (callers get converted copies, never this tensor)."""
     n = head_dim & -head_dim
     h = torch.ones(1, 1, dtype=torch.float64)
     while h.shape[0] < n:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
     blocks = torch.block_diag(*([h / n ** 0.5] * (head_dim // n)))
     signs = torch.randint(0, 2, (head_dim,), generator=torch.Generator().manual_seed(seed)) * 2 - 1
-    return (signs.to(torch.float64)[:, None] * blocks).to(torch.float32).to(device)
+    return signs.to(torch.float64)[:, None] * blocks
 
 
 def _check_source(name: str, x) -> None:

@@ -36,6 +36,8 @@ def test_hadamard_rotation_is_orthogonal_seeded_and_block_diagonal():
         r = r.double()
         torch.testing.assert_close(r @ r.t(), torch.eye(d, dtype=torch.float64), atol=1e-6, rtol=0)
     torch.testing.assert_close(fp8.hadamard_rotation(128, seed=3), fp8.hadamard_rotation(128, seed=3))
+    fp8.hadamard_rotation(128, seed=3).zero_()  # each call's tensor is the caller's own
+    assert bool(fp8.hadamard_rotation(128, seed=3).abs().gt(0).all())
     assert not torch.equal(fp8.hadamard_rotation(128, seed=3), fp8.hadamard_rotation(128, seed=4))
     # 96 = 3 blocks of 32: no coupling between the blocks; every entry of a block is +-1/sqrt(32).
     r = fp8.hadamard_rotation(96)
