@@ -27,7 +27,9 @@ import flashattn
 from flashattn import fa3, fp8
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+sys.path.insert(0, __file__.rsplit("/", 2)[0])
 from bench_vs_torch import flops  # noqa: E402
+from fp8_incoherent import reference, rel_rmse  # noqa: E402  (bench/: float64 attention, relative RMSE)
 from recheck_cell import add_grid_options, burst  # noqa: E402
 
 F8 = torch.float8_e4m3fn
@@ -43,10 +45,6 @@ def gemm_ceiling(seconds):
     return 2.0 * n ** 3 / t / 1e12
 
 
-def rmse(got, want):
-    return float((got.double() - want).norm() / want.norm())
-
-
 def accuracy(d, s, causal, outliers):
     b, h = 1, 4
     g = torch.Generator(device="cuda").manual_seed(3)
@@ -55,22 +53,14 @@ def accuracy(d, s, causal, outliers):
         for t in x:
             mask = torch.rand(t.shape, device="cuda", generator=g) < 1e-3
             t += mask * torch.randn(t.shape, device="cuda", generator=g) * 10.0
-    ref, _ = torch_ref(*x, causal)
+    ref = reference(*x, causal)
     qs = [quantise(t) for t in x]
     out8 = fa3.flash_attn_func(qs[0][0], qs[1][0], qs[2][0], causal=causal, q_descale=qs[0][1],
                                k_descale=qs[1][1], v_descale=qs[2][1])
     out16 = flashattn.flash_attn_func(*(t.bfloat16() for t in x), causal=causal)
     # The kernel's own error: against the attention of the values it was given (e4m3 times descale).
-    ref_deq, _ = torch_ref(*(t8.double() * s.double()[:, None, :, None] for t8, s in qs), causal)
-    return rmse(out8, ref), rmse(out16, ref), rmse(out8, ref_deq)
-
-
-def torch_ref(q, k, v, causal):
-    q, k, v = (t.double().transpose(1, 2) for t in (q, k, v))
-    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
-    if causal:
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
-    return (s.softmax(-1) @ v).transpose(1, 2), None
+    ref_deq = reference(*(t8.double() * s.double()[:, None, :, None] for t8, s in qs), causal)
+    return rel_rmse(out8, ref), rel_rmse(out16, ref), rel_rmse(out8, ref_deq)
 
 
 def cell(d, s, causal, repeats, seconds):
@@ -161,14 +151,14 @@ def backward_accuracy(d, s, causal, outliers):
 
     def grads64(q, k, v, dout):
         q, k, v = (t.double().requires_grad_() for t in (q, k, v))
-        out, _ = torch_ref(q, k, v, causal)
+        out = reference(q, k, v, causal)
         return torch.autograd.grad(out, (q, k, v), dout.double())
 
     ref = grads64(*x)
     ref_deq = grads64(*(t8.double() * sc.double()[:, None, :, None] for t8, sc in map(quantise, x)))
     fp8, bf16 = backward_calls(x, causal)
     g8, g16 = fp8(), bf16()
-    fmt = lambda got, want: "/".join(f"{rmse(a_, b_):.1e}" for a_, b_ in zip(got, want))
+    fmt = lambda got, want: "/".join(f"{rel_rmse(a_, b_):.1e}" for a_, b_ in zip(got, want))
     return fmt(g8, ref), fmt(g16, ref), fmt(g8, ref_deq)
 
 

@@ -126,15 +126,11 @@ __global__ void rotate_queries_kernel(const __grid_constant__ RotateQueryArgs a)
 
 int column_threads(int64_t cols) { return int(std::min<int64_t>(256, (cols + 31) / 32 * 32)); }
 
-RotaryArgs rotary_args(const KVCacheParams& kp) {
-  return {kp.rotary_cos, kp.rotary_sin, int(kp.rotary_dim), int(kp.rotary_rows), kp.rotary_interleaved};
-}
-
-// Q rotated into scratch (rotary_cos set), then `forward` over the cache with it.
+// Q rotated by `rot` into scratch, then `forward` over the cache with it.
 template <typename T>
-Status rotate_queries_and_run(const KVCacheParams& kp, ForwardFn forward, cudaStream_t stream) {
+Status rotate_queries_and_run(const KVCacheParams& kp, const RotaryArgs& rot, ForwardFn forward,
+                              cudaStream_t stream) {
   const FwdParams& p = kp.attn;
-  const RotaryArgs rot = rotary_args(kp);
   const int64_t rows = p.is_varlen() ? p.total_q : p.batch * p.seqlen_q;
   if (rows == 0) return forward(p);
   if (rows > INT32_MAX || p.heads_q > 65535) return Status::unsupported("cuda: rotary over 2^31 query rows or 65535 heads");
@@ -168,7 +164,7 @@ Status kvcache_typed(const KVCacheParams& kp, ForwardFn forward) {
   DeviceGuard guard(p.device.index);
   FA_CUDA_TRY(guard.status());
   auto stream = static_cast<cudaStream_t>(p.stream);
-  const RotaryArgs rot = rotary_args(kp);
+  RotaryArgs rot{kp.rotary_cos, kp.rotary_sin, int(kp.rotary_dim), int(kp.rotary_rows), kp.rotary_interleaved};
   if (kp.k_new && kp.seqlen_new > 0 && p.batch > 0) {
     if (kp.seqlen_new > INT32_MAX || p.heads_kv > 65535 || p.batch > 65535)
       return Status::unsupported("cuda: appending more than 2^31 rows, 65535 heads or 65535 sequences");
@@ -195,7 +191,7 @@ Status kvcache_typed(const KVCacheParams& kp, ForwardFn forward) {
   if constexpr (std::is_same_v<T, uint8_t>) {
     return Status::unsupported("rotary_cos: rotary embedding of float8_e4m3fn rows is not supported");
   } else {
-    return rotate_queries_and_run<T>(kp, forward, stream);
+    return rotate_queries_and_run<T>(kp, rot, forward, stream);
   }
 }
 
