@@ -15,7 +15,6 @@
 #include <nanobind/stl/tuple.h>
 
 #include <cstdint>
-#include <cstring>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -70,7 +69,9 @@ const char* dl_type_name(const nb::dlpack::dtype& t) {
   }
 }
 
-DType to_dtype(const char* name, const nb::dlpack::dtype& t) {
+// int64_ok: the one argument the library takes int64 for (the dropout generator state); elsewhere int64 stays an
+// unsupported type.
+DType to_dtype(const char* name, const nb::dlpack::dtype& t, bool int64_ok = false) {
   using code = nb::dlpack::dtype_code;
   if (t.lanes == 1) {
     if (t.code == uint8_t(code::Float) && t.bits == 16) return DType::f16;
@@ -78,8 +79,7 @@ DType to_dtype(const char* name, const nb::dlpack::dtype& t) {
     if (t.code == uint8_t(code::Float) && t.bits == 64) return DType::f64;
     if (t.code == uint8_t(code::Bfloat) && t.bits == 16) return DType::bf16;
     if (t.code == uint8_t(code::Int) && t.bits == 32) return DType::i32;
-    // int64 only where the library takes it (the dropout generator state): elsewhere it stays an unsupported type.
-    if (t.code == uint8_t(code::Int) && t.bits == 64 && std::strcmp(name, "dropout_rng") == 0) return DType::i64;
+    if (t.code == uint8_t(code::Int) && t.bits == 64 && int64_ok) return DType::i64;
     if (t.code == uint8_t(code::Float8_E4M3FN) && t.bits == 8) return DType::e4m3;
   }
   std::string got = std::string(dl_type_name(t)) + std::to_string(int(t.bits));
@@ -102,13 +102,13 @@ Device to_device(const char* name, int device_type, int device_id) {
 }
 
 template <typename Array>
-TensorView to_view(const char* name, const Array& a) {
+TensorView to_view(const char* name, const Array& a, bool int64_ok = false) {
   if (a.ndim() > size_t(flashattn::kMaxRank)) {
     throw_python(PyExc_ValueError, std::string(name) + ": rank " + std::to_string(a.ndim()) + " is above the maximum of " +
                                 std::to_string(flashattn::kMaxRank));
   }
   TensorView t;
-  t.dtype = to_dtype(name, a.dtype());
+  t.dtype = to_dtype(name, a.dtype(), int64_ok);
   t.device = to_device(name, a.device_type(), a.device_id());
   t.rank = int(a.ndim());
   for (int i = 0; i < t.rank; ++i) {
@@ -122,8 +122,8 @@ TensorView to_view(const char* name, const Array& a) {
 }
 
 template <typename Array>
-TensorView to_view(const char* name, const std::optional<Array>& a) {
-  return a ? to_view(name, *a) : TensorView{};
+TensorView to_view(const char* name, const std::optional<Array>& a, bool int64_ok = false) {
+  return a ? to_view(name, *a, int64_ok) : TensorView{};
 }
 
 AttentionOptions make_options(double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
@@ -191,7 +191,7 @@ std::string forward(const In& q, const In& k, const In& v, const Out& out, const
                     const OptIn& v_descale, const std::string& backend, int num_threads, uintptr_t stream) {
   flashattn::ForwardArgs a = forward_args(q, k, v, to_view("out", out), to_view("lse", lse), cu_seqlens_q,
                                           cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes);
-  a.dropout_rng = to_view("dropout_rng", dropout_rng);
+  a.dropout_rng = to_view("dropout_rng", dropout_rng, /*int64_ok=*/true);
   a.q_descale = to_view("q_descale", q_descale);
   a.k_descale = to_view("k_descale", k_descale);
   a.v_descale = to_view("v_descale", v_descale);
@@ -217,7 +217,7 @@ std::string backward(const In& dout, const In& q, const In& k, const In& v, cons
                                                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                          alibi_slopes);
   a.dout = to_view("dout", dout);
-  a.dropout_rng = to_view("dropout_rng", dropout_rng);
+  a.dropout_rng = to_view("dropout_rng", dropout_rng, /*int64_ok=*/true);
   a.q_descale = to_view("q_descale", q_descale);
   a.k_descale = to_view("k_descale", k_descale);
   a.v_descale = to_view("v_descale", v_descale);

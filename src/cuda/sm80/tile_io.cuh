@@ -53,10 +53,11 @@ __device__ __forceinline__ uint2 load_e4m3_bytes(const uint8_t* src, int col, in
 }
 
 // float8_e4m3fn tiles in shared memory (the decode kernel's FP8 KV cache). K and V stay e4m3 there, kD bytes per
-// row, and the matrix products widen each lane's own fragment bytes (warp_gemm_e4m3.cuh). The 16-byte chunk c of
-// row r is stored at chunk c ^ e4m3_phase(r), so that the rows one fragment load touches fall in different banks:
-// 8 consecutive rows (Q Kᵀ reads one word of each), or rows 2q, 2q + 1, 2q + 8, 2q + 9 (P V) of kD >= 128 bytes;
-// at kD = 64 two rows share a 128-byte line and the phase counts lines. Q, loaded once, is widened on its way in
+// row, and the matrix products widen each lane's own fragment bytes (warp_gemm.cuh warp_gemm_qk_e4m3 /
+// warp_gemm_pv_e4m3). The 16-byte chunk c of row r is stored at chunk c ^ phase(r) (e4m3_offset), so that the rows
+// one fragment load touches fall in different banks: 8 consecutive rows (Q Kᵀ reads one word of each), or rows 2q,
+// 2q + 1, 2q + 8, 2q + 9 (P V) of kD >= 128 bytes; at kD = 64 two rows share a 128-byte line and the phase counts
+// lines. Q, loaded once, is widened on its way in
 // (load_e4m3_q), with the column order the Q Kᵀ fragments assume.
 constexpr int kE4m3Chunk = 16;  // float8 elements (bytes) per staging copy
 
