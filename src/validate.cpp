@@ -73,6 +73,7 @@ Status check_options(const AttentionOptions& o) {
     return Status::invalid("dropout_p: must be in [0, 1), got " + std::to_string(o.dropout_p));
   if (o.window_left < -1) return Status::invalid("window_left: must be >= -1 (-1 = unbounded)");
   if (o.window_right < -1) return Status::invalid("window_right: must be >= -1 (-1 = unbounded)");
+  if (o.attention_chunk < 0) return Status::invalid("attention_chunk: must be >= 0 (0 = off)");
   if (o.num_threads < 0) return Status::invalid("num_threads: must be >= 0 (0 = all hardware threads)");
   switch (o.backend) {
     case Backend::automatic:
@@ -277,6 +278,7 @@ void set_options(const AttentionOptions& o, FwdParams* p) {
   constexpr int64_t kWidestWindow = int64_t(1) << 62;
   p->window_left = std::min(o.window_left, kWidestWindow);
   p->window_right = std::min(o.window_right, kWidestWindow);
+  p->attention_chunk = o.attention_chunk;
   p->stream = o.stream;
   p->num_threads = o.num_threads;
 }
@@ -753,7 +755,7 @@ Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCa
       return Status::invalid("rotary_cos: rotary_dim (2 x dim 1 = " + std::to_string(kp.rotary_dim) +
                              ") must be in [2, head dim " + std::to_string(p.head_dim) + "]");
     }
-    kp.rotary_per_row = o.causal || o.window_left >= 0 || o.window_right >= 0;
+    kp.rotary_per_row = o.causal || o.window_left >= 0 || o.window_right >= 0 || o.attention_chunk > 0;
     if (!((st = check_index_vector("rotary_seqlens", a.rotary_seqlens, p.batch, dev, &kp.rotary_seqlens)).ok()))
       return st;
     // Appended rows are rotated at their cache rows (without rotary_seqlens); queries past the new rows

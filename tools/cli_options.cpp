@@ -79,6 +79,7 @@ const char* run_usage() {
          "attention:\n"
          "  --causal             causal mask, aligned bottom-right\n"
          "  --window L,R         sliding window left,right (-1 = unbounded)\n"
+         "  --attention-chunk N  chunked attention: a row sees only its diagonal's chunk of N keys (0 = off)\n"
          "  --softcap X          scores = X * tanh(scores / X)\n"
          "  --scale X            softmax scale (default 1/sqrt(head dim))\n"
          "\n"
@@ -165,6 +166,12 @@ bool parse_run_options(const std::vector<std::string>& args, RunOptions* o, std:
       if (w.size() != 2) return bad(a, args[i + 1], "LEFT,RIGHT with values >= -1");
       o->attn.window_left = w[0];
       o->attn.window_right = w[1];
+      ++i;
+    } else if (a == "--attention-chunk") {
+      if (!need_value(i)) return false;
+      int64_t v;
+      if (!parse_int(args[i + 1], &v) || v < 0) return bad(a, args[i + 1], "an integer >= 0 (0 = off)");
+      o->attn.attention_chunk = v;
       ++i;
     } else if (a == "--softcap" || a == "--scale") {
       if (!need_value(i)) return false;

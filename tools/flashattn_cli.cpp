@@ -235,11 +235,12 @@ DType parse_dtype(const std::string& s) {
   return DType::f32;
 }
 
-// Visible (query, key) pairs of every head: exact, so causal and window FLOPs count what is computed.
+// Visible (query, key) pairs of every head: exact, so causal, window and chunk FLOPs count what is computed.
 double visible_pairs(const Problem& pb, const AttentionOptions& a) {
   double pairs = 0;
   for (size_t b = 0; b < pb.lens_q.size(); ++b) {
-    const MaskSpec m = MaskSpec::make(pb.lens_q[b], pb.lens_k[b], a.causal, a.window_left, a.window_right);
+    const MaskSpec m = MaskSpec::make(pb.lens_q[b], pb.lens_k[b], a.causal, a.window_left, a.window_right,
+                                      a.attention_chunk);
     for (int64_t i = 0; i < pb.lens_q[b]; ++i) {
       int64_t lo, hi;
       m.key_range(i, &lo, &hi);
@@ -498,11 +499,11 @@ int run_command(const std::vector<std::string>& args) {
     std::printf("{\"device\": \"%s\", \"dtype\": \"%s\", \"batch\": %" PRId64 ", \"seqlen_q\": %" PRId64
                 ", \"seqlen_k\": %" PRId64 ", \"heads\": %" PRId64 ", \"heads_kv\": %" PRId64 ", \"head_dim\": %" PRId64
                 ", \"head_dim_v\": %" PRId64 ", \"varlen\": %s, \"causal\": %s, \"window\": [%" PRId64 ", %" PRId64
-                "], \"softcap\": %g, \"layout\": \"%s\", \"backend_forward\": \"%s\", \"forward_ms\": %.6f, "
+                "], \"attention_chunk\": %" PRId64 ", \"softcap\": %g, \"layout\": \"%s\", \"backend_forward\": \"%s\", \"forward_ms\": %.6f, "
                 "\"forward_tflops\": %.4f, \"forward_extra_bytes\": %.0f, \"naive_forward_bytes\": %.0f",
                 dev, dtype_name(pb.dtype), pb.batch, pb.sq, pb.sk, pb.h, pb.hkv, pb.d, pb.dv, pb.varlen ? "true" : "false",
-                o.attn.causal ? "true" : "false", o.attn.window_left, o.attn.window_right, o.attn.softcap,
-                o.layout.c_str(), backend_name(choice_fwd.backend), fwd_s * 1e3, fwd_flops / fwd_s * 1e-12, fwd_extra,
+                o.attn.causal ? "true" : "false", o.attn.window_left, o.attn.window_right,
+                o.attn.attention_chunk, o.attn.softcap, o.layout.c_str(), backend_name(choice_fwd.backend), fwd_s * 1e3, fwd_flops / fwd_s * 1e-12, fwd_extra,
                 naive_fwd);
     if (o.backward) {
       std::printf(", \"backend_backward\": \"%s\", \"backward_ms\": %.6f, \"backward_tflops\": %.4f, "
@@ -526,8 +527,9 @@ int run_command(const std::vector<std::string>& args) {
                 "  head dim %" PRId64 "/%" PRId64 "  layout %s\n",
                 pb.batch, pb.sq, pb.sk, pb.h, pb.hkv, pb.d, pb.dv, o.layout.c_str());
   }
-  std::printf("mask      causal %s  window (%" PRId64 ", %" PRId64 ")  softcap %g  scale %g\n",
-              o.attn.causal ? "yes" : "no", o.attn.window_left, o.attn.window_right, o.attn.softcap, double(fp.softmax_scale));
+  std::printf("mask      causal %s  window (%" PRId64 ", %" PRId64 ")  chunk %" PRId64 "  softcap %g  scale %g\n",
+              o.attn.causal ? "yes" : "no", o.attn.window_left, o.attn.window_right, o.attn.attention_chunk,
+              o.attn.softcap, double(fp.softmax_scale));
   std::printf("backend   forward: %s (%s)\n", backend_name(choice_fwd.backend), choice_fwd.reason.c_str());
   if (o.backward) std::printf("          backward: %s (%s)\n", backend_name(choice_bwd.backend), choice_bwd.reason.c_str());
   // GPUs run at TFLOP/s, CPUs at GFLOP/s: print the unit that keeps the number readable.

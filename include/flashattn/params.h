@@ -32,7 +32,8 @@ namespace flashattn {
 // Mask semantics, shared by every backend. For query row i of a sequence with s_q queries and s_k keys, let
 // diag = i + s_k - s_q (bottom-right alignment, as flash-attn >= 2.1). Key j is visible iff
 //   (!causal || j <= diag) && (window_left < 0 || j >= diag - window_left)
-//                          && (window_right < 0 || j <= diag + window_right).
+//                          && (window_right < 0 || j <= diag + window_right)
+//                          && (attention_chunk == 0 || j / attention_chunk == floor(diag / attention_chunk)).
 struct FwdParams {
   DType dtype = DType::bf16;
   Device device;
@@ -62,6 +63,7 @@ struct FwdParams {
   float softcap = 0.f;        // 0 = off; else scores become softcap * tanh(scores / softcap)
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
+  int64_t attention_chunk = 0;  // 0 = off; else keys in chunks of this many, a row seeing its diagonal's chunk
   // ALiBi (common/alibi.h): fp32 slopes on the tensors' device, [heads_q] (batch stride 0) or [batch, heads_q];
   // query head h of sequence b adds -alibi_slopes[b * alibi_slopes_batch_stride + h] · |i + s_k - s_q - j| to its
   // score for key j. Null: no bias.

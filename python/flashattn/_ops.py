@@ -105,18 +105,18 @@ def _backward_outputs(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, 
 # forward call on the host, which at short sequences is more than the kernel
 # (bench/results/host-overhead.md).
 INT_OPTIONS = ("max_seqlen_q", "max_seqlen_k", "causal", "window_left", "window_right", "deterministic", "num_threads",
-               "dropout_seed", "dropout_offset")
+               "dropout_seed", "dropout_offset", "attention_chunk")
 FLOAT_OPTIONS = ("softmax_scale", "softcap", "dropout_p")
 
 
 def op_options(max_seqlen_q: int = 0, max_seqlen_k: int = 0, softmax_scale: float = 1.0, causal: bool = False,
                window_left: int = -1, window_right: int = -1, softcap: float = 0.0, deterministic: bool = False,
                num_threads: int = 0, dropout_p: float = 0.0, dropout_seed: int = 0,
-               dropout_offset: int = 0) -> Tuple[List[int], List[float]]:
+               dropout_offset: int = 0, *, attention_chunk: int = 0) -> Tuple[List[int], List[float]]:
     """The operators' (int_options, float_options), in the orders INT_OPTIONS and FLOAT_OPTIONS name. The dropout
     seed and offset travel with the forward's options to its backward, which so regenerates the same mask."""
     return ([int(max_seqlen_q), int(max_seqlen_k), int(bool(causal)), int(window_left), int(window_right),
-             int(bool(deterministic)), int(num_threads), int(dropout_seed), int(dropout_offset)],
+             int(bool(deterministic)), int(num_threads), int(dropout_seed), int(dropout_offset), int(attention_chunk)],
             [float(softmax_scale), float(softcap), float(dropout_p)])
 
 
@@ -440,19 +440,20 @@ def merge_attention_states_(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: 
 
 # ---- the KV-cache operator (forward only) -----------------------------------------------------------------------
 KV_INT_OPTIONS = ("max_seqlen_q", "causal", "window_left", "window_right", "rotary_interleaved", "num_splits",
-                  "num_threads", "check_index_values")
+                  "num_threads", "check_index_values", "attention_chunk")
 KV_FLOAT_OPTIONS = ("softmax_scale", "softcap")
 
 
 def kvcache_options(max_seqlen_q: int = 0, softmax_scale: float = 1.0, causal: bool = False, window_left: int = -1,
                     window_right: int = -1, softcap: float = 0.0, rotary_interleaved: bool = True,
-                    num_splits: int = 0, num_threads: int = 0,
-                    check_index_values: bool = True) -> Tuple[List[int], List[float]]:
+                    num_splits: int = 0, num_threads: int = 0, check_index_values: bool = True, *,
+                    attention_chunk: int = 0) -> Tuple[List[int], List[float]]:
     """attention_with_kvcache's (int_options, float_options), in the orders KV_INT_OPTIONS and KV_FLOAT_OPTIONS
     name. check_index_values=False skips the host-side check of the index values (it is skipped anyway while a CUDA
     graph is being captured)."""
     return ([int(max_seqlen_q), int(bool(causal)), int(window_left), int(window_right), int(bool(rotary_interleaved)),
-             int(num_splits), int(num_threads), int(bool(check_index_values))], [float(softmax_scale), float(softcap)])
+             int(num_splits), int(num_threads), int(bool(check_index_values)), int(attention_chunk)],
+            [float(softmax_scale), float(softcap)])
 
 
 def _kvcache_native_options(int_options: List[int], float_options: List[float]) -> dict:
@@ -689,6 +690,21 @@ def window_edge(name: str, value, q: Tensor, k: Tensor) -> int:
     return value
 
 
+def check_chunk(attention_chunk) -> int:
+    """attention_chunk: 0 = off, else the keys are cut into chunks of that many and a query row sees only the chunk
+    holding its (bottom-right aligned) diagonal. A chunk past int64 is as wide as int64's largest (both hold every
+    key of any sequence)."""
+    if type(attention_chunk) is not int:
+        try:
+            attention_chunk = operator.index(attention_chunk)
+        except TypeError:
+            raise TypeError(f"attention_chunk: expected an integer, got {type(attention_chunk).__name__} "
+                            f"{attention_chunk!r}") from None
+    if attention_chunk < 0:
+        raise ValueError(f"attention_chunk: must be >= 0 (0 = off), got {attention_chunk}")
+    return min(attention_chunk, INT64_MAX)
+
+
 def _check_options(q: Tensor, k: Tensor, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap,
                    deterministic):
     """The options shared by attention and choose_backend, checked and normalised (one error naming each)."""
@@ -718,6 +734,7 @@ def attention(
     deterministic: bool = False,
     backend: str = "auto",
     num_threads: int = 0,
+    attention_chunk: int = 0,
 ) -> Tuple[Tensor, Tensor]:
     """Exact attention in the library's own terms; returns (out, lse).
 
@@ -726,7 +743,9 @@ def attention(
     lse [h_q, total_q]. Causal and the window are aligned bottom-right (flash_attn >= 2.1); -1 = unbounded.
     alibi_slopes: fp32 [h_q] or [b, h_q] on q's device: query i's score for key j gains
     -slope · |i + s_k - s_q - j| (flash_attn's ALiBi; the slopes get no gradient). dropout_p in [0, 1): attention
-    dropout with a seed drawn from `generator` (default: torch's default generator of q's device). `backend` forces one backend by name ("auto" dispatches); num_threads bounds the CPU backends (0 = all).
+    dropout with a seed drawn from `generator` (default: torch's default generator of q's device). `backend` forces
+    one backend by name ("auto" dispatches); num_threads bounds the CPU backends (0 = all). attention_chunk > 0:
+    chunked attention (FA3's attention_chunk; check_chunk), CPU backends only so far.
     """
     _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, paired=True)
     max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap, deterministic, num_threads = (
@@ -736,7 +755,8 @@ def attention(
     dropout_p = _check_dropout_p(dropout_p)
     seed, offset, rng = _dropout_key(q, generator) if dropout_p > 0 else (0, 0, None)
     ints, floats = op_options(max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap,
-                              deterministic, num_threads, dropout_p, seed, offset)
+                              deterministic, num_threads, dropout_p, seed, offset,
+                              attention_chunk=check_chunk(attention_chunk))
     _check_slopes_type(alibi_slopes)
     return _call_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, ints, floats, str(backend))
 
@@ -768,6 +788,7 @@ def fp8_attention(
     out_dtype: torch.dtype = torch.bfloat16,
     backend: str = "auto",
     num_threads: int = 0,
+    attention_chunk: int = 0,
 ) -> Tuple[Tensor, Tensor]:
     """attention() of float8_e4m3fn q, k, v (FA3's FP8 forward): each scaled by its optional fp32 descale factors
     [batch, heads_kv] (query head h of sequence b by q_descale[b, h // (heads_q // heads_kv)]); out in out_dtype
@@ -783,7 +804,7 @@ def fp8_attention(
         raise ValueError(f"out_dtype: float8_e4m3fn inputs write bfloat16 or float16, got {out_dtype}")
     options = _call_options(q, k, softmax_scale, max_seqlen_q, max_seqlen_k, causal, window_left, window_right,
                             softcap, False, num_threads)
-    ints, floats = op_options(*options)
+    ints, floats = op_options(*options, attention_chunk=check_chunk(attention_chunk))
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, q_descale, k_descale, v_descale, ints, floats, out_dtype,
             str(backend))
     # Forward only: inputs that require grad take the operator, whose autograd says that it has no backward.
@@ -818,6 +839,7 @@ def fp8_attention_backward(
     deterministic: bool = False,
     backend: str = "auto",
     num_threads: int = 0,
+    attention_chunk: int = 0,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """The backward of fp8_attention: float8_e4m3fn dout (scaled by do_descale, fp32 [batch, heads_kv] like
     q_descale) with the forward's float8 q, k, v, their descales, out and lse. Returns dq, dk, dv in out's dtype:
@@ -836,7 +858,7 @@ def fp8_attention_backward(
     _check_descale_types(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, do_descale=do_descale)
     options = _call_options(q, k, softmax_scale, max_seqlen_q, max_seqlen_k, causal, window_left, window_right,
                             softcap, deterministic, num_threads)
-    o = _native_options(*op_options(*options))
+    o = _native_options(*op_options(*options, attention_chunk=check_chunk(attention_chunk)))
     for name in ("dropout_p", "dropout_seed", "dropout_offset"):
         o.pop(name)
     dout, q, k, v, out = (_last_dim_contiguous(t) for t in (dout, q, k, v, out))
@@ -971,6 +993,7 @@ def kvcache_attention(
     k_descale: Optional[Tensor] = None,
     v_descale: Optional[Tensor] = None,
     out_dtype: Optional[torch.dtype] = None,
+    attention_chunk: int = 0,
 ) -> Tuple[Tensor, Tensor]:
     """Attention over a KV cache in the library's own terms (flash_attn_with_kvcache's semantics); returns (out, lse).
 
@@ -989,6 +1012,8 @@ def kvcache_attention(
     float8_e4m3fn q, caches and new rows (FA3's FP8 KV cache): q_descale / k_descale / v_descale fp32 [b, h_kv] as
     in fp8_attention (k / v descales for every row of sequence b's cache), out in out_dtype (bfloat16 by default, or
     float16); no rotary. CPU backends only so far (CUDA says so). Other dtypes: out in q's dtype.
+    attention_chunk > 0: chunked attention over the cache's keys (after cache_leftpad; q rotated per row as with a
+    window), CPU backends only so far.
     """
     names = names or {}
     name = lambda n: names.get(n, n)  # noqa: E731
@@ -1039,7 +1064,7 @@ def kvcache_attention(
         _cache_window_edge("window_left", window_left, rows), _cache_window_edge("window_right", window_right, rows),
         check_softcap(softcap), check_flag("rotary_interleaved", rotary_interleaved),
         check_integer("num_splits", num_splits, 0, 256), check_integer("num_threads", num_threads, 0, INT32_MAX),
-        check_flag("check_index_values", check_index_values))
+        check_flag("check_index_values", check_index_values), attention_chunk=check_chunk(attention_chunk))
     # Inference only, as in flash_attn: the outputs never require grad (no graph is recorded through the call; the
     # detached caches share their storage and version counter, so the in-place append stays visible to autograd).
     q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin = (
@@ -1092,6 +1117,7 @@ def choose_backend(
     backward: bool = False,
     deterministic: bool = False,
     backend: str = "auto",
+    attention_chunk: int = 0,
 ) -> BackendChoice:
     """Which backend `attention` would run for these arguments (backward=True: for the backward, with
     `deterministic` as given to `attention`), and why. float8_e4m3fn q, k, v: `fp8_attention`'s choice."""
@@ -1106,7 +1132,7 @@ def choose_backend(
     alibi_slopes = None if alibi_slopes is None else _last_dim_contiguous(alibi_slopes)
     name, ok, reason = _C.choose_backend(
         _dl(q), _dl(k), _dl(v), None, _dl(cu_seqlens_q), _dl(cu_seqlens_k), max_seqlen_q, max_seqlen_k,
-        softmax_scale=scale, causal=causal, window_left=window_left, window_right=window_right, softcap=softcap,
-        backward=backward, deterministic=deterministic, alibi_slopes=_dl(alibi_slopes), dropout_p=dropout_p,
-        backend=str(backend), stream=_stream(q))
+        softmax_scale=scale, causal=causal, window_left=window_left, window_right=window_right,
+        attention_chunk=check_chunk(attention_chunk), softcap=softcap, backward=backward, deterministic=deterministic,
+        alibi_slopes=_dl(alibi_slopes), dropout_p=dropout_p, backend=str(backend), stream=_stream(q))
     return BackendChoice(name, ok, reason)

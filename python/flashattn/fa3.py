@@ -20,10 +20,15 @@ flash_attn_combine returns (out, softmax_lse) with softmax_lse (batch, seqlen, n
 
 Arguments, supported or not (nothing that could change a result is ever ignored):
 
-* Raise NotImplementedError naming the argument unless left at the default: ``qv``, ``attention_chunk`` (0 only)
-  and ``scheduler_metadata`` (None only; get_scheduler_metadata returns None, see there). In
+* Raise NotImplementedError naming the argument unless left at the default: ``qv`` and ``scheduler_metadata``
+  (None only; get_scheduler_metadata returns None, see there). In
   flash_attn_varlen_func a None ``cu_seqlens_q`` (batched queries), and a None ``cu_seqlens_k`` without
   page_table, raise too.
+* ``attention_chunk`` > 0 (chunked local attention, as in Llama 4): the keys are cut into chunks of that many
+  ([0, c), [c, 2c), ..., counted from the first key; in flash_attn_with_kvcache from cache_leftpad) and a query row
+  sees only the keys of the chunk holding its bottom-right aligned diagonal, within causal and the window when
+  given (FA3's semantics). Forward and backward (which FA3 lacks) on the CPU backends; the CUDA backends raise
+  NotImplementedError for now.
 * FP8: float8_e4m3fn q, k, v in flash_attn_func / flash_attn_qkvpacked_func / flash_attn_varlen_func run the FP8
   forward, each scaled by its optional fp32 ``q_descale`` / ``k_descale`` / ``v_descale`` (batch, nheads_k), out
   in bfloat16; forward only: CUDA tensors run the Hopper FP8 kernel (compute capability 9.0; other GPUs report it
@@ -62,8 +67,8 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from ._ops import (INT32_MAX, _check_index, _check_rank, _check_tensor, _renamed, check_flag, check_integer,
-                   fp8_attention, kvcache_attention)
+from ._ops import (INT32_MAX, _check_index, _check_rank, _check_tensor, _renamed, check_chunk, check_flag,
+                   check_integer, fp8_attention, kvcache_attention)
 from .flash_attn_interface import _run, _run_paged, _softcap, _split, _window
 
 __all__ = [
@@ -87,17 +92,9 @@ def _require_none(name: str, value, what: str) -> None:
         raise NotImplementedError(f"{name}: {what} is not supported by flashattn; pass None")
 
 
-def _reject_fa3_only(qv=None, attention_chunk=0) -> None:
+def _reject_fa3_only(qv=None) -> None:
     """The FA3 features flashattn does not have: NotImplementedError naming the argument unless at its default."""
     _require_none("qv", qv, "the extra query-value product (qv)")
-    try:
-        chunk = operator.index(attention_chunk)
-    except TypeError:
-        raise TypeError(f"attention_chunk: expected an integer, got {type(attention_chunk).__name__} "
-                        f"{attention_chunk!r}") from None
-    if chunk != 0:
-        raise NotImplementedError(f"attention_chunk={attention_chunk}: chunked attention is not supported by "
-                                  "flashattn; pass 0")
 
 
 def _scheduling_hints(num_splits, pack_gqa, sm_margin) -> int:
@@ -137,29 +134,29 @@ def _no_descales(q, q_descale, k_descale, v_descale) -> None:
 
 
 def _fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_descale, k_descale, v_descale,
-         softmax_scale, causal, window_size, softcap, backend, num_threads):
+         softmax_scale, causal, window_size, softcap, backend, num_threads, attention_chunk):
     """FA3's FP8 forward: float8_e4m3fn q, k, v with their descales; out in bfloat16 (FA3's output dtype)."""
     left, right = _window(window_size)
     return fp8_attention(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, q_descale=q_descale,
                          k_descale=k_descale, v_descale=v_descale, softmax_scale=softmax_scale, causal=causal,
                          window_left=left, window_right=right, softcap=_softcap(softcap), backend=backend,
-                         num_threads=num_threads)
+                         num_threads=num_threads, attention_chunk=attention_chunk)
 
 
 # ---- flash_attn_func, flash_attn_qkvpacked_func --------------------------------------------------------------------
 
 
-def _dense(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs, backend,
-           num_threads, descales=(None, None, None)):
+def _dense(q, k, v, softmax_scale, causal, window_size, attention_chunk, softcap, deterministic, return_attn_probs,
+           backend, num_threads, descales=(None, None, None)):
     return_attn_probs = check_flag("return_attn_probs", return_attn_probs)
     if _is_fp8(q, k, v):
         out, lse = _fp8(q, k, v, None, None, 0, 0, *descales, softmax_scale, causal, window_size, softcap, backend,
-                        num_threads)
+                        num_threads, attention_chunk)
         return _lse_result(out, lse, return_attn_probs)
     _no_descales(q, *descales)
     out, lse, _ = _run(q, k, v, None, None, 0, 0, 0.0, softmax_scale, causal, window_size, softcap, None,
-                       deterministic, True, backend, num_threads)
+                       deterministic, True, backend, num_threads, attention_chunk=attention_chunk)
     return _lse_result(out, lse, return_attn_probs)
 
 
@@ -188,13 +185,14 @@ def flash_attn_func(
     Returns out (batch, seqlen_q, nheads, headdim_v), or (out, softmax_lse (batch, nheads, seqlen_q)) with
     return_attn_probs=True. Differentiable in q, k, v. float8_e4m3fn q, k, v (all three) run FA3's FP8 forward:
     each scaled by its optional fp32 descale (batch, nheads_k), out in bfloat16, forward only (CPU backends for
-    now). num_splits, pack_gqa and sm_margin are hints that do not change the result (module docstring); qv and
-    attention_chunk != 0 raise NotImplementedError.
+    now). num_splits, pack_gqa and sm_margin are hints that do not change the result (module docstring); qv raises
+    NotImplementedError. attention_chunk > 0: chunked attention (module docstring).
     """
-    _reject_fa3_only(qv, attention_chunk)
+    _reject_fa3_only(qv)
+    chunk = check_chunk(attention_chunk)
     _scheduling_hints(num_splits, pack_gqa, sm_margin)
-    return _dense(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs, backend,
-                  num_threads, (q_descale, k_descale, v_descale))
+    return _dense(q, k, v, softmax_scale, causal, window_size, chunk, softcap, deterministic, return_attn_probs,
+                  backend, num_threads, (q_descale, k_descale, v_descale))
 
 
 def flash_attn_qkvpacked_func(
@@ -215,7 +213,7 @@ def flash_attn_qkvpacked_func(
 ):
     """flash_attn_func with qkv packed as (batch, seqlen, 3, nheads, headdim), or as (batch, seqlen, num_heads_q +
     2 * nheads_k, headdim) with num_heads_q given (q's heads first, then k's, then v's: GQA / MQA)."""
-    _reject_fa3_only(None, attention_chunk)
+    chunk = check_chunk(attention_chunk)
     _scheduling_hints(1, None, sm_margin)
     if isinstance(qkv, Tensor) and qkv.dim() == 4:
         if num_heads_q is None:
@@ -229,8 +227,8 @@ def flash_attn_qkvpacked_func(
         q, k, v = qkv.split([heads_q, heads_k, heads_k], dim=2)
     else:
         q, k, v = _split("qkv", qkv, 2, 3, "batch, seqlen, 3, nheads, headdim")
-    return _dense(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs, backend,
-                  num_threads, (q_descale, k_descale, v_descale))
+    return _dense(q, k, v, softmax_scale, causal, window_size, chunk, softcap, deterministic, return_attn_probs,
+                  backend, num_threads, (q_descale, k_descale, v_descale))
 
 
 # ---- flash_attn_varlen_func ----------------------------------------------------------------------------------------
@@ -273,7 +271,7 @@ def _used_rows(cu_name: str, cu_seqlens, used_name: str, seqused, rows: int, dev
 
 
 def _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, page_table,
-                  softmax_scale, causal, window_size, softcap, deterministic, backend, num_threads):
+                  softmax_scale, causal, window_size, attention_chunk, softcap, deterministic, backend, num_threads):
     """The paged path of flashattn's flash_attn_varlen_func, with FA3's names and its default key lengths."""
     _check_index("page_table", page_table)
     if page_table.dim() != 2:
@@ -288,7 +286,7 @@ def _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     try:
         out, lse, _ = _run_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0,
                                  softmax_scale, causal, window_size, softcap, None, deterministic, True, page_table,
-                                 seqused_k, backend, num_threads)
+                                 seqused_k, backend, num_threads, attention_chunk=attention_chunk)
     except (ValueError, TypeError, NotImplementedError) as e:
         raise _renamed(e, _FA3_NAMES) from None
     return out, lse
@@ -332,7 +330,8 @@ def flash_attn_varlen_func(
     Returns out (total_q, nheads, headdim_v), or (out, softmax_lse (nheads, total_q)) with return_attn_probs=True.
     Differentiable in q, k, v without page_table.
     """
-    _reject_fa3_only(qv, attention_chunk)
+    _reject_fa3_only(qv)
+    chunk = check_chunk(attention_chunk)
     _scheduling_hints(num_splits, pack_gqa, sm_margin)
     return_attn_probs = check_flag("return_attn_probs", return_attn_probs)
     if _is_fp8(q, k, v):
@@ -342,7 +341,7 @@ def flash_attn_varlen_func(
             raise NotImplementedError("cu_seqlens_q: float8_e4m3fn varlen inputs need cu_seqlens_q and cu_seqlens_k")
         out, lse = _fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, _max_seqlen(max_seqlen_q), _max_seqlen(max_seqlen_k),
                         q_descale, k_descale, v_descale, softmax_scale, causal, window_size, softcap, backend,
-                        num_threads)
+                        num_threads, chunk)
         return _lse_result(out, lse, return_attn_probs)
     _no_descales(q, q_descale, k_descale, v_descale)
     if cu_seqlens_q is None:
@@ -362,8 +361,8 @@ def flash_attn_varlen_func(
         q_all, q = q, q.index_select(0, q_rows)
     if page_table is not None:
         out, lse = _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                                 page_table, softmax_scale, causal, window_size, softcap, deterministic, backend,
-                                 num_threads)
+                                 page_table, softmax_scale, causal, window_size, chunk, softcap, deterministic,
+                                 backend, num_threads)
     else:
         if seqused_k is not None:
             for name, t in (("q", q), ("k", k), ("v", v)):
@@ -373,7 +372,8 @@ def flash_attn_varlen_func(
                                               q.device)
             k, v = k.index_select(0, k_rows), v.index_select(0, k_rows)
         out, lse, _ = _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0, softmax_scale,
-                           causal, window_size, softcap, None, deterministic, True, backend, num_threads)
+                           causal, window_size, softcap, None, deterministic, True, backend, num_threads,
+                           attention_chunk=chunk)
     if q_rows is not None:  # back to the caller's packing: unused rows give 0 (lse -inf), and no gradient
         rows = q_all.shape[0]
         out = out.new_zeros((rows, *out.shape[1:])).index_copy(0, q_rows, out)
@@ -436,13 +436,15 @@ def flash_attn_with_kvcache(
     Returns out (batch, seqlen_q, nheads, headdim_v) (varlen: (total_q, nheads, headdim_v)), or with
     return_softmax_lse=True (out, softmax_lse, out_accum, softmax_lse_accum): softmax_lse (batch, nheads,
     seqlen_q) (varlen: (nheads, total_q)) fp32, the last two empty fp32 tensors (module docstring). Inference only:
-    the outputs do not require grad. scheduler_metadata, qv and attention_chunk != 0 raise NotImplementedError.
+    the outputs do not require grad. scheduler_metadata and qv raise NotImplementedError. attention_chunk > 0:
+    chunked attention over the cache's keys (counted from cache_leftpad), q rotated per row as under a window.
     FP8: float8_e4m3fn q, k_cache, v_cache (and k, v) with q_descale / k_descale / v_descale fp32 (batch, nheads_k)
     give a bfloat16 out; no rotary (NotImplementedError); the CPU backends run it, CUDA raises NotImplementedError
     (no FP8 decode kernel yet). The descales with any other dtype raise ValueError.
     check_index_values: as in flashattn.flash_attn_with_kvcache.
     """
-    _reject_fa3_only(qv, attention_chunk)
+    _reject_fa3_only(qv)
+    chunk = check_chunk(attention_chunk)
     fp8 = _is_fp8(q)
     if not fp8:
         _no_descales(q, q_descale, k_descale, v_descale)
@@ -458,7 +460,7 @@ def flash_attn_with_kvcache(
         rotary_interleaved=rotary_interleaved, num_splits=splits, cu_seqlens_k_new=cu_seqlens_k_new,
         rotary_seqlens=rotary_seqlens, backend=backend, num_threads=num_threads,
         check_index_values=check_index_values, names=_FA3_NAMES, q_descale=q_descale, k_descale=k_descale,
-        v_descale=v_descale, out_dtype=torch.bfloat16 if fp8 else None)
+        v_descale=v_descale, out_dtype=torch.bfloat16 if fp8 else None, attention_chunk=chunk)
     if not return_softmax_lse:
         return out
     out_accum, lse_accum = (torch.empty(0, dtype=torch.float32, device=out.device) for _ in range(2))
@@ -486,9 +488,8 @@ def get_scheduler_metadata(
     """FA3 precomputes its split-KV schedule here for flash_attn_with_kvcache(scheduler_metadata=...). flashattn's
     decode kernel plans its own launch on every call, so there is nothing to precompute: this returns None, which
     flash_attn_with_kvcache accepts as scheduler_metadata (FA3's own default), so FA3 code passing this function's
-    result along runs unchanged with the same results. The arguments are checked (attention_chunk != 0 raises
-    NotImplementedError, as it would in the call)."""
-    _reject_fa3_only(None, attention_chunk)
+    result along runs unchanged with the same results. The arguments are checked."""
+    check_chunk(attention_chunk)
     _scheduling_hints(num_splits, pack_gqa, sm_margin)
     for name, value in (("batch_size", batch_size), ("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k),
                         ("num_heads_q", num_heads_q), ("num_heads_kv", num_heads_kv), ("headdim", headdim),

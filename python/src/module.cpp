@@ -127,13 +127,14 @@ TensorView to_view(const char* name, const std::optional<Array>& a, bool int64_o
 }
 
 AttentionOptions make_options(double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
-                              double softcap, bool deterministic, const std::string& backend, int num_threads,
-                              uintptr_t stream) {
+                              int64_t attention_chunk, double softcap, bool deterministic, const std::string& backend,
+                              int num_threads, uintptr_t stream) {
   AttentionOptions o;
   o.softmax_scale = softmax_scale;
   o.causal = causal;
   o.window_left = window_left;
   o.window_right = window_right;
+  o.attention_chunk = attention_chunk;
   o.softcap = softcap;
   o.deterministic = deterministic;
   if (!flashattn::parse_backend(backend, &o.backend)) {
@@ -183,20 +184,20 @@ std::string validate_and_run(const Args& a, const AttentionOptions& o, Make make
 }
 
 // Validates, picks the backend and runs the forward; returns the name of the backend that ran.
-std::string forward(const In& q, const In& k, const In& v, const Out& out, const OptOut& lse,
-                    const OptIn& cu_seqlens_q, const OptIn& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                    double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
+std::string forward(const In& q, const In& k, const In& v, const Out& out, const OptOut& lse, const OptIn& cu_seqlens_q,
+                    const OptIn& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+                    bool causal, int64_t window_left, int64_t window_right, int64_t attention_chunk, double softcap,
                     const OptIn& alibi_slopes, double dropout_p, uint64_t dropout_seed, uint64_t dropout_offset,
-                    const OptIn& dropout_rng, const OptIn& q_descale, const OptIn& k_descale,
-                    const OptIn& v_descale, const std::string& backend, int num_threads, uintptr_t stream) {
+                    const OptIn& dropout_rng, const OptIn& q_descale, const OptIn& k_descale, const OptIn& v_descale,
+                    const std::string& backend, int num_threads, uintptr_t stream) {
   flashattn::ForwardArgs a = forward_args(q, k, v, to_view("out", out), to_view("lse", lse), cu_seqlens_q,
                                           cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes);
   a.dropout_rng = to_view("dropout_rng", dropout_rng, /*int64_ok=*/true);
   a.q_descale = to_view("q_descale", q_descale);
   a.k_descale = to_view("k_descale", k_descale);
   a.v_descale = to_view("v_descale", v_descale);
-  AttentionOptions o =
-      make_options(softmax_scale, causal, window_left, window_right, softcap, false, backend, num_threads, stream);
+  AttentionOptions o = make_options(softmax_scale, causal, window_left, window_right, attention_chunk, softcap, false,
+                                    backend, num_threads, stream);
   o.dropout_p = dropout_p, o.dropout_seed = dropout_seed, o.dropout_offset = dropout_offset;
   return validate_and_run<flashattn::FwdParams>(
       a, o, flashattn::make_forward_params,
@@ -205,13 +206,12 @@ std::string forward(const In& q, const In& k, const In& v, const Out& out, const
 }
 
 std::string backward(const In& dout, const In& q, const In& k, const In& v, const In& out, const OptIn& lse,
-                     const Out& dq, const Out& dk, const Out& dv, const OptIn& cu_seqlens_q,
-                     const OptIn& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
-                     bool causal, int64_t window_left, int64_t window_right, double softcap, bool deterministic,
+                     const Out& dq, const Out& dk, const Out& dv, const OptIn& cu_seqlens_q, const OptIn& cu_seqlens_k,
+                     int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left,
+                     int64_t window_right, int64_t attention_chunk, double softcap, bool deterministic,
                      const OptIn& alibi_slopes, double dropout_p, uint64_t dropout_seed, uint64_t dropout_offset,
-                     const OptIn& dropout_rng, const OptIn& q_descale, const OptIn& k_descale,
-                     const OptIn& v_descale, const OptIn& do_descale, const std::string& backend, int num_threads,
-                     uintptr_t stream) {
+                     const OptIn& dropout_rng, const OptIn& q_descale, const OptIn& k_descale, const OptIn& v_descale,
+                     const OptIn& do_descale, const std::string& backend, int num_threads, uintptr_t stream) {
   flashattn::BackwardArgs a;
   static_cast<flashattn::ForwardArgs&>(a) = forward_args(q, k, v, to_view("out", out), to_view("lse", lse),
                                                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -225,8 +225,8 @@ std::string backward(const In& dout, const In& q, const In& k, const In& v, cons
   a.dq = to_view("dq", dq);
   a.dk = to_view("dk", dk);
   a.dv = to_view("dv", dv);
-  AttentionOptions o = make_options(softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                                    backend, num_threads, stream);
+  AttentionOptions o = make_options(softmax_scale, causal, window_left, window_right, attention_chunk, softcap,
+                                    deterministic, backend, num_threads, stream);
   o.dropout_p = dropout_p, o.dropout_seed = dropout_seed, o.dropout_offset = dropout_offset;
   return validate_and_run<flashattn::BwdParams>(
       a, o, flashattn::make_backward_params,
@@ -236,16 +236,14 @@ std::string backward(const In& dout, const In& q, const In& k, const In& v, cons
 // flash_attn_with_kvcache: appends k_new / v_new (k rotated) into the caches in place, then attends over them into
 // caller-allocated out and optional lse. The caches are writable arrays (they are written when k_new is given).
 // Returns the name of the backend that ran.
-std::string attention_with_kvcache(const In& q, const Out& k_cache, const Out& v_cache, const Out& out,
-                                   const OptOut& lse, const OptIn& k_new, const OptIn& v_new, const OptIn& rotary_cos,
-                                   const OptIn& rotary_sin, const OptIn& cache_seqlens, const OptIn& cache_batch_idx,
-                                   const OptIn& cache_leftpad, const OptIn& block_table, const OptIn& cu_seqlens_q,
-                                   int64_t max_seqlen_q, double softmax_scale, bool causal, int64_t window_left,
-                                   int64_t window_right, double softcap, bool rotary_interleaved, int num_splits,
-                                   bool check_index_values, const OptIn& alibi_slopes, const OptIn& cu_seqlens_k_new,
-                                   const OptIn& rotary_seqlens, const std::string& backend, int num_threads,
-                                   uintptr_t stream, const OptIn& q_descale, const OptIn& k_descale,
-                                   const OptIn& v_descale) {
+std::string attention_with_kvcache(
+    const In& q, const Out& k_cache, const Out& v_cache, const Out& out, const OptOut& lse, const OptIn& k_new,
+    const OptIn& v_new, const OptIn& rotary_cos, const OptIn& rotary_sin, const OptIn& cache_seqlens,
+    const OptIn& cache_batch_idx, const OptIn& cache_leftpad, const OptIn& block_table, const OptIn& cu_seqlens_q,
+    int64_t max_seqlen_q, double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
+    int64_t attention_chunk, double softcap, bool rotary_interleaved, int num_splits, bool check_index_values,
+    const OptIn& alibi_slopes, const OptIn& cu_seqlens_k_new, const OptIn& rotary_seqlens, const std::string& backend,
+    int num_threads, uintptr_t stream, const OptIn& q_descale, const OptIn& k_descale, const OptIn& v_descale) {
   flashattn::KVCacheArgs a;
   a.q = to_view("q", q);
   a.k_cache = to_view("k_cache", k_cache);
@@ -271,8 +269,8 @@ std::string attention_with_kvcache(const In& q, const Out& k_cache, const Out& v
   a.rotary_interleaved = rotary_interleaved;
   a.num_splits = num_splits;
   a.check_index_values = check_index_values;
-  const AttentionOptions o =
-      make_options(softmax_scale, causal, window_left, window_right, softcap, false, backend, num_threads, stream);
+  const AttentionOptions o = make_options(softmax_scale, causal, window_left, window_right, attention_chunk, softcap,
+                                          false, backend, num_threads, stream);
   return validate_and_run<flashattn::KVCacheParams>(
       a, o, flashattn::make_kvcache_params,
       [&](const flashattn::KVCacheParams& p) { return flashattn::choose_backend(p.attn, o.backend, false); },
@@ -303,14 +301,11 @@ void merge_attention_states(const In& out_a, const In& lse_a, const In& out_b, c
 // What the dispatcher would run for this call and why, as (backend, supported, reason). Validation errors
 // raise as in forward(). Without `out` a view of the right shape over q's memory stands in: validation only
 // reads shapes and strides, and nothing runs (float8_e4m3fn inputs: a bfloat16 view).
-std::tuple<std::string, bool, std::string> choose_backend(const In& q, const In& k, const In& v, const OptOut& out,
-                                                          const OptIn& cu_seqlens_q, const OptIn& cu_seqlens_k,
-                                                          int64_t max_seqlen_q, int64_t max_seqlen_k,
-                                                          double softmax_scale, bool causal, int64_t window_left,
-                                                          int64_t window_right, double softcap, bool backward,
-                                                          bool deterministic, const OptIn& alibi_slopes,
-                                                          double dropout_p, const std::string& backend,
-                                                          uintptr_t stream) {
+std::tuple<std::string, bool, std::string> choose_backend(
+    const In& q, const In& k, const In& v, const OptOut& out, const OptIn& cu_seqlens_q, const OptIn& cu_seqlens_k,
+    int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left,
+    int64_t window_right, int64_t attention_chunk, double softcap, bool backward, bool deterministic,
+    const OptIn& alibi_slopes, double dropout_p, const std::string& backend, uintptr_t stream) {
   TensorView out_view;
   if (out) {
     out_view = to_view("out", *out);
@@ -328,8 +323,8 @@ std::tuple<std::string, bool, std::string> choose_backend(const In& q, const In&
   const flashattn::ForwardArgs a =
       forward_args(q, k, v, out_view, TensorView{}, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                    alibi_slopes);
-  AttentionOptions o =
-      make_options(softmax_scale, causal, window_left, window_right, softcap, deterministic, backend, 0, stream);
+  AttentionOptions o = make_options(softmax_scale, causal, window_left, window_right, attention_chunk, softcap,
+                                    deterministic, backend, 0, stream);
   o.dropout_p = dropout_p;
   flashattn::BackendChoice c;
   Status st;
@@ -351,11 +346,10 @@ NB_MODULE(_C, m) {
   m.def("forward", &forward, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none() = nb::none(),
         "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
         "max_seqlen_k"_a = 0, nb::kw_only(), "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1,
-        "window_right"_a = -1, "softcap"_a = 0.0, "alibi_slopes"_a.none() = nb::none(), "dropout_p"_a = 0.0,
-        "dropout_seed"_a = 0, "dropout_offset"_a = 0, "dropout_rng"_a.none() = nb::none(),
-        "q_descale"_a.none() = nb::none(),
-        "k_descale"_a.none() = nb::none(), "v_descale"_a.none() = nb::none(), "backend"_a = "auto",
-        "num_threads"_a = 0, "stream"_a = 0,
+        "window_right"_a = -1, "attention_chunk"_a = 0, "softcap"_a = 0.0, "alibi_slopes"_a.none() = nb::none(),
+        "dropout_p"_a = 0.0, "dropout_seed"_a = 0, "dropout_offset"_a = 0, "dropout_rng"_a.none() = nb::none(),
+        "q_descale"_a.none() = nb::none(), "k_descale"_a.none() = nb::none(), "v_descale"_a.none() = nb::none(),
+        "backend"_a = "auto", "num_threads"_a = 0, "stream"_a = 0,
         "Attention forward into caller-allocated out [b, s_q, h_q, d_v] and optional lse [b, h_q, s_q] (fp32);\n"
         "varlen: [total, h, d] tensors with int32 cu_seqlens_q/k. softmax_scale <= 0 means 1/sqrt(d). stream is a\n"
         "cudaStream_t as an integer (CUDA tensors). alibi_slopes: fp32 [h_q] or [b, h_q] (ALiBi). dropout_p in\n"
@@ -366,11 +360,11 @@ NB_MODULE(_C, m) {
   m.def("backward", &backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "dq"_a, "dk"_a, "dv"_a,
         "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
         "max_seqlen_k"_a = 0, nb::kw_only(), "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1,
-        "window_right"_a = -1, "softcap"_a = 0.0, "deterministic"_a = false, "alibi_slopes"_a.none() = nb::none(),
-        "dropout_p"_a = 0.0, "dropout_seed"_a = 0, "dropout_offset"_a = 0, "dropout_rng"_a.none() = nb::none(),
-        "q_descale"_a.none() = nb::none(), "k_descale"_a.none() = nb::none(), "v_descale"_a.none() = nb::none(),
-        "do_descale"_a.none() = nb::none(),
-        "backend"_a = "auto", "num_threads"_a = 0, "stream"_a = 0,
+        "window_right"_a = -1, "attention_chunk"_a = 0, "softcap"_a = 0.0, "deterministic"_a = false,
+        "alibi_slopes"_a.none() = nb::none(), "dropout_p"_a = 0.0, "dropout_seed"_a = 0, "dropout_offset"_a = 0,
+        "dropout_rng"_a.none() = nb::none(), "q_descale"_a.none() = nb::none(), "k_descale"_a.none() = nb::none(),
+        "v_descale"_a.none() = nb::none(), "do_descale"_a.none() = nb::none(), "backend"_a = "auto",
+        "num_threads"_a = 0, "stream"_a = 0,
         "Attention backward: fills caller-allocated dq, dk, dv from dout and the forward's out and lse.\n"
         "float8_e4m3fn q, k, v, dout (with optional descales): dq, dk, dv in out's 16-bit dtype.\n"
         "Returns the name of the backend that ran.");
@@ -379,10 +373,10 @@ NB_MODULE(_C, m) {
         "lse"_a.none() = nb::none(), "k_new"_a.none() = nb::none(), "v_new"_a.none() = nb::none(),
         "rotary_cos"_a.none() = nb::none(), "rotary_sin"_a.none() = nb::none(), "cache_seqlens"_a.none() = nb::none(),
         "cache_batch_idx"_a.none() = nb::none(), "cache_leftpad"_a.none() = nb::none(),
-        "block_table"_a.none() = nb::none(), "cu_seqlens_q"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
-        nb::kw_only(), "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1, "window_right"_a = -1,
-        "softcap"_a = 0.0, "rotary_interleaved"_a = true, "num_splits"_a = 0, "check_index_values"_a = true,
-        "alibi_slopes"_a.none() = nb::none(), "cu_seqlens_k_new"_a.none() = nb::none(),
+        "block_table"_a.none() = nb::none(), "cu_seqlens_q"_a.none() = nb::none(), "max_seqlen_q"_a = 0, nb::kw_only(),
+        "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1, "window_right"_a = -1,
+        "attention_chunk"_a = 0, "softcap"_a = 0.0, "rotary_interleaved"_a = true, "num_splits"_a = 0,
+        "check_index_values"_a = true, "alibi_slopes"_a.none() = nb::none(), "cu_seqlens_k_new"_a.none() = nb::none(),
         "rotary_seqlens"_a.none() = nb::none(), "backend"_a = "auto", "num_threads"_a = 0, "stream"_a = 0,
         "q_descale"_a.none() = nb::none(), "k_descale"_a.none() = nb::none(), "v_descale"_a.none() = nb::none(),
         "Attention over a key/value cache (flash_attn_with_kvcache), forward only. k_cache / v_cache: dense\n"
@@ -406,9 +400,9 @@ NB_MODULE(_C, m) {
   m.def("choose_backend", &choose_backend, "q"_a, "k"_a, "v"_a, "out"_a.none() = nb::none(),
         "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
         "max_seqlen_k"_a = 0, nb::kw_only(), "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1,
-        "window_right"_a = -1, "softcap"_a = 0.0, "backward"_a = false, "deterministic"_a = false,
-        "alibi_slopes"_a.none() = nb::none(), "dropout_p"_a = 0.0, "backend"_a = "auto", "stream"_a = 0,
-        "The backend the dispatcher would run for this call: (name, supported, reason). Runs nothing.");
+        "window_right"_a = -1, "attention_chunk"_a = 0, "softcap"_a = 0.0, "backward"_a = false,
+        "deterministic"_a = false, "alibi_slopes"_a.none() = nb::none(), "dropout_p"_a = 0.0, "backend"_a = "auto",
+        "stream"_a = 0, "The backend the dispatcher would run for this call: (name, supported, reason). Runs nothing.");
 
   m.def("built_with_cuda", &flashattn::built_with_cuda, "Whether this build contains the CUDA kernels.");
   m.def("cuda_device_count", &flashattn::cuda_device_count, "CUDA devices visible (0 without CUDA).");

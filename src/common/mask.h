@@ -2,18 +2,38 @@
 //
 // Query row i of a sequence with s_q queries and s_k keys sits on diagonal diag = i + s_k - s_q (bottom-right
 // alignment, as flash-attn >= 2.1). Key j is visible iff
-//   (!causal || j <= diag) && (left < 0 || j >= diag - left) && (right < 0 || j <= diag + right).
-// Causal is the window's right edge at 0, so the two combine by taking the tighter right edge.
+//   (!causal || j <= diag) && (left < 0 || j >= diag - left) && (right < 0 || j <= diag + right)
+//   && (chunk == 0 || j lies in diag's chunk [floor(diag / chunk) * chunk, floor(diag / chunk) * chunk + chunk)).
+// Causal is the window's right edge at 0, so the two combine by taking the tighter right edge. Chunked attention
+// (FlashAttention-3's attention_chunk, Llama 4's local layers) cuts the keys into chunks of `chunk` and lets a row
+// see only its own diagonal's chunk; a row with diag < 0 then sees nothing. Every edge moves monotonically with
+// the row (a chunk's start and end never decrease), which the block ranges below rely on.
+//
+// kChunks: whether the mask takes a chunk. A kernel that takes none uses the masks without (WindowMaskSpec): no
+// chunk field and no chunk arithmetic, not even a test of it, where a mask is held per tile or per row.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/hd.h"
 
 namespace flashattn {
 
+namespace mask_detail {
+template <typename Index, bool kChunks>
+struct ChunkField {
+  Index chunk = 0;  // 0 = none; else the keys are cut into chunks of this many and a row sees its own
+};
 template <typename Index>
-struct BasicMaskSpec {
+struct ChunkField<Index, false> {
+  static constexpr Index chunk = 0;
+};
+}  // namespace mask_detail
+
+template <typename Index, bool kChunks>
+struct BasicMaskSpec : mask_detail::ChunkField<Index, kChunks> {
+  using mask_detail::ChunkField<Index, kChunks>::chunk;
   Index seqlen_q = 0;
   Index seqlen_k = 0;
   Index left = -1;   // -1 = unbounded
@@ -28,8 +48,28 @@ struct BasicMaskSpec {
     m.right = causal ? 0 : window_right;
     return m;
   }
+  template <bool kTakesChunk = kChunks, std::enable_if_t<kTakesChunk, int> = 0>
+  FA_HD static BasicMaskSpec make(Index sq, Index sk, bool causal, Index window_left, Index window_right,
+                                  Index attention_chunk) {
+    BasicMaskSpec m = make(sq, sk, causal, window_left, window_right);
+    m.chunk = attention_chunk;
+    return m;
+  }
 
-  FA_HD bool has_mask() const { return left >= 0 || right >= 0; }
+  FA_HD bool has_mask() const {
+    if constexpr (kChunks) {
+      if (chunk > 0) return true;
+    }
+    return left >= 0 || right >= 0;
+  }
+
+  // Where diagonal `diag` sits inside its chunk, in [0, chunk): its chunk is [diag - offset, diag - offset + chunk).
+  // Floor semantics for negative diagonals (rows above the first key when s_q > s_k). Edges are kept as distances
+  // from the diagonal so that nothing overflows when the chunk is as long as the sequence.
+  FA_HD Index offset_in_chunk(Index diag) const {
+    const Index r = diag % chunk;
+    return r < 0 ? r + chunk : r;
+  }
 
   // The same window for every row of the sequence with edges no wider than needed: a left edge of seqlen_k or
   // more reaches every key of every row (diag - left < 0), a right edge of seqlen_q or more past every key (diag +
@@ -39,6 +79,12 @@ struct BasicMaskSpec {
   FA_HD static Index narrowest_right(Index window_right, Index sq) {
     return window_right < sq ? window_right : sq;
   }
+  // A chunk of seqlen_k keys or more puts every key in the chunk of every row with diag >= 0 (and rows with
+  // diag < 0 see nothing either way), so such a chunk is the chunk of seqlen_k keys (1 when there are none).
+  FA_HD static Index narrowest_chunk(Index attention_chunk, Index sk) {
+    if (attention_chunk <= sk) return attention_chunk;
+    return sk > 0 ? sk : 1;
+  }
 
   // Half-open range [lo, hi) of visible keys of query row i; empty (lo >= hi) when the row sees nothing.
   FA_HD void key_range(Index i, Index* lo, Index* hi) const {
@@ -46,6 +92,13 @@ struct BasicMaskSpec {
     Index a = 0, b = seqlen_k;
     if (left >= 0 && diag - left > a) a = diag - left;
     if (right >= 0 && diag + right + 1 < b) b = diag + right + 1;
+    if constexpr (kChunks) {
+      if (chunk > 0) {
+        const Index offset = offset_in_chunk(diag);
+        if (diag - offset > a) a = diag - offset;
+        if (chunk - offset < b - diag) b = diag + (chunk - offset);
+      }
+    }
     *lo = a;
     *hi = b < a ? a : b;
   }
@@ -55,6 +108,12 @@ struct BasicMaskSpec {
     if (j < 0 || j >= seqlen_k) return false;
     if (left >= 0 && j < diag - left) return false;
     if (right >= 0 && j > diag + right) return false;
+    if constexpr (kChunks) {
+      if (chunk > 0) {
+        const Index offset = offset_in_chunk(diag);
+        if (j < diag - offset || j - diag >= chunk - offset) return false;
+      }
+    }
     return true;
   }
 
@@ -77,6 +136,15 @@ struct BasicMaskSpec {
     if (right >= 0 && key_begin - shift - right > a) a = key_begin - shift - right;
     // left edge: j >= diag - left  <=>  i <= j - shift + left; the largest j of the block is the loosest.
     if (left >= 0 && (key_end - 1) - shift + left + 1 < b) b = (key_end - 1) - shift + left + 1;
+    // chunk: the rows whose diagonal lies in the chunks from key_begin's to key_end - 1's.
+    if constexpr (kChunks) {
+      if (chunk > 0 && key_end > key_begin) {
+        const Index first_chunk = key_begin - offset_in_chunk(key_begin);
+        if (first_chunk - shift > a) a = first_chunk - shift;
+        const Index last = key_end - 1, past_last_chunk = chunk - offset_in_chunk(last);  // last + this: its end
+        if (past_last_chunk < b - (last - shift)) b = (last - shift) + past_last_chunk;
+      }
+    }
     *lo = a;
     *hi = b < a ? a : b;
   }
@@ -86,15 +154,26 @@ struct BasicMaskSpec {
     const Index shift = seqlen_k - seqlen_q;
     if (right >= 0 && key_end - 1 > row_begin + shift + right) return false;
     if (left >= 0 && key_begin < (row_end - 1) + shift - left) return false;
+    if constexpr (kChunks) {
+      if (chunk > 0) {
+        // The last row's chunk starts last, the first row's ends first.
+        const Index diag_first = row_begin + shift, diag_last = (row_end - 1) + shift;
+        if (key_begin < diag_last - offset_in_chunk(diag_last)) return false;
+        if (key_end - diag_first > chunk - offset_in_chunk(diag_first)) return false;
+      }
+    }
     return true;
   }
 };
 
-// The mask in 64-bit arithmetic: every backend's host code, the CPU paths and the kernels that take 64-bit lengths.
-using MaskSpec = BasicMaskSpec<int64_t>;
+// The mask in 64-bit arithmetic, chunks included: host code and the CPU paths.
+using MaskSpec = BasicMaskSpec<int64_t, true>;
+// The same without a chunk, for the kernels that take none (causal and windows only).
+using WindowMaskSpec = BasicMaskSpec<int64_t, false>;
 // In 32-bit arithmetic, half the registers: for kernels whose sequence lengths add up to below 2^31 minus a
-// tile, with window edges narrowed to the lengths (narrowest_left / narrowest_right), so that no diagonal, edge
-// or range of a row inside the sequence or in its last tile overflows.
-using MaskSpec32 = BasicMaskSpec<int32_t>;
+// tile, with window edges and chunks narrowed to the lengths (narrowest_left / narrowest_right /
+// narrowest_chunk), so that no diagonal, edge or range of a row inside the sequence or in its last tile overflows.
+using MaskSpec32 = BasicMaskSpec<int32_t, true>;
+using WindowMaskSpec32 = BasicMaskSpec<int32_t, false>;
 
 }  // namespace flashattn

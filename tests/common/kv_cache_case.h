@@ -31,6 +31,7 @@ struct KVCaseSpec {
   bool interleaved = true;
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
+  int64_t attention_chunk = 0;
   double softcap = 0;
   int num_splits = 0;
   bool full = false;  // every cache_seqlens at the capacity minus s_new (else random, zero included)
@@ -51,6 +52,7 @@ struct KVCaseSpec {
     if (rotary_dim) os << "_rot" << rotary_dim << (interleaved ? "i" : "n");
     if (causal) os << "_causal";
     if (window_left >= 0 || window_right >= 0) os << "_win" << window_left << "_" << window_right;
+    if (attention_chunk > 0) os << "_chunk" << attention_chunk;
     if (softcap > 0) os << "_cap" << softcap;
     if (varlen_q) os << "_varq";
     if (varlen_new) os << "_varnew";
@@ -224,6 +226,7 @@ inline AttentionOptions kv_options(const KVCaseSpec& s, Backend backend) {
   AttentionOptions o;
   o.causal = s.causal;
   o.window_left = s.window_left, o.window_right = s.window_right;
+  o.attention_chunk = s.attention_chunk;
   o.softcap = s.softcap;
   o.backend = backend;
   return o;
@@ -257,7 +260,7 @@ inline KVExpected expected_kv(const KVCase& c) {
   KVExpected e;
   e.k_cache = c.k_cache;
   e.v_cache = c.v_cache;
-  const bool per_row = s.causal || s.window_left >= 0 || s.window_right >= 0;
+  const bool per_row = s.causal || s.window_left >= 0 || s.window_right >= 0 || s.attention_chunk > 0;
   // New row i of sequence b: packed row new_starts[b] + i, or (b, i); rotated at base + i.
   auto new_offset = [&](const HostTensor& t, int64_t b, int64_t i, int64_t h, int64_t x) {
     return s.varlen_new ? t.offset({c.new_starts[size_t(b)] + i, h, x}) : t.offset({b, i, h, x});
@@ -281,6 +284,7 @@ inline KVExpected expected_kv(const KVCase& c) {
   std::vector<double> Q, K, V;
   AttnSpec spec;
   spec.causal = s.causal, spec.window_left = s.window_left, spec.window_right = s.window_right;
+  spec.attention_chunk = s.attention_chunk;
   spec.softcap = s.softcap;
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t i = 0; i < c.lens_q[size_t(b)]; ++i) {
@@ -414,6 +418,18 @@ inline std::vector<KVCaseSpec> kv_case_grid(bool gpu) {
     add(s);
     s.varlen_q = true, s.varlen_new = true, s.s_q = 20, s.s_new = 20, s.h_q = 32, s.causal = true;  // 64-row plan
     s.capacity = gpu ? 4096 : 100, s.rotary_base = false, s.rotary_dim = 0, s.num_splits = 0, s.leftpad = false;
+    add(s);
+  }
+  if (!gpu) {
+    // Chunked attention (FA3's attention_chunk) over caches: chunks in the coordinates after leftpad, queries
+    // rotated per row, new rows, pages, splits; the CUDA backends do not take it yet.
+    KVCaseSpec s;
+    s.h_q = 8, s.h_kv = 2, s.s_q = 16, s.s_new = 3, s.page_size = 16, s.capacity = 90, s.attention_chunk = 7;
+    s.causal = true, s.leftpad = true, s.batch_idx = true, s.rotary_dim = 32;
+    add(s);
+    s.causal = false, s.s_q = 4, s.s_new = 4, s.attention_chunk = 24, s.page_size = 0, s.num_splits = 3;
+    add(s);  // rotated per row without causal or a window: the chunk alone asks for it, as in FA3
+    s.window_left = 5, s.window_right = 2, s.s_q = 1, s.s_new = 1, s.attention_chunk = 3, s.varlen_q = true;
     add(s);
   }
   return out;

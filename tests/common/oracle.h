@@ -9,7 +9,8 @@
 // keys (varlen: each sequence its own lengths, rows packed one sequence after the other):
 //   query i sits on key diagonal t = i + s_k - s_q (bottom-right alignment, as flash-attn >= 2.1);
 //   key j is visible iff 0 <= j < s_k, j <= t under causal, j >= t - window_left when window_left >= 0 and
-//   j <= t + window_right when window_right >= 0;
+//   j <= t + window_right when window_right >= 0, and, with attention_chunk c > 0, j in the same chunk of c keys
+//   as t (j / c == floor(t / c); a row with t < 0 sees no key);
 //   score = scale · q·k (scale = softmax_scale, 1/√d when 0), then softcap · tanh(score / softcap) when softcap > 0,
 //   then minus slope · |i + s_k - s_q - j| with ALiBi (slope of query head h, and of sequence b when per batch);
 //   dropout with probability p: O = (P ∘ Z) V, Z = 1 / (1 - p) where kept, 0 where dropped (the mask from
@@ -47,6 +48,7 @@ namespace flashattn::test {
 struct AttnSpec {
   bool causal = false;
   int64_t window_left = -1, window_right = -1;  // negative: unbounded
+  int64_t attention_chunk = 0;                  // 0: off
   double softcap = 0;                           // 0: off
   double softmax_scale = 0;                     // 0: 1/√d
   std::vector<int64_t> lens_q, lens_k;          // varlen when non-empty: per-sequence lengths, rows packed
@@ -80,6 +82,12 @@ struct AttnSpec {
     if (causal && after_diagonal > 0) return false;
     if (window_left >= 0 && -after_diagonal > window_left) return false;
     if (window_right >= 0 && after_diagonal > window_right) return false;
+    if (attention_chunk > 0) {
+      const int64_t t = i + sk - sq;
+      // Chunk numbers, rounding toward minus infinity (j >= 0 here, t may be negative).
+      const int64_t chunk_of_t = t >= 0 ? t / attention_chunk : -((-t + attention_chunk - 1) / attention_chunk);
+      if (j / attention_chunk != chunk_of_t) return false;
+    }
     return true;
   }
 };

@@ -47,6 +47,7 @@ struct AttnCase {
   int64_t batch = 1, s_q = 1, s_k = 1, h_q = 1, h_kv = 1, d = 8, dv = 8;
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
+  int64_t attention_chunk = 0;            // 0: off
   double softcap = 0;
   double softmax_scale = 0;               // 0: the default 1/√d
   Layout layout = Layout::bshd;
@@ -91,6 +92,7 @@ struct AttnCase {
     if (causal) os << "_causal";
     auto edge = [](int64_t e) { return e < 0 ? std::string("inf") : std::to_string(e); };
     if (window_left >= 0 || window_right >= 0) os << "_win" << edge(window_left) << "_" << edge(window_right);
+    if (attention_chunk > 0) os << "_chunk" << attention_chunk;
     if (softcap > 0) os << "_cap" << int(softcap);
     if (softmax_scale > 0) os << "_sm" << int(std::lround(softmax_scale * 1000)) << "m";
     if (layout == Layout::bhsd) os << "_bhsd";
@@ -107,6 +109,7 @@ struct AttnCase {
     o.causal = causal;
     o.window_left = window_left;
     o.window_right = window_right;
+    o.attention_chunk = attention_chunk;
     o.softcap = softcap;
     o.softmax_scale = softmax_scale;
     o.dropout_p = dropout_p, o.dropout_seed = dropout_seed, o.dropout_offset = dropout_offset;
@@ -120,6 +123,7 @@ struct AttnCase {
     AttnSpec s;
     s.causal = causal;
     s.window_left = window_left, s.window_right = window_right;
+    s.attention_chunk = attention_chunk;
     s.softcap = softcap;
     s.softmax_scale = softmax_scale;
     s.lens_q.assign(lens_q.begin(), lens_q.end());

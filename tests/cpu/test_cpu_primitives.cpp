@@ -161,10 +161,12 @@ TEST(CpuPrimitives, PairPackingRoundsToBf16InPairOrder) {
 
 TEST(CpuPrimitives, TileMasksAgreeWithMaskSpec) {
   const int64_t shapes[][2] = {{40, 70}, {70, 40}, {64, 64}};
-  const int64_t windows[][3] = {{1, -1, -1}, {0, 5, 3}, {1, 9, -1}, {0, 0, 0}, {0, -1, 2}, {0, 4, -1}};
+  // {causal, window left, window right, attention chunk}
+  const int64_t windows[][4] = {{1, -1, -1, 0}, {0, 5, 3, 0}, {1, 9, -1, 0}, {0, 0, 0, 0}, {0, -1, 2, 0},
+                                {0, 4, -1, 0},  {1, -1, -1, 7}, {0, -1, -1, 16}, {0, 6, 2, 5}, {1, 3, -1, 1}};
   for (const auto& sh : shapes) {
     for (const auto& w : windows) {
-      const MaskSpec mask = MaskSpec::make(sh[0], sh[1], w[0] != 0, w[1], w[2]);
+      const MaskSpec mask = MaskSpec::make(sh[0], sh[1], w[0] != 0, w[1], w[2], w[3]);
       const int64_t i0 = 13, j0 = 9, nq = 20, nk = 24, ld = 32;
       std::vector<float> key_major(size_t(nk * ld), 1.f), query_major(size_t(nq * ld), 1.f);
       mask_key_major(mask, key_major.data(), ld, j0, nk, i0, nq);
@@ -180,34 +182,39 @@ TEST(CpuPrimitives, TileMasksAgreeWithMaskSpec) {
   }
 }
 
-// The narrowest window edges (what the 32-bit kernel arguments carry) let every row of the sequence see exactly
-// the keys the given ones do, for windows just inside, at and past the lengths and past 2^31, causal or not.
+// The narrowest window edges and chunk (what the 32-bit kernel arguments carry) let every row of the sequence see
+// exactly the keys the given ones do, for windows and chunks just inside, at and past the lengths and past 2^31,
+// causal or not.
 TEST(CpuPrimitives, NarrowestWindowEdgesMeanTheSame) {
   const int64_t shapes[][2] = {{40, 70}, {70, 40}, {64, 64}, {1, 90}, {90, 1}};
   const int64_t huge = (int64_t(1) << 32) + 5;
   for (const auto& sh : shapes) {
     const int64_t sq = sh[0], sk = sh[1];
     const int64_t edges[] = {-1, 0, 3, sq - 1, sq, sq + 1, sk - 1, sk, sk + 1, sq + sk, huge};
+    const int64_t chunks[] = {0, 1, 7, sk - 1, sk, sk + 1, sq + sk, huge};
     for (int causal = 0; causal < 2; ++causal)
-      for (int64_t left : edges)
-        for (int64_t right : edges) {
-          if (left < -1 || right < -1) continue;
-          const MaskSpec given = MaskSpec::make(sq, sk, causal != 0, left, right);
-          const int64_t narrow_left = MaskSpec::narrowest_left(left, sk);
-          const int64_t narrow_right = MaskSpec::narrowest_right(right, sq);
-          const MaskSpec narrow = MaskSpec::make(sq, sk, causal != 0, narrow_left, narrow_right);
-          for (int64_t i = 0; i < sq; ++i) {
-            int64_t lo_given, hi_given, lo_narrow, hi_narrow;
-            given.key_range(i, &lo_given, &hi_given);
-            narrow.key_range(i, &lo_narrow, &hi_narrow);
-            const int64_t seen_given = hi_given > lo_given ? hi_given - lo_given : 0;
-            const int64_t seen_narrow = hi_narrow > lo_narrow ? hi_narrow - lo_narrow : 0;
-            ASSERT_EQ(seen_given, seen_narrow) << sq << "x" << sk << " causal " << causal << " window (" << left << ", "
-                                               << right << ") row " << i;
-            if (seen_given > 0) ASSERT_EQ(lo_given, lo_narrow) << sq << "x" << sk << " row " << i;
-            for (int64_t j = -1; j <= sk; ++j) ASSERT_EQ(given.visible(i, j), narrow.visible(i, j)) << i << "," << j;
+      for (int64_t chunk : chunks)
+        for (int64_t left : edges)
+          for (int64_t right : edges) {
+            if (left < -1 || right < -1 || chunk < 0) continue;
+            if (chunk > 0 && left != -1 && left != 3 && left != huge) continue;  // a chunk with a few windows
+            const MaskSpec given = MaskSpec::make(sq, sk, causal != 0, left, right, chunk);
+            const int64_t narrow_left = MaskSpec::narrowest_left(left, sk);
+            const int64_t narrow_right = MaskSpec::narrowest_right(right, sq);
+            const MaskSpec narrow =
+                MaskSpec::make(sq, sk, causal != 0, narrow_left, narrow_right, MaskSpec::narrowest_chunk(chunk, sk));
+            for (int64_t i = 0; i < sq; ++i) {
+              int64_t lo_given, hi_given, lo_narrow, hi_narrow;
+              given.key_range(i, &lo_given, &hi_given);
+              narrow.key_range(i, &lo_narrow, &hi_narrow);
+              const int64_t seen_given = hi_given > lo_given ? hi_given - lo_given : 0;
+              const int64_t seen_narrow = hi_narrow > lo_narrow ? hi_narrow - lo_narrow : 0;
+              ASSERT_EQ(seen_given, seen_narrow) << sq << "x" << sk << " causal " << causal << " window (" << left << ", "
+                                                 << right << ") row " << i;
+              if (seen_given > 0) ASSERT_EQ(lo_given, lo_narrow) << sq << "x" << sk << " row " << i;
+              for (int64_t j = -1; j <= sk; ++j) ASSERT_EQ(given.visible(i, j), narrow.visible(i, j)) << i << "," << j;
+            }
           }
-        }
   }
 }
 

@@ -2,7 +2,7 @@
 // edges: lengths 1, 2, 17, 127 (and a few at 1000), s_q > s_k and s_q < s_k with causal, GQA ratios 1, 2, 8,
 // head dims 8..256 with d_v != d, both layouts and padded rows, windows with and without causal, softcap,
 // varlen with empty sequences, fully masked rows, softmax scales other than 1/√d, ALiBi (both slope shapes, with
-// every mask, softcap, GQA and varlen), all four dtypes.
+// every mask, softcap, GQA and varlen), chunked attention, all four dtypes.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -151,6 +151,34 @@ std::vector<AttnCase> grid_cases() {
     cases.push_back(c);
     c = base(DType::f32, 600, 900, 8, 8, 32, 32);  // 512-row query blocks
     c.dropout_p = 0.2;
+    cases.push_back(c);
+  }
+  // Chunked attention (attention_chunk): chunks shorter than a key block and crossing the blocks' edges, about a
+  // block, and longer than the keys; with and without causal and windows, s_q < s_k, s_q > s_k (rows above the
+  // first key see nothing), GQA, softcap, ALiBi, dropout, varlen, every dtype.
+  {
+    const int64_t clens[][2] = {{70, 130}, {130, 70}, {96, 96}};
+    const int64_t chunks[] = {1, 13, 64, 100, 1000};
+    for (const auto& l : clens)
+      for (int64_t chunk : chunks)
+        for (bool causal : {false, true}) {
+          AttnCase c = base(kDtypes[size_t(chunk) % 4], l[0], l[1], 4, 2, 32, 24);
+          c.causal = causal, c.attention_chunk = chunk;
+          cases.push_back(c);
+        }
+    AttnCase c = base(DType::f32, 150, 200, 4, 1, 64, 64);
+    c.attention_chunk = 48, c.window_left = 20, c.window_right = 5, c.softcap = 8;
+    cases.push_back(c);
+    c.causal = true, c.window_right = -1, c.alibi = AttnCase::Alibi::per_batch, c.dropout_p = 0.2;
+    cases.push_back(c);
+    c = base(DType::bf16, 0, 0, 4, 2, 48, 48);
+    c.lens_q = {5, 0, 70, 1, 90}, c.lens_k = {9, 3, 60, 40, 130}, c.attention_chunk = 32;
+    for (bool causal : {false, true}) {
+      c.causal = causal;
+      cases.push_back(c);
+    }
+    c = base(DType::f32, 600, 900, 8, 8, 32, 32);  // 512-row query blocks
+    c.attention_chunk = 200, c.causal = true;
     cases.push_back(c);
   }
   // Random combinations of every axis (kept small: this grid also runs under the sanitizers).

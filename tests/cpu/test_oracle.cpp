@@ -156,72 +156,81 @@ TEST(Oracle, MaskSpecAgreesWithTheDefinition) {
   const int64_t huge = (int64_t(1) << 33) + 1;
   const int64_t edges[] = {-1, 0, 1, 2, 5, 40, huge};
   const int64_t lens[] = {0, 1, 2, 3, 5, 8};
+  // Chunks of 1 key, of a few (rows crossing chunk edges inside every block), of the sequence and past it.
+  const int64_t chunks[] = {0, 1, 2, 3, 5, 8, huge};
+  const int64_t chunk_edges[] = {-1, 0, 2, huge};  // with a chunk: fewer windows, the same kinds of edge
   for (int64_t sq : lens)
     for (int64_t sk : lens)
       for (bool causal : {false, true})
-        for (int64_t left : edges)
-          for (int64_t right : edges) {
-            AttnSpec spec;
-            spec.causal = causal, spec.window_left = left, spec.window_right = right;
-            const MaskSpec mask = MaskSpec::make(sq, sk, causal, left, right);
-            const std::string where = "sq " + std::to_string(sq) + " sk " + std::to_string(sk) + (causal ? " causal" : "") +
-                                      " window " + std::to_string(left) + "," + std::to_string(right);
-            // The narrowest edges that mean the same (the kernels' 32-bit arguments) see the same keys.
-            const MaskSpec narrow = MaskSpec::make(sq, sk, causal, MaskSpec::narrowest_left(left, sk),
-                                                   MaskSpec::narrowest_right(right, sq));
-            for (int64_t i = 0; i < sq; ++i) {
-              int64_t first = -1, last = -1;
-              for (int64_t j = -1; j <= sk; ++j) {
-                const bool sees = spec.sees(i, j, sq, sk);
-                ASSERT_EQ(mask.visible(i, j), sees) << where << " i " << i << " j " << j;
-                ASSERT_EQ(narrow.visible(i, j), sees) << where << " narrowed, i " << i << " j " << j;
-                if (sees && first < 0) first = j;
-                if (sees) last = j;
-              }
-              int64_t lo, hi;
-              mask.key_range(i, &lo, &hi);
-              if (first < 0) {
-                ASSERT_GE(lo, hi) << where << " i " << i << ": a row that sees nothing has an empty range";
-              } else {
-                ASSERT_EQ(lo, first) << where << " i " << i;
-                ASSERT_EQ(hi, last + 1) << where << " i " << i;
-              }
-            }
-            // Row and key blocks: the ranges cover every visible pair (and are tight when their end rows and keys
-            // see something); a tile is fully visible exactly when every pair in it is.
-            for (int64_t rb = 0; rb < sq; ++rb)
-              for (int64_t re = rb + 1; re <= sq; ++re) {
+        for (int64_t chunk : chunks)
+          for (int64_t left : edges)
+            for (int64_t right : edges) {
+              if (chunk > 0 && (std::count(std::begin(chunk_edges), std::end(chunk_edges), left) == 0 ||
+                                std::count(std::begin(chunk_edges), std::end(chunk_edges), right) == 0))
+                continue;
+              AttnSpec spec;
+              spec.causal = causal, spec.window_left = left, spec.window_right = right, spec.attention_chunk = chunk;
+              const MaskSpec mask = MaskSpec::make(sq, sk, causal, left, right, chunk);
+              const std::string where = "sq " + std::to_string(sq) + " sk " + std::to_string(sk) + (causal ? " causal" : "") +
+                                        " window " + std::to_string(left) + "," + std::to_string(right) + " chunk " +
+                                        std::to_string(chunk);
+              // The narrowest edges that mean the same (the kernels' 32-bit arguments) see the same keys.
+              const MaskSpec narrow = MaskSpec::make(sq, sk, causal, MaskSpec::narrowest_left(left, sk),
+                                                     MaskSpec::narrowest_right(right, sq),
+                                                     MaskSpec::narrowest_chunk(chunk, sk));
+              for (int64_t i = 0; i < sq; ++i) {
+                int64_t first = -1, last = -1;
+                for (int64_t j = -1; j <= sk; ++j) {
+                  const bool sees = spec.sees(i, j, sq, sk);
+                  ASSERT_EQ(mask.visible(i, j), sees) << where << " i " << i << " j " << j;
+                  ASSERT_EQ(narrow.visible(i, j), sees) << where << " narrowed, i " << i << " j " << j;
+                  if (sees && first < 0) first = j;
+                  if (sees) last = j;
+                }
                 int64_t lo, hi;
-                mask.key_range_for_rows(rb, re, &lo, &hi);
-                for (int64_t i = rb; i < re; ++i)
-                  for (int64_t j = 0; j < sk; ++j)
-                    if (spec.sees(i, j, sq, sk)) ASSERT_TRUE(j >= lo && j < hi) << where << " rows " << rb << "-" << re;
-                for (int64_t kb = 0; kb < sk; ++kb)
-                  for (int64_t ke = kb + 1; ke <= sk; ++ke) {
-                    bool all = true;
-                    for (int64_t i = rb; i < re; ++i)
-                      for (int64_t j = kb; j < ke; ++j) all = all && spec.sees(i, j, sq, sk);
-                    ASSERT_EQ(mask.tile_fully_visible(rb, re, kb, ke), all)
-                        << where << " tile " << rb << "-" << re << " x " << kb << "-" << ke;
-                  }
-              }
-            for (int64_t kb = 0; kb < sk; ++kb)
-              for (int64_t ke = kb + 1; ke <= sk; ++ke) {
-                int64_t lo, hi, first = -1, last = -1;
-                mask.query_range_for_keys(kb, ke, &lo, &hi);
-                for (int64_t i = 0; i < sq; ++i)
-                  for (int64_t j = kb; j < ke; ++j)
-                    if (spec.sees(i, j, sq, sk)) {
-                      ASSERT_TRUE(i >= lo && i < hi) << where << " keys " << kb << "-" << ke << " query " << i;
-                      if (first < 0) first = i;
-                      last = i;
-                    }
-                if (first >= 0) {
-                  ASSERT_EQ(lo, first) << where << " keys " << kb << "-" << ke;
-                  ASSERT_EQ(hi, last + 1) << where << " keys " << kb << "-" << ke;
+                mask.key_range(i, &lo, &hi);
+                if (first < 0) {
+                  ASSERT_GE(lo, hi) << where << " i " << i << ": a row that sees nothing has an empty range";
+                } else {
+                  ASSERT_EQ(lo, first) << where << " i " << i;
+                  ASSERT_EQ(hi, last + 1) << where << " i " << i;
                 }
               }
-          }
+              // Row and key blocks: the ranges cover every visible pair (and are tight when their end rows and keys
+              // see something); a tile is fully visible exactly when every pair in it is.
+              for (int64_t rb = 0; rb < sq; ++rb)
+                for (int64_t re = rb + 1; re <= sq; ++re) {
+                  int64_t lo, hi;
+                  mask.key_range_for_rows(rb, re, &lo, &hi);
+                  for (int64_t i = rb; i < re; ++i)
+                    for (int64_t j = 0; j < sk; ++j)
+                      if (spec.sees(i, j, sq, sk)) ASSERT_TRUE(j >= lo && j < hi) << where << " rows " << rb << "-" << re;
+                  for (int64_t kb = 0; kb < sk; ++kb)
+                    for (int64_t ke = kb + 1; ke <= sk; ++ke) {
+                      bool all = true;
+                      for (int64_t i = rb; i < re; ++i)
+                        for (int64_t j = kb; j < ke; ++j) all = all && spec.sees(i, j, sq, sk);
+                      ASSERT_EQ(mask.tile_fully_visible(rb, re, kb, ke), all)
+                          << where << " tile " << rb << "-" << re << " x " << kb << "-" << ke;
+                    }
+                }
+              for (int64_t kb = 0; kb < sk; ++kb)
+                for (int64_t ke = kb + 1; ke <= sk; ++ke) {
+                  int64_t lo, hi, first = -1, last = -1;
+                  mask.query_range_for_keys(kb, ke, &lo, &hi);
+                  for (int64_t i = 0; i < sq; ++i)
+                    for (int64_t j = kb; j < ke; ++j)
+                      if (spec.sees(i, j, sq, sk)) {
+                        ASSERT_TRUE(i >= lo && i < hi) << where << " keys " << kb << "-" << ke << " query " << i;
+                        if (first < 0) first = i;
+                        last = i;
+                      }
+                  if (first >= 0) {
+                    ASSERT_EQ(lo, first) << where << " keys " << kb << "-" << ke;
+                    ASSERT_EQ(hi, last + 1) << where << " keys " << kb << "-" << ke;
+                  }
+                }
+            }
 }
 
 // ---- rounding of stores ----

@@ -351,6 +351,7 @@ TEST(Validation, Options) {
   } cases[] = {
       {"window_left", [](AttentionOptions& o) { o.window_left = -2; }},
       {"window_right", [](AttentionOptions& o) { o.window_right = -7; }},
+      {"attention_chunk", [](AttentionOptions& o) { o.attention_chunk = -1; }},
       {"softcap", [](AttentionOptions& o) { o.softcap = -1; }},
       {"dropout_p", [](AttentionOptions& o) { o.dropout_p = 1.0; }},
       {"dropout_p", [](AttentionOptions& o) { o.dropout_p = -0.25; }},
@@ -434,6 +435,7 @@ class Mutator {
         const int64_t w[] = {-9, -2, -1, 0, 1, 3, 1000};
         (pick(2) ? c.opt.window_left : c.opt.window_right) = w[pick(7)];
         c.opt.causal = pick(2) == 1;
+        if (pick(3) == 0) c.opt.attention_chunk = w[pick(7)];
         break;
       }
       case 11: {
@@ -474,7 +476,7 @@ bool views_in_bounds(Call& c) {
 TEST(Validation, RandomMutationsNeverCrashNorWrite) {
   const char* known[] = {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "cu_seqlens_q", "cu_seqlens_k",
                          "max_seqlen_q", "max_seqlen_k", "softmax_scale", "softcap", "window_left", "window_right",
-                         "num_threads", "backend"};
+                         "attention_chunk", "num_threads", "backend"};
   Mutator m(20261129);
   int rejected = 0, ran = 0;
   Call calls[2] = {Call(false), Call(true)};

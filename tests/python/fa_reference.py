@@ -3,7 +3,8 @@
 The reference materialises the score matrix. Run in float64 it is the oracle; run in the test's own dtype it
 measures how much error that dtype's ordinary math makes, and ours may make at most twice that plus a few ulps
 (the FlashAttention-3 test rule). Mask semantics are the library's: bottom-right aligned causal mask and window,
--1 = unbounded, a row without visible keys gives out = 0 and lse = -inf.
+-1 = unbounded, chunked attention (FA3's attention_chunk: a row sees the keys of the chunk of `chunk` keys that
+holds its diagonal), a row without visible keys gives out = 0 and lse = -inf.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ def f32(x: float) -> float:
     return float(torch.tensor(x, dtype=torch.float32))
 
 
-def visible(seq_q: int, seq_k: int, causal: bool, window: Sequence[int], device=None) -> Tensor:
+def visible(seq_q: int, seq_k: int, causal: bool, window: Sequence[int], device=None, chunk: int = 0) -> Tensor:
     """Boolean [seq_q, seq_k]: may query i see key j (diag = i + seq_k - seq_q)."""
     i = torch.arange(seq_q, device=device)[:, None]
     j = torch.arange(seq_k, device=device)[None, :]
@@ -31,12 +32,15 @@ def visible(seq_q: int, seq_k: int, causal: bool, window: Sequence[int], device=
         vis &= j >= diag - window[0]
     if window[1] >= 0:
         vis &= j <= diag + window[1]
+    if chunk > 0:
+        start = diag - diag % chunk  # the diagonal's chunk (torch's % of a negative diagonal is >= 0, as Python's)
+        vis &= (j >= start) & (j < start + chunk)
     return vis
 
 
 def attention_ref(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, window: Sequence[int] = (-1, -1),
                   softcap: float = 0.0, scale: Optional[float] = None, alibi: Optional[Tensor] = None,
-                  dtype: Optional[torch.dtype] = torch.float64) -> Tuple[Tensor, Tensor]:
+                  dtype: Optional[torch.dtype] = torch.float64, chunk: int = 0) -> Tuple[Tensor, Tensor]:
     """out [b, s_q, h_q, d_v] and lse [b, h_q, s_q] computed in `dtype` (None: the inputs' dtype). Differentiable.
     alibi: slopes [h_q] or [b, h_q]; score (i, j) gains -slope * |i + s_k - s_q - j| after the softcap."""
     dtype = dtype or q.dtype
@@ -55,7 +59,7 @@ def attention_ref(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, wind
         i = torch.arange(seq_q, device=q.device)[:, None]
         j = torch.arange(seq_k, device=q.device)[None, :]
         s = s - slopes[:, :, None, None] * (i + seq_k - seq_q - j).abs().to(dtype)
-    vis = visible(seq_q, seq_k, causal, window, q.device)
+    vis = visible(seq_q, seq_k, causal, window, q.device, chunk)
     s = s.masked_fill(~vis, float("-inf"))
     lse = torch.logsumexp(s.detach(), dim=-1) if s.shape[-1] else torch.full(s.shape[:-1], float("-inf"), dtype=dtype, device=q.device)
     # Rows with no visible key: softmax over zeros (finite), then zeroed: out = 0 and no gradient, never NaN.

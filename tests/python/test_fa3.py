@@ -828,16 +828,14 @@ ONE = torch.ones(1)
 CALLS = {"flash_attn_func": dense_call, "flash_attn_varlen_func": varlen_call,
          "flash_attn_with_kvcache": kvcache_call, "get_scheduler_metadata": scheduler_call,
          "flash_attn_qkvpacked_func": qkvpacked_call}
-COMMON_UNSUPPORTED = [("qv", dict(qv=ONE)), ("attention_chunk", dict(attention_chunk=4))]
+COMMON_UNSUPPORTED = [("qv", dict(qv=ONE))]
 UNSUPPORTED = (
     [("flash_attn_func", n, c) for n, c in COMMON_UNSUPPORTED]
-    + [("flash_attn_qkvpacked_func", n, c) for n, c in COMMON_UNSUPPORTED[1:]]
     + [("flash_attn_varlen_func", n, c) for n, c in COMMON_UNSUPPORTED]
     + [("flash_attn_varlen_func", "cu_seqlens_q", dict(cu_seqlens_q=None)),
        ("flash_attn_varlen_func", "cu_seqlens_k", dict(cu_seqlens_k=None))]
     + [("flash_attn_with_kvcache", n, c) for n, c in COMMON_UNSUPPORTED]
     + [("flash_attn_with_kvcache", "scheduler_metadata", dict(scheduler_metadata=torch.zeros(3, dtype=I32)))]
-    + [("get_scheduler_metadata", "attention_chunk", dict(attention_chunk=8))]
 )
 
 
@@ -883,6 +881,8 @@ ERRORS = [
     ("flash_attn_func", dict(sm_margin=-1), ValueError, r"^sm_margin: must be in \[0"),
     ("flash_attn_func", dict(num_splits=1.5), TypeError, r"^num_splits: expected an integer"),
     ("flash_attn_func", dict(attention_chunk=1.5), TypeError, r"^attention_chunk: expected an integer"),
+    ("flash_attn_qkvpacked_func", dict(attention_chunk=-3), ValueError, r"^attention_chunk: must be >= 0"),
+    ("get_scheduler_metadata", dict(attention_chunk=-1), ValueError, r"^attention_chunk: must be >= 0"),
     ("flash_attn_func", dict(return_attn_probs="no"), TypeError, r"^return_attn_probs: expected a bool"),
     ("flash_attn_func", dict(deterministic="no"), TypeError, r"^deterministic: expected a bool"),
     ("flash_attn_func", dict(window_size=(1,)), ValueError, r"^window_size: expected a pair"),

@@ -105,8 +105,8 @@ __device__ __forceinline__ SeqExtent seq_extent(const BwdKernelArgs& a, int b) {
   return e;
 }
 
-__device__ __forceinline__ MaskSpec seq_mask(const BwdKernelArgs& a, const SeqExtent& e) {
-  return MaskSpec::make(e.len_q, e.len_k, a.causal, a.window_left, a.window_right);
+__device__ __forceinline__ WindowMaskSpec seq_mask(const BwdKernelArgs& a, const SeqExtent& e) {
+  return WindowMaskSpec::make(e.len_q, e.len_k, a.causal, a.window_left, a.window_right);
 }
 
 // ALiBi of one (sequence, query head) as the kernels apply it: the slope in log2 units (0: none) and s_k - s_q.

@@ -244,7 +244,7 @@ struct DecodeKernel {
     const int len_k = int(key_end - key_begin);
 
     // Keys the block's query rows see, split into equal runs of whole tiles.
-    const MaskSpec mask = MaskSpec::make(len_q, len_k, a.causal, a.window_left, a.window_right);
+    const WindowMaskSpec mask = WindowMaskSpec::make(len_q, len_k, a.causal, a.window_left, a.window_right);
     const int i_first = r0 / a.head_group, i_last = (r0 + rows - 1) / a.head_group;
     int64_t key_lo, key_hi;
     mask.key_range_for_rows(i_first, i_last + 1, &key_lo, &key_hi);

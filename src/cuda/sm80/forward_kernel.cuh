@@ -108,7 +108,7 @@ struct ForwardKernel {
     if (m0 >= len_q) return;
     const int rows = min(kBlockM, len_q - m0);
 
-    const MaskSpec mask = MaskSpec::make(len_q, len_k, a.causal, a.window_left, a.window_right);
+    const WindowMaskSpec mask = WindowMaskSpec::make(len_q, len_k, a.causal, a.window_left, a.window_right);
     const Alibi32 alibi = Alibi32::make(a.alibi_slopes, a.alibi_batch_stride, b, h, len_q, len_k);
     const float alibi_slope_u = alibi.slope_in(a.unit_scale);
     const DropoutSpec dropout = DropoutSpec::make(a.dropout_p, a.dropout_rng, b, h);

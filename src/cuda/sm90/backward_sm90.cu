@@ -207,7 +207,7 @@ struct KeyBlockWork {
   int batch_coord;           // TMA batch coordinate (0 in varlen)
   int seqlen_q, seqlen_k;
   int m_begin, m_end;        // query blocks [m_begin, m_end)
-  MaskSpec mask;
+  WindowMaskSpec mask;
 };
 
 template <typename Cfg>
@@ -231,7 +231,7 @@ __device__ KeyBlockWork key_block_work(const BackwardKernelArgs& a) {
     w.ws_row0 = int(sm80::ws_sequence_start(int64_t(w.batch) * a.seqlen_q, w.batch, a.ws_seq_align));
     w.batch_coord = w.batch;
   }
-  w.mask = MaskSpec::make(w.seqlen_q, w.seqlen_k, a.causal, a.window_left, a.window_right);
+  w.mask = WindowMaskSpec::make(w.seqlen_q, w.seqlen_k, a.causal, a.window_left, a.window_right);
   w.m_begin = w.m_end = 0;
   if (w.key0 < w.seqlen_k && w.seqlen_q > 0) {
     int64_t lo, hi;

@@ -96,7 +96,7 @@ struct BlockWork {
   int n_begin, n_end;  // key tiles [n_begin, n_end)
   int vt_slot0;        // e4m3: the sequence's first slot in V_t's rows (fp8_v_layout.h)
   bool has_rows;       // the tile has query rows (this CTA's block may not, in a cluster: block_work)
-  MaskSpec32 mask;     // 32-bit: sm90_forward_supports bounds the lengths, the launcher narrows the window edges
+  WindowMaskSpec32 mask;     // 32-bit: sm90_forward_supports bounds the lengths, the launcher narrows the window edges
 };
 
 // Tile t as seen by the CTA of cluster rank `rank`: a tile is Cfg::kClusterCtas blocks of kBlockM rows, this
@@ -126,7 +126,7 @@ __device__ BlockWork block_work(const ForwardKernelArgs& a, int t, int rank) {
     w.batch_coord = w.batch;
   }
   if constexpr (Cfg::kElemBytes == 1) w.vt_slot0 = int(fp8_v_slot0(a.cu_seqlens_q != nullptr, w.k_row0, w.batch));
-  w.mask = MaskSpec32::make(w.seqlen_q, w.seqlen_k, a.causal, a.window_left, a.window_right);
+  w.mask = WindowMaskSpec32::make(w.seqlen_q, w.seqlen_k, a.causal, a.window_left, a.window_right);
   w.n_begin = w.n_end = 0;
   const int row_begin = m_tile * Cfg::kTileRows;
   w.has_rows = row_begin < w.seqlen_q;
