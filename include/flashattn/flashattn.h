@@ -42,7 +42,7 @@ struct AttentionOptions {
   // Chunked attention (FlashAttention-3's attention_chunk, Llama 4's local layers); 0 = off. The keys are cut
   // into chunks of attention_chunk keys ([0, c), [c, 2c), ...) and query row i sees only the keys of the chunk
   // that holds its diagonal i + s_k - s_q (a row with a negative diagonal sees nothing), on top of causal and the
-  // window. On the CPU backends so far (the CUDA backends report it unsupported).
+  // window. Every backend; on cuda_sm90 the backward runs cuda_sm80's kernels (automatic dispatch picks them).
   int64_t attention_chunk = 0;
   // Scores become softcap * tanh(scores / softcap); 0 = off.
   double softcap = 0.0;

@@ -102,6 +102,11 @@ struct FwdParams {
   int num_threads = 0;     // CPU backends: 0 = all hardware threads
 
   bool is_varlen() const { return cu_seqlens_q != nullptr; }
+  // A causal, window or chunk mask.
+  bool has_mask() const { return causal || window_left >= 0 || window_right >= 0 || attention_chunk > 0; }
+  // ALiBi, dropout or chunks: what the CUDA kernels compile only into their extras variants (kExtras), so that the
+  // plain kernels carry none of it.
+  bool has_extras() const { return alibi_slopes != nullptr || dropout_p > 0 || attention_chunk > 0; }
   // Varlen queries over a padded or paged K/V (cu_seqlens_q without cu_seqlens_k) are a cache call too.
   bool has_kv_cache() const {
     return seqused_k != nullptr || leftpad_k != nullptr || kv_batch_idx != nullptr || block_table != nullptr ||

@@ -745,7 +745,7 @@ def attention(
     -slope · |i + s_k - s_q - j| (flash_attn's ALiBi; the slopes get no gradient). dropout_p in [0, 1): attention
     dropout with a seed drawn from `generator` (default: torch's default generator of q's device). `backend` forces
     one backend by name ("auto" dispatches); num_threads bounds the CPU backends (0 = all). attention_chunk > 0:
-    chunked attention (FA3's attention_chunk; check_chunk), CPU backends only so far.
+    chunked attention (FA3's attention_chunk; check_chunk).
     """
     _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, paired=True)
     max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap, deterministic, num_threads = (
@@ -1013,7 +1013,7 @@ def kvcache_attention(
     in fp8_attention (k / v descales for every row of sequence b's cache), out in out_dtype (bfloat16 by default, or
     float16); no rotary. CPU backends only so far (CUDA says so). Other dtypes: out in q's dtype.
     attention_chunk > 0: chunked attention over the cache's keys (after cache_leftpad; q rotated per row as with a
-    window), CPU backends only so far.
+    window).
     """
     names = names or {}
     name = lambda n: names.get(n, n)  # noqa: E731

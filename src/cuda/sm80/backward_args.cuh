@@ -45,6 +45,7 @@ struct BwdKernelArgs {
   float softcap_log2;  // softcap * log2(e)
   bool causal;
   int64_t window_left, window_right;
+  int64_t attention_chunk;  // 0: none; taken by the kExtras kernels only (FwdParams::has_extras)
   const float* alibi_slopes;  // null: no ALiBi (common/alibi.h)
   int64_t alibi_batch_stride;
   float dropout_p;  // 0: no dropout (common/dropout.h)
@@ -105,8 +106,10 @@ __device__ __forceinline__ SeqExtent seq_extent(const BwdKernelArgs& a, int b) {
   return e;
 }
 
-__device__ __forceinline__ WindowMaskSpec seq_mask(const BwdKernelArgs& a, const SeqExtent& e) {
-  return WindowMaskSpec::make(e.len_q, e.len_k, a.causal, a.window_left, a.window_right);
+// The sequence's mask, with the chunk in the kernels that take one (kChunks).
+template <bool kChunks>
+__device__ __forceinline__ BasicMaskSpec<int64_t, kChunks> seq_mask(const BwdKernelArgs& a, const SeqExtent& e) {
+  return make_mask<int64_t, kChunks>(e.len_q, e.len_k, a.causal, a.window_left, a.window_right, a.attention_chunk);
 }
 
 // ALiBi of one (sequence, query head) as the kernels apply it: the slope in log2 units (0: none) and s_k - s_q.

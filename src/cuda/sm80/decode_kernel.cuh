@@ -74,6 +74,7 @@ struct DecodeKernelArgs {
   bool cluster_combine;
   bool causal;
   int64_t window_left, window_right;
+  int64_t attention_chunk;  // 0: none
   float scale_log2, unit_scale, softcap_pre;  // as in ForwardKernelArgs
   const float* alibi_slopes;
   int64_t alibi_batch_stride;
@@ -243,10 +244,15 @@ struct DecodeKernel {
     a.cache.rows(b, &key_begin, &key_end);
     const int len_k = int(key_end - key_begin);
 
-    // Keys the block's query rows see, split into equal runs of whole tiles.
-    const WindowMaskSpec mask = WindowMaskSpec::make(len_q, len_k, a.causal, a.window_left, a.window_right);
+    // Keys the block's query rows see, split into equal runs of whole tiles. The mask in 32 bits, edges and chunk
+    // narrowed to the lengths (cuda_decode_supports bounds s_q + s_k): half the registers of a 64-bit one, and a
+    // chunk's remainder in 32 bits.
+    const MaskSpec32 mask =
+        MaskSpec32::make(len_q, len_k, a.causal, int(MaskSpec::narrowest_left(a.window_left, len_k)),
+                         int(MaskSpec::narrowest_right(a.window_right, len_q)),
+                         int(MaskSpec::narrowest_chunk(a.attention_chunk, len_k)));
     const int i_first = r0 / a.head_group, i_last = (r0 + rows - 1) / a.head_group;
-    int64_t key_lo, key_hi;
+    int key_lo, key_hi;
     mask.key_range_for_rows(i_first, i_last + 1, &key_lo, &key_hi);
     const int n_block_min = int(key_lo / kBlockN);
     const int n_block_end = key_hi > key_lo ? int((key_hi + kBlockN - 1) / kBlockN) : n_block_min;
@@ -393,13 +399,13 @@ struct DecodeKernel {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int i = min(warp_r0 + g + 8 * half, packed_rows - 1) / a.head_group;
-          int64_t lo, hi;
+          int lo, hi;
           mask.key_range(i, &lo, &hi);
 #pragma unroll
           for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const int64_t j = key0 + nt * 8 + 2 * q + e;
+              const int j = key0 + nt * 8 + 2 * q + e;
               if (j < lo || j >= hi) s[0][nt][2 * half + e] = -INFINITY;
             }
           }

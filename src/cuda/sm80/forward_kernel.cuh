@@ -60,6 +60,7 @@ struct ForwardKernelArgs {
   int num_m_blocks;
   bool causal;
   int64_t window_left, window_right;
+  int64_t attention_chunk;  // 0: none; taken by the kExtras kernels only (FwdParams::has_extras)
   float scale_log2;    // unit_scale · log2(e)
   float unit_scale;    // natural score per score unit: softmax_scale, or softcap
   float softcap_pre;   // softmax_scale / softcap; 0 = no softcap
@@ -70,7 +71,7 @@ struct ForwardKernelArgs {
   bool q_vec, k_vec, v_vec, o_vec;  // 16-byte cp.async / stores allowed (tile_io.cuh)
 };
 
-// kExtras: ALiBi and dropout compiled in.
+// kExtras: ALiBi, dropout and chunked attention compiled in.
 template <typename T, int kD, bool kCompact, bool kExtras>
 struct ForwardKernel {
   static constexpr ForwardTile kTile = forward_tile(kD, kCompact);
@@ -108,7 +109,8 @@ struct ForwardKernel {
     if (m0 >= len_q) return;
     const int rows = min(kBlockM, len_q - m0);
 
-    const WindowMaskSpec mask = WindowMaskSpec::make(len_q, len_k, a.causal, a.window_left, a.window_right);
+    const auto mask = make_mask<int64_t, kExtras>(len_q, len_k, a.causal, a.window_left, a.window_right,
+                                                  a.attention_chunk);
     const Alibi32 alibi = Alibi32::make(a.alibi_slopes, a.alibi_batch_stride, b, h, len_q, len_k);
     const float alibi_slope_u = alibi.slope_in(a.unit_scale);
     const DropoutSpec dropout = DropoutSpec::make(a.dropout_p, a.dropout_rng, b, h);

@@ -1213,6 +1213,9 @@ Status sm90_backward_supports(const BwdParams& p) {
   const bool staged = p.dtype == DType::e4m3;
   if (staged && (p.alibi_slopes != nullptr || p.dropout_p > 0))
     return Status::unsupported("cuda_sm90: float8_e4m3fn inputs with ALiBi or dropout are not supported yet");
+  if (p.attention_chunk > 0)
+    return Status::unsupported("cuda_sm90: the backward of chunked attention (attention_chunk) is not built yet "
+                               "(cuda_sm80's backward runs it)");
   const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.k_row_stride, p.k_head_stride, p.v_row_stride,
                              p.v_head_stride, p.do_row_stride, p.do_head_stride, varlen ? 0 : p.q_batch_stride,
                              varlen ? 0 : p.k_batch_stride, varlen ? 0 : p.v_batch_stride,
