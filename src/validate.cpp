@@ -770,7 +770,10 @@ Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCa
     kp.rotary_interleaved = a.rotary_interleaved;
   }
   if (a.rotary_seqlens.defined() && !a.rotary_cos.defined()) {
-    return Status::invalid("rotary_seqlens: given without rotary_cos / rotary_sin");
+    // Nothing is rotated, so the positions' base cannot change a result: checked, then unused (FA3 passes
+    // rotary_seqlens whether or not it passes tables).
+    const int32_t* unused = nullptr;
+    if (!((st = check_index_vector("rotary_seqlens", a.rotary_seqlens, p.batch, dev, &unused)).ok())) return st;
   }
   if (a.num_splits < 0 || a.num_splits > 256) {
     return Status::invalid("num_splits: must be in [0, 256] (0 = chosen from the shape), got " +

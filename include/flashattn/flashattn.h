@@ -105,7 +105,8 @@ struct BackwardArgs : ForwardArgs {
 //                   or [total_new, h_kv, d / d_v] with cu_seqlens_k_new (int32 [b + 1]): sequence b appends rows
 //                   cu_seqlens_k_new[b] .. cu_seqlens_k_new[b + 1] - 1 (FA3's varlen append)
 //   rotary_cos/sin  [s_ro, rotary_dim / 2] in q's dtype, contiguous; need k_new; rotate k_new and q (see params.h)
-//   rotary_seqlens  int32 [b]: the rotary positions' base per sequence (FA3); undefined = cache_seqlens
+//   rotary_seqlens  int32 [b]: the rotary positions' base per sequence (FA3); undefined = cache_seqlens. Without
+//                   rotary_cos / rotary_sin nothing rotates: checked (shape, dtype, device), then unused
 //   cache_batch_idx int32 [b]: cache entry (dense row / block_table row) of sequence b
 //   cache_leftpad   int32 [b]: first used cache row of sequence b
 //   block_table     int32 [entries, max_pages], last dim contiguous: the pages of each entry (any page size)

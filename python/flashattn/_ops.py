@@ -200,6 +200,23 @@ def _attention_forward_fp8_impl(
     return out, lse
 
 
+class _Fp8ForwardOnly(torch.autograd.Function):
+    """The FP8 forward of inputs that require grad. PyTorch would give float8 inputs float8 gradients, so the
+    backward through autograd raises, naming the explicit call that gives 16-bit ones."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        out, lse = torch.ops.flashattn.attention_forward_fp8(*args)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError("q: the backward of float8_e4m3fn inputs does not run through autograd (PyTorch "
+                                  "would make their gradients float8): get 16-bit gradients from "
+                                  "flashattn.fp8_attention_backward")
+
+
 def _fp8_outputs(q, v, varlen, out_dtype):
     if out_dtype not in FP8_OUT_DTYPES:
         raise ValueError(f"out_dtype: float8_e4m3fn inputs write bfloat16 or float16, got {out_dtype}")
@@ -795,10 +812,6 @@ def fp8_attention(
     (bfloat16 or float16), lse fp32. Forward only: CPU tensors on the CPU backends, CUDA tensors on the Hopper
     kernel (cuda_sm90, compute capability 9.0; other GPUs report it unsupported, with the reason)."""
     _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, paired=True, fp8=True)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise NotImplementedError("q: the backward of float8_e4m3fn inputs does not run through autograd (PyTorch "
-                                  "would make their gradients float8): call under torch.no_grad() and get 16-bit "
-                                  "gradients from flashattn.fp8_attention_backward")
     _check_descale_types(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     if out_dtype not in FP8_OUT_DTYPES:
         raise ValueError(f"out_dtype: float8_e4m3fn inputs write bfloat16 or float16, got {out_dtype}")
@@ -807,10 +820,11 @@ def fp8_attention(
     ints, floats = op_options(*options, attention_chunk=check_chunk(attention_chunk))
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, q_descale, k_descale, v_descale, ints, floats, out_dtype,
             str(backend))
-    # Forward only: inputs that require grad take the operator, whose autograd says that it has no backward.
     tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, q_descale, k_descale, v_descale)
-    if _dispatch_free(*tensors) and not (torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in tensors)):
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        # As FA3's forward: it runs; out requires grad, and its backward says why there is none.
+        return _Fp8ForwardOnly.apply(*args)
+    if _dispatch_free(*tensors):
         return _attention_forward_fp8_impl(*args)
     return torch.ops.flashattn.attention_forward_fp8(*args)
 

@@ -269,6 +269,14 @@ def _used_rows(cu_name: str, cu_seqlens, used_name: str, seqused, rows: int, dev
     return index.to(device), compact.to(torch.int32).to(device)
 
 
+def _select_rows(t: Tensor, rows: Tensor) -> Tensor:
+    """t's packed rows `rows` (a differentiable copy); float8 tensors through their bytes, which every device's
+    index_select takes."""
+    if t.dtype == torch.float8_e4m3fn:
+        return t.view(torch.uint8).index_select(0, rows).view(t.dtype)
+    return t.index_select(0, rows)
+
+
 def _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, page_table,
                   softmax_scale, causal, window_size, attention_chunk, softcap, deterministic, backend, num_threads):
     """The paged path of flashattn's flash_attn_varlen_func, with FA3's names and its default key lengths."""
@@ -333,16 +341,13 @@ def flash_attn_varlen_func(
     chunk = check_chunk(attention_chunk)
     _scheduling_hints(num_splits, pack_gqa, sm_margin)
     return_attn_probs = check_flag("return_attn_probs", return_attn_probs)
-    if _is_fp8(q, k, v):
-        for name, value in (("seqused_q", seqused_q), ("seqused_k", seqused_k), ("page_table", page_table)):
-            _require_none(name, value, "float8_e4m3fn inputs with " + name)
+    fp8 = _is_fp8(q, k, v)
+    if fp8:
+        _require_none("page_table", page_table, "float8_e4m3fn inputs with page_table")
         if cu_seqlens_q is None or cu_seqlens_k is None:
             raise NotImplementedError("cu_seqlens_q: float8_e4m3fn varlen inputs need cu_seqlens_q and cu_seqlens_k")
-        out, lse = _fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, _max_seqlen(max_seqlen_q), _max_seqlen(max_seqlen_k),
-                        q_descale, k_descale, v_descale, softmax_scale, causal, window_size, softcap, backend,
-                        num_threads, chunk)
-        return _lse_result(out, lse, return_attn_probs)
-    _no_descales(q, q_descale, k_descale, v_descale)
+    else:
+        _no_descales(q, q_descale, k_descale, v_descale)
     if cu_seqlens_q is None:
         raise NotImplementedError("cu_seqlens_q: None (batched queries (batch, seqlen_q, nheads, headdim)) is not "
                                   "supported by flashattn's flash_attn_varlen_func; pass cu_seqlens_q, or use "
@@ -353,11 +358,11 @@ def flash_attn_varlen_func(
     max_seqlen_q, max_seqlen_k = _max_seqlen(max_seqlen_q), _max_seqlen(max_seqlen_k)
     q_rows = None
     if seqused_q is not None:
-        _check_tensor("q", q)
+        _check_tensor("q", q, floating=not fp8)
         _check_rank("q", q, True)
         q_rows, cu_seqlens_q = _used_rows("cu_seqlens_q", cu_seqlens_q, "seqused_q", seqused_q, q.shape[0],
                                           q.device)
-        q_all, q = q, q.index_select(0, q_rows)
+        q_all, q = q, _select_rows(q, q_rows)
     if page_table is not None:
         out, lse = _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                                  page_table, softmax_scale, causal, window_size, chunk, softcap, deterministic,
@@ -365,14 +370,18 @@ def flash_attn_varlen_func(
     else:
         if seqused_k is not None:
             for name, t in (("q", q), ("k", k), ("v", v)):
-                _check_tensor(name, t)
+                _check_tensor(name, t, floating=not fp8)
                 _check_rank(name, t, True)
             k_rows, cu_seqlens_k = _used_rows("cu_seqlens_k", cu_seqlens_k, "seqused_k", seqused_k, k.shape[0],
                                               q.device)
-            k, v = k.index_select(0, k_rows), v.index_select(0, k_rows)
-        out, lse, _ = _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0, softmax_scale,
-                           causal, window_size, softcap, None, deterministic, True, backend, num_threads,
-                           attention_chunk=chunk)
+            k, v = _select_rows(k, k_rows), _select_rows(v, k_rows)
+        if fp8:
+            out, lse = _fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_descale, k_descale,
+                            v_descale, softmax_scale, causal, window_size, softcap, backend, num_threads, chunk)
+        else:
+            out, lse, _ = _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0, softmax_scale,
+                               causal, window_size, softcap, None, deterministic, True, backend, num_threads,
+                               attention_chunk=chunk)
     if q_rows is not None:  # back to the caller's packing: unused rows give 0 (lse -inf), and no gradient
         rows = q_all.shape[0]
         out = out.new_zeros((rows, *out.shape[1:])).index_copy(0, q_rows, out)

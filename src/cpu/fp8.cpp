@@ -11,9 +11,11 @@
 namespace flashattn::detail {
 namespace {
 
-// Rows of one input ([batch, rows, heads, dim] or varlen [total, heads, dim]) of e4m3 or 16-bit elements widened
-// into a contiguous fp32 copy of the same logical shape (batch stride 0 in varlen, as validation leaves a varlen
-// call's), each times its descale if one is given: descale index of (sequence b, head h) [b, h / head_group].
+// Rows of one input ([batch, rows, heads, dim], or varlen [total, heads, dim] when its cu_seqlens is given) of e4m3
+// or 16-bit elements widened into a contiguous fp32 copy of the same logical shape (batch stride 0 in varlen, as
+// validation leaves a varlen call's), each times its descale if one is given: descale index of (sequence b, head
+// h) [b, h / head_group]. Varlen queries over a KV cache are packed while the cache is not: each tensor's own
+// cu_seqlens says which it is.
 struct Dequantised {
   std::vector<float> values;
   int64_t batch_stride = 0, row_stride = 0, head_stride = 0;
@@ -24,7 +26,7 @@ Dequantised widen(const FwdParams& p, const void* data, int64_t rows, int64_t he
                   int64_t batch_stride, int64_t row_stride, int64_t head_stride, const float* descale,
                   const int64_t* descale_strides, int64_t head_group, const int32_t* cu_seqlens, Decode decode) {
   Dequantised d;
-  const bool varlen = p.is_varlen();
+  const bool varlen = cu_seqlens != nullptr;
   const int64_t per_row = heads * dim;
   const int64_t batches = varlen ? 1 : p.batch;
   d.values.resize(size_t(batches * rows * per_row));
@@ -84,7 +86,7 @@ struct DequantisedInputs {
 DequantisedInputs dequantise_inputs(const FwdParams& p, FwdParams* f) {
   const bool varlen = p.is_varlen();
   DequantisedInputs in;
-  in.rows_q = varlen ? p.total_q : p.seqlen_q, in.rows_k = varlen ? p.total_k : p.seqlen_k;
+  in.rows_q = varlen ? p.total_q : p.seqlen_q, in.rows_k = p.cu_seqlens_k ? p.total_k : p.seqlen_k;
   in.q = dequantise(p, p.q, in.rows_q, p.heads_q, p.head_dim, p.q_batch_stride, p.q_row_stride, p.q_head_stride,
                     p.q_descale, p.q_descale_strides, p.heads_q / p.heads_kv, p.cu_seqlens_q);
   in.k = dequantise(p, p.k, in.rows_k, p.heads_kv, p.head_dim, p.k_batch_stride, p.k_row_stride, p.k_head_stride,

@@ -502,6 +502,22 @@ def test_with_kvcache_rotary_seqlens_shift_the_positions():
     assert all(torch.equal(a, b) for a, b in zip(results[1], results[2]))
 
 
+def test_with_kvcache_rotary_seqlens_without_tables_changes_nothing():
+    """FA3 (and its tests) pass rotary_seqlens whether or not they pass rotary tables; without tables nothing
+    rotates, so the call is the one without rotary_seqlens, bit for bit (its shape and dtype still checked)."""
+    x = _varlen_append_inputs("cpu", torch.float32, paged=True)
+    results = []
+    for rotary_seqlens in (None, torch.tensor([1, 2, 3], dtype=I32)):
+        kc, vc = x["k_cache"].clone(), x["v_cache"].clone()
+        out = fa3.flash_attn_with_kvcache(torch.randn(3, 2, x["hq"], x["d"], generator=torch.Generator().manual_seed(2)),
+                                          kc, vc, x["k_new"][:7], x["v_new"][:7],
+                                          cache_seqlens=torch.tensor(x["lengths"], dtype=I32), page_table=x["table"],
+                                          cu_seqlens_k_new=torch.tensor([0, 3, 7, 7], dtype=I32),
+                                          rotary_seqlens=rotary_seqlens, causal=True)
+        results.append((out, kc, vc))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
 @pytest.mark.parametrize("change,pattern", [
     (dict(cu_seqlens_k_new=torch.tensor([0, 3, 7, 5], dtype=I32)), r"^cu_seqlens_k_new: must be non-decreasing"),
     (dict(cu_seqlens_k_new=torch.tensor([0, 3, 4, 6], dtype=I32)), r"^cu_seqlens_k_new: last entry 6"),
@@ -511,7 +527,8 @@ def test_with_kvcache_rotary_seqlens_shift_the_positions():
     (dict(rotary_seqlens=torch.tensor([0, 55, 0], dtype=I32)), r"^rotary_seqlens: sequence 1 rotates rows"),
     (dict(rotary_seqlens=torch.tensor([0, -1, 0], dtype=I32)), r"^rotary_seqlens: entry 1 is negative"),
     (dict(rotary_seqlens=torch.tensor([0, 1], dtype=I32)), r"^rotary_seqlens: expected shape"),
-    (dict(rotary_cos=None, rotary_sin=None), r"^rotary_seqlens: given without rotary_cos"),
+    (dict(rotary_cos=None, rotary_sin=None, rotary_seqlens=torch.tensor([0, 1], dtype=I32)),
+     r"^rotary_seqlens: expected shape"),
 ], ids=lambda v: v if isinstance(v, str) else "-".join(v))
 def test_with_kvcache_varlen_append_errors(change, pattern):
     x = _varlen_append_inputs("cpu", torch.float32, paged=True)
@@ -630,6 +647,30 @@ def test_fp8_backward(case, backend):
         assert err <= 1e-2, f"{name}: relative error {err:.2e}"
 
 
+def test_fp8_varlen_seqused():
+    """seqused_q / seqused_k with float8 inputs (FA3's varlen tests use them with every dtype): the same as the FP8
+    call over the used rows alone, unused query rows 0 (lse -inf)."""
+    g = torch.Generator().manual_seed(21)
+    cu_q, cu_k = torch.tensor([0, 5, 12, 20], dtype=I32), torch.tensor([0, 9, 9, 23], dtype=I32)
+    used_q, used_k = torch.tensor([3, 7, 0], dtype=I32), torch.tensor([9, 0, 10], dtype=I32)
+    q8 = torch.randn(20, 4, 16, generator=g).to(F8)
+    k8, v8 = (torch.randn(23, 2, 16, generator=g).to(F8) for _ in range(2))
+    descales = [torch.rand(3, 2, generator=g) + 0.5 for _ in range(3)]
+    out, lse = fa3.flash_attn_varlen_func(q8, k8, v8, cu_q, cu_k, None, None, seqused_q=used_q, seqused_k=used_k,
+                                          causal=True, q_descale=descales[0], k_descale=descales[1],
+                                          v_descale=descales[2], return_attn_probs=True)
+    q_rows = torch.cat([torch.arange(s, s + n) for s, n in zip(cu_q[:-1].tolist(), used_q.tolist())])
+    k_rows = torch.cat([torch.arange(s, s + n) for s, n in zip(cu_k[:-1].tolist(), used_k.tolist())])
+    cu = lambda n: torch.tensor([0] + n.cumsum(0).tolist(), dtype=I32)  # noqa: E731
+    want, want_lse = fa3.flash_attn_varlen_func(q8[q_rows], k8[k_rows], v8[k_rows], cu(used_q), cu(used_k), None,
+                                                None, causal=True, q_descale=descales[0], k_descale=descales[1],
+                                                v_descale=descales[2], return_attn_probs=True)
+    assert torch.equal(out[q_rows], want) and torch.equal(lse[:, q_rows], want_lse)
+    unused = torch.ones(20, dtype=torch.bool)
+    unused[q_rows] = False
+    assert torch.all(out[unused] == 0) and torch.all(lse[:, unused] == float("-inf"))
+
+
 def test_fp8_backward_errors_name_the_argument():
     q, k, v = (torch.randn(2, 3, 2, 16).to(F8) for _ in range(3))
     out, lse = flashattn.fp8_attention(q, k, v)
@@ -736,6 +777,41 @@ def test_fp8_kvcache_rows_sliced_from_wider_ones(d, width):
     torch.testing.assert_close(lse.cpu(), ref_lse, atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("backend", FP8_KV_BACKENDS)
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_fp8_kvcache_varlen_queries(backend, paged):
+    """Packed queries (cu_seqlens_q) over a float8 cache: the cache stays batched while q is packed (this crashed
+    the CPU path, which took both for packed). Each sequence's rows equal the same call for that sequence alone."""
+    g = torch.Generator().manual_seed(23)
+    dev = "cuda" if backend == "cuda" else "cpu"
+    lens_q, lengths, hq, hkv, d = [3, 0, 5], [40, 7, 61], 4, 2, 32
+    q8 = torch.randn(sum(lens_q), hq, d, generator=g).to(F8)
+    kc, vc = (torch.randn(3, 64, hkv, d, generator=g).to(F8) for _ in range(2))
+    descales = [torch.rand(3, hkv, generator=g) + 0.5 for _ in range(3)]
+    table = None
+    if paged:  # 16-row pages, each sequence's in reverse order
+        table = torch.arange(12, dtype=I32).reshape(3, 4).flip(1)
+        kc, vc = (t.view(torch.uint8).reshape(12, 16, hkv, d)[table.flatten().argsort()].view(F8) for t in (kc, vc))
+    to = lambda t: None if t is None else t.to(dev)  # noqa: E731
+    kw = dict(page_table=to(table), causal=True, backend="auto" if dev == "cuda" else backend)
+    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=I32)
+    out, lse, *_ = fa3.flash_attn_with_kvcache(to(q8), to(kc), to(vc), cache_seqlens=to(torch.tensor(lengths, dtype=I32)),
+                                               cu_seqlens_q=to(cu_q), max_seqlen_q=max(lens_q), q_descale=to(descales[0]),
+                                               k_descale=to(descales[1]), v_descale=to(descales[2]),
+                                               return_softmax_lse=True, **kw)
+    assert out.shape == (sum(lens_q), hq, d) and lse.shape == (hq, sum(lens_q))
+    for b, (lo, hi) in enumerate(zip(cu_q[:-1].tolist(), cu_q[1:].tolist())):
+        if hi == lo:
+            continue
+        one = dict(kw, page_table=None if table is None else to(table[b:b + 1]))
+        caches = (kc, vc) if paged else (kc[b:b + 1], vc[b:b + 1])
+        want, want_lse, *_ = fa3.flash_attn_with_kvcache(
+            to(q8[lo:hi][None]), *(to(t) for t in caches), cache_seqlens=lengths[b], q_descale=to(descales[0][b:b + 1]),
+            k_descale=to(descales[1][b:b + 1]), v_descale=to(descales[2][b:b + 1]), return_softmax_lse=True, **one)
+        torch.testing.assert_close(out[lo:hi].cpu(), want[0].cpu(), atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(lse[:, lo:hi].cpu(), want_lse[0].cpu(), atol=1e-4, rtol=1e-5)
+
+
 def logical_pages(pages: Tensor, block_table: Tensor) -> Tensor:
     """[entries, pages x page, h, d] through block_table, by byte gather (float8 has no CPU indexing kernels)."""
     return pages.view(torch.uint8)[block_table.long()].flatten(1, 2).view(F8)
@@ -762,8 +838,11 @@ def test_fp8_kvcache_refusals():
 def test_fp8_is_forward_only_and_packed_qkv_runs():
     q, k, v = (torch.randn(2, 3, 2, 16).to(F8) for _ in range(3))
     q.requires_grad_()
+    # As FA3: the forward of inputs that require grad runs (FA3's tests call it so), the backward says why not.
+    out = fa3.flash_attn_func(q, k, v)
+    assert out.requires_grad and torch.equal(out.detach(), fa3.flash_attn_func(q.detach(), k, v))
     with pytest.raises(NotImplementedError, match=r"^q: the backward of float8_e4m3fn"):
-        fa3.flash_attn_func(q, k, v)
+        out.sum().backward()
     with torch.no_grad():
         out = fa3.flash_attn_func(q, k, v)
     assert out.dtype == torch.bfloat16 and not out.requires_grad
@@ -873,8 +952,8 @@ ERRORS = [
                              v=_fp8(torch.randn(2, 5, 2, 16)), k_descale=torch.ones(2, 2, dtype=torch.float64)),
      ValueError, r"^k_descale: expected dtype float32"),
     ("flash_attn_varlen_func", dict(q=_fp8(torch.randn(7, 4, 16)), k=_fp8(torch.randn(9, 2, 16)),
-                                    v=_fp8(torch.randn(9, 2, 16)), seqused_k=torch.tensor([3, 4], dtype=I32)),
-     NotImplementedError, r"^seqused_k: float8_e4m3fn"),
+                                    v=_fp8(torch.randn(9, 2, 16)), page_table=torch.zeros(2, 1, dtype=I32)),
+     NotImplementedError, r"^page_table: float8_e4m3fn"),
     ("flash_attn_with_kvcache", dict(q=_fp8(torch.randn(2, 1, 4, 16))), TypeError,
      r"^k_cache: dtype torch.float\d+ differs from q's torch.float8_e4m3fn"),
     ("flash_attn_func", dict(pack_gqa="yes"), TypeError, r"^pack_gqa: expected a bool"),
