@@ -31,9 +31,11 @@ Arguments, supported or not (nothing that could change a result is ever ignored)
 * FP8: float8_e4m3fn q, k, v in flash_attn_func / flash_attn_qkvpacked_func / flash_attn_varlen_func run the FP8
   forward, each scaled by its optional fp32 ``q_descale`` / ``k_descale`` / ``v_descale`` (batch, nheads_k), out
   in bfloat16; forward only: CUDA tensors run the Hopper FP8 kernel (compute capability 9.0; other GPUs report it
-  unsupported), CPU tensors the CPU backends. Descales with other
-  dtypes raise ValueError (FA3 ignores them there). FP8 KV caches (flash_attn_with_kvcache) run on the CPU backends
-  only so far (CUDA raises NotImplementedError).
+  unsupported), CPU tensors the CPU backends. Inputs that require grad run the forward too (as in FA3); the
+  backward through autograd raises NotImplementedError naming flashattn.fp8_attention_backward, which gives 16-bit
+  gradients. flash_attn_varlen_func takes seqused_q / seqused_k with them. Descales with other dtypes raise
+  ValueError (FA3 ignores them there). FP8 KV caches (flash_attn_with_kvcache) run on the CPU backends and on the
+  CUDA decode kernel; rotary with float8 rows raises NotImplementedError.
 * Scheduling hints, validated and then not used, because they cannot change flashattn's results: ``pack_gqa``
   (None / True / False; flashattn's decode kernel always packs a KV head's query heads into the rows of one tile,
   the other kernels choose their own tiling), ``sm_margin`` (an int >= 0: FA3 leaves that many SMs idle for
@@ -183,8 +185,8 @@ def flash_attn_func(
 
     Returns out (batch, seqlen_q, nheads, headdim_v), or (out, softmax_lse (batch, nheads, seqlen_q)) with
     return_attn_probs=True. Differentiable in q, k, v. float8_e4m3fn q, k, v (all three) run FA3's FP8 forward:
-    each scaled by its optional fp32 descale (batch, nheads_k), out in bfloat16, forward only (CPU backends for
-    now). num_splits, pack_gqa and sm_margin are hints that do not change the result (module docstring); qv raises
+    each scaled by its optional fp32 descale (batch, nheads_k), out in bfloat16, forward only (module docstring).
+    num_splits, pack_gqa and sm_margin are hints that do not change the result (module docstring); qv raises
     NotImplementedError. attention_chunk > 0: chunked attention (module docstring).
     """
     _reject_fa3_only(qv)
