@@ -190,9 +190,8 @@ def flash_attn_func(
     NotImplementedError. attention_chunk > 0: chunked attention (module docstring).
     """
     _reject_fa3_only(qv)
-    chunk = check_chunk(attention_chunk)
     _scheduling_hints(num_splits, pack_gqa, sm_margin)
-    return _dense(q, k, v, softmax_scale, causal, window_size, chunk, softcap, deterministic, return_attn_probs,
+    return _dense(q, k, v, softmax_scale, causal, window_size, attention_chunk, softcap, deterministic, return_attn_probs,
                   backend, num_threads, (q_descale, k_descale, v_descale))
 
 
@@ -214,7 +213,6 @@ def flash_attn_qkvpacked_func(
 ):
     """flash_attn_func with qkv packed as (batch, seqlen, 3, nheads, headdim), or as (batch, seqlen, num_heads_q +
     2 * nheads_k, headdim) with num_heads_q given (q's heads first, then k's, then v's: GQA / MQA)."""
-    chunk = check_chunk(attention_chunk)
     _scheduling_hints(1, None, sm_margin)
     if isinstance(qkv, Tensor) and qkv.dim() == 4:
         if num_heads_q is None:
@@ -228,8 +226,8 @@ def flash_attn_qkvpacked_func(
         q, k, v = qkv.split([heads_q, heads_k, heads_k], dim=2)
     else:
         q, k, v = _split("qkv", qkv, 2, 3, "batch, seqlen, 3, nheads, headdim")
-    return _dense(q, k, v, softmax_scale, causal, window_size, chunk, softcap, deterministic, return_attn_probs,
-                  backend, num_threads, (q_descale, k_descale, v_descale))
+    return _dense(q, k, v, softmax_scale, causal, window_size, attention_chunk, softcap, deterministic,
+                  return_attn_probs, backend, num_threads, (q_descale, k_descale, v_descale))
 
 
 # ---- flash_attn_varlen_func ----------------------------------------------------------------------------------------
@@ -340,7 +338,6 @@ def flash_attn_varlen_func(
     Differentiable in q, k, v without page_table.
     """
     _reject_fa3_only(qv)
-    chunk = check_chunk(attention_chunk)
     _scheduling_hints(num_splits, pack_gqa, sm_margin)
     return_attn_probs = check_flag("return_attn_probs", return_attn_probs)
     fp8 = _is_fp8(q, k, v)
@@ -367,7 +364,7 @@ def flash_attn_varlen_func(
         q_all, q = q, _select_rows(q, q_rows)
     if page_table is not None:
         out, lse = _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                                 page_table, softmax_scale, causal, window_size, chunk, softcap, deterministic,
+                                 page_table, softmax_scale, causal, window_size, attention_chunk, softcap, deterministic,
                                  backend, num_threads)
     else:
         if seqused_k is not None:
@@ -379,11 +376,11 @@ def flash_attn_varlen_func(
             k, v = _select_rows(k, k_rows), _select_rows(v, k_rows)
         if fp8:
             out, lse = _fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_descale, k_descale,
-                            v_descale, softmax_scale, causal, window_size, softcap, backend, num_threads, chunk)
+                            v_descale, softmax_scale, causal, window_size, softcap, backend, num_threads, attention_chunk)
         else:
             out, lse, _ = _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0, softmax_scale,
                                causal, window_size, softcap, None, deterministic, True, backend, num_threads,
-                               attention_chunk=chunk)
+                               attention_chunk=attention_chunk)
     if q_rows is not None:  # back to the caller's packing: unused rows give 0 (lse -inf), and no gradient
         rows = q_all.shape[0]
         out = out.new_zeros((rows, *out.shape[1:])).index_copy(0, q_rows, out)
@@ -454,7 +451,6 @@ def flash_attn_with_kvcache(
     check_index_values: as in flashattn.flash_attn_with_kvcache.
     """
     _reject_fa3_only(qv)
-    chunk = check_chunk(attention_chunk)
     fp8 = _is_fp8(q)
     if not fp8:
         _no_descales(q, q_descale, k_descale, v_descale)
@@ -470,7 +466,7 @@ def flash_attn_with_kvcache(
         rotary_interleaved=rotary_interleaved, num_splits=splits, cu_seqlens_k_new=cu_seqlens_k_new,
         rotary_seqlens=rotary_seqlens, backend=backend, num_threads=num_threads,
         check_index_values=check_index_values, names=_FA3_NAMES, q_descale=q_descale, k_descale=k_descale,
-        v_descale=v_descale, out_dtype=torch.bfloat16 if fp8 else None, attention_chunk=chunk)
+        v_descale=v_descale, out_dtype=torch.bfloat16 if fp8 else None, attention_chunk=attention_chunk)
     if not return_softmax_lse:
         return out
     out_accum, lse_accum = (torch.empty(0, dtype=torch.float32, device=out.device) for _ in range(2))

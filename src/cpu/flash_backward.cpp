@@ -87,7 +87,7 @@ BackwardPlan make_plan(const BwdParams& p) {
   plan.dkv_partial_at.assign(size_t(units), -1);
   for (int64_t b = 0; b < p.batch; ++b) {
     const SequenceExtent ext = sequence_extent(p, b);
-    const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right, p.attention_chunk);
+    const MaskSpec mask = sequence_mask(p, ext);
     const int64_t blocks = (ext.len_k + C::kBlockK - 1) / C::kBlockK;
     const int64_t chunks = std::max<int64_t>(1, std::min(chunks_wanted, blocks));
     plan.key_chunks[size_t(b)] = chunks;
@@ -265,7 +265,7 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
   const int64_t d = p.head_dim, dv = p.head_dim_v;
   const int64_t dp = round_up(d, C::kVec), dvp = round_up(dv, C::kVec);
   const SequenceExtent ext = sequence_extent(p, t.batch);
-  const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right, p.attention_chunk);
+  const MaskSpec mask = sequence_mask(p, ext);
   const ScoreTransform<Acc> score(p);
   // With pairs dS is rounded to bf16 before its scale, which its products apply (the tests' naive rounds there).
   const Acc ds_scale = kPairs ? Acc(1) : Acc(p.softmax_scale);

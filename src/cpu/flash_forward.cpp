@@ -103,7 +103,7 @@ void forward_task(const FwdParams& p, int64_t block_q, const QueryBlockTask& t, 
   const auto k = key_view<const T>(p, p.k, ext, hk, false);
   const auto v = key_view<const T>(p, p.v, ext, hk, true);
   const auto o = output_view<T>(p, p.o, ext, t.batch, t.head);
-  const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right, p.attention_chunk);
+  const MaskSpec mask = sequence_mask(p, ext);
   const ScoreTransform<Acc> score(p);
   const AlibiTile<Acc> alibi(Alibi::make(p.alibi_slopes, p.alibi_slopes_batch_stride, t.batch, t.head, ext.len_q, ext.len_k));
   const DropoutTile dropout(DropoutSpec::make(p.dropout_p, DropoutRng::of(p), t.batch, t.head));
@@ -193,7 +193,7 @@ std::vector<QueryBlockTask> make_tasks(const FwdParams& p, int64_t block_q) {
   std::vector<QueryBlockTask> tasks;
   for (int64_t b = 0; b < p.batch; ++b) {
     const SequenceExtent ext = sequence_extent(p, b);
-    const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right, p.attention_chunk);
+    const MaskSpec mask = sequence_mask(p, ext);
     for (int64_t h = 0; h < p.heads_q; ++h) {
       const size_t first = tasks.size();
       for (int64_t i0 = 0; i0 < ext.len_q; i0 += block_q) {

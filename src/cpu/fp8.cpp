@@ -84,9 +84,8 @@ struct DequantisedInputs {
   int64_t rows_q, rows_k;
 };
 DequantisedInputs dequantise_inputs(const FwdParams& p, FwdParams* f) {
-  const bool varlen = p.is_varlen();
   DequantisedInputs in;
-  in.rows_q = varlen ? p.total_q : p.seqlen_q, in.rows_k = p.cu_seqlens_k ? p.total_k : p.seqlen_k;
+  in.rows_q = p.cu_seqlens_q ? p.total_q : p.seqlen_q, in.rows_k = p.cu_seqlens_k ? p.total_k : p.seqlen_k;
   in.q = dequantise(p, p.q, in.rows_q, p.heads_q, p.head_dim, p.q_batch_stride, p.q_row_stride, p.q_head_stride,
                     p.q_descale, p.q_descale_strides, p.heads_q / p.heads_kv, p.cu_seqlens_q);
   in.k = dequantise(p, p.k, in.rows_k, p.heads_kv, p.head_dim, p.k_batch_stride, p.k_row_stride, p.k_head_stride,

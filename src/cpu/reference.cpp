@@ -28,7 +28,7 @@ void row_typed(const BwdParams& p, int64_t b, int64_t h, int64_t i, bool with_gr
   const auto q = query_view<const T>(p, p.q, ext, b, h);
   const auto k = key_view<const T>(p, p.k, ext, h / group, false);
   const auto v = key_view<const T>(p, p.v, ext, h / group, true);
-  const MaskSpec mask = MaskSpec::make(ext.len_q, ext.len_k, p.causal, p.window_left, p.window_right, p.attention_chunk);
+  const MaskSpec mask = sequence_mask(p, ext);
   const Alibi alibi = Alibi::make(p.alibi_slopes, p.alibi_slopes_batch_stride, b, h, ext.len_q, ext.len_k);
   const DropoutSpec dropout = DropoutSpec::make(p.dropout_p, DropoutRng::of(p), b, h);
   const double keep_scale = 1.0 / (1.0 - double(p.dropout_p));

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "common/kv_cache.h"
+#include "common/mask.h"
 #include "flashattn/params.h"
 
 namespace flashattn::detail {
@@ -39,6 +40,11 @@ inline SequenceExtent sequence_extent(const FwdParams& p, int64_t b) {
     e.len_k = p.seqlen_k;
   }
   return e;
+}
+
+// The mask of sequence e: the call's causal flag, window and chunk over the sequence's own lengths.
+inline MaskSpec sequence_mask(const FwdParams& p, const SequenceExtent& e) {
+  return MaskSpec::make(e.len_q, e.len_k, p.causal, p.window_left, p.window_right, p.attention_chunk);
 }
 
 // Rows of one head: element (i, c) at base[i * row_stride + c].
