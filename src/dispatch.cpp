@@ -34,11 +34,6 @@ namespace {
 
 bool on_cpu(const FwdParams& p) { return p.device.type == DeviceType::cpu; }
 
-Status cuda_declines_chunks(Backend b) {
-  return Status::unsupported(std::string(backend_name(b)) +
-                             ": attention_chunk (chunked attention) runs on the CPU backends only so far");
-}
-
 // bwd: the backward's params when choosing for the backward (they say more than the forward's: dout's layout,
 // the deterministic mode); null for the forward.
 Status supports(Backend b, const FwdParams& p, const BwdParams* bwd) {
@@ -49,11 +44,9 @@ Status supports(Backend b, const FwdParams& p, const BwdParams* bwd) {
                        : Status::unsupported(std::string(backend_name(b)) + " runs on CPU tensors; these are on CUDA");
     case Backend::cuda_sm80:
       if (on_cpu(p)) return Status::unsupported("cuda_sm80 runs on CUDA tensors; these are on the CPU");
-      if (p.attention_chunk > 0) return cuda_declines_chunks(b);
       return detail::cuda_sm80_supports(p, bwd != nullptr);
     case Backend::cuda_sm90:
       if (on_cpu(p)) return Status::unsupported("cuda_sm90 runs on CUDA tensors; these are on the CPU");
-      if (p.attention_chunk > 0) return cuda_declines_chunks(b);
       return bwd ? detail::cuda_sm90_backward_supports(*bwd) : detail::cuda_sm90_supports(p);
     case Backend::automatic: break;
   }

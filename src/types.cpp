@@ -10,6 +10,7 @@ size_t dtype_size(DType t) {
     case DType::bf16: return 2;
     case DType::i32: return 4;
     case DType::e4m3: return 1;
+    case DType::i64: return 8;
   }
   return 0;
 }
@@ -22,6 +23,7 @@ const char* dtype_name(DType t) {
     case DType::bf16: return "bfloat16";
     case DType::i32: return "int32";
     case DType::e4m3: return "float8_e4m3fn";
+    case DType::i64: return "int64";
   }
   return "unknown";
 }

@@ -248,6 +248,21 @@ Status set_alibi(const TensorView& slopes, FwdParams* p) {
   return Status::success();
 }
 
+// The optional dropout generator state: int64 [2] {seed, offset} on the call's device, contiguous and 8-byte aligned
+// (the kernels read it as two 64-bit words), and only with dropout (it keys nothing else).
+Status set_dropout_rng(const TensorView& rng, double dropout_p, FwdParams* p) {
+  if (!rng.defined()) return Status::success();
+  if (!(dropout_p > 0)) return Status::invalid("dropout_rng: given, but dropout_p is 0 (it only keys the dropout mask)");
+  const int64_t shape[1] = {2};
+  Status st = check_tensor("dropout_rng", rng, 1, shape, DType::i64, p->device, true);
+  if (!st.ok()) return st;
+  if (reinterpret_cast<uintptr_t>(rng.data) % alignof(uint64_t) != 0) {
+    return Status::invalid("dropout_rng: data pointer not aligned to 8 bytes");
+  }
+  p->dropout_state = static_cast<const uint64_t*>(rng.data);
+  return Status::success();
+}
+
 // The options every forward takes as they are (check_options has accepted them).
 void set_options(const AttentionOptions& o, FwdParams* p) {
   p->softmax_scale = o.softmax_scale > 0 ? float(o.softmax_scale) : float(1.0 / std::sqrt(double(p->head_dim)));
@@ -375,6 +390,7 @@ Status make_forward_params(const ForwardArgs& a, const AttentionOptions& o, FwdP
 
   if (!((st = set_lse(a.lse, &p)).ok())) return st;
   if (!((st = set_alibi(a.alibi_slopes, &p)).ok())) return st;
+  if (!((st = set_dropout_rng(a.dropout_rng, o.dropout_p, &p)).ok())) return st;
   if (!((st = set_descale("q_descale", a.q_descale, &p, &p.q_descale, p.q_descale_strides)).ok())) return st;
   if (!((st = set_descale("k_descale", a.k_descale, &p, &p.k_descale, p.k_descale_strides)).ok())) return st;
   if (!((st = set_descale("v_descale", a.v_descale, &p, &p.v_descale, p.v_descale_strides)).ok())) return st;

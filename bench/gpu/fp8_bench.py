@@ -106,7 +106,8 @@ def kernel_share(fn, part, whole):
 
 def bf16_backward(dout, q, k, v, out, lse, causal):
     ints, floats = flashattn._ops.op_options(softmax_scale=q.shape[-1] ** -0.5, causal=causal)
-    return torch.ops.flashattn.attention_backward(dout, q, k, v, out, lse, None, None, None, ints, floats, "auto")
+    return torch.ops.flashattn.attention_backward(dout, q, k, v, out, lse, None, None, None, None, ints, floats,
+                                                  "auto")
 
 
 def backward_calls(x, causal):

@@ -42,7 +42,7 @@ struct AttentionOptions {
   // Chunked attention (FlashAttention-3's attention_chunk, Llama 4's local layers); 0 = off. The keys are cut
   // into chunks of attention_chunk keys ([0, c), [c, 2c), ...) and query row i sees only the keys of the chunk
   // that holds its diagonal i + s_k - s_q (a row with a negative diagonal sees nothing), on top of causal and the
-  // window. On the CPU backends so far (the CUDA backends report it unsupported).
+  // window. Every backend; on cuda_sm90 the backward runs cuda_sm80's kernels (automatic dispatch picks them).
   int64_t attention_chunk = 0;
   // Scores become softcap * tanh(scores / softcap); 0 = off.
   double softcap = 0.0;
@@ -50,8 +50,7 @@ struct AttentionOptions {
   // 1 / (1 - dropout_p), as flash_attn 2. The mask is a function of (dropout_seed, dropout_offset) and of each
   // element's (sequence, query head, query row, key) alone (not of the batch size or head count): the backward of
   // a forward must get the same seed and offset; a call with another offset (or seed) draws a fresh mask.
-  // Forward and backward on the CPU backends and cuda_sm80 (cuda_sm90 reports it unsupported; automatic dispatch
-  // then runs cuda_sm80 on Hopper).
+  // Forward and backward on every backend. ForwardArgs::dropout_rng, when given, replaces the two below.
   double dropout_p = 0.0;
   uint64_t dropout_seed = 0;
   uint64_t dropout_offset = 0;
@@ -79,6 +78,12 @@ struct ForwardArgs {
   // float8_e4m3fn q, k, v (all three): out is float16 or bfloat16, and these optional fp32 [batch, heads_kv]
   // factors scale them (FA3's descales; undefined = 1). Forward only: the CPU backends and cuda_sm90 (Hopper).
   TensorView q_descale, k_descale, v_descale;
+  // Dropout's seed and offset as int64 [2] {seed, offset} on q's device (optional; only with dropout_p > 0): read
+  // where the mask is drawn (by the kernels on CUDA) instead of AttentionOptions' dropout_seed / dropout_offset, so
+  // a CUDA graph that captured the call draws a fresh mask on every replay when a captured random op rewrites it
+  // (PyTorch's graph-safe generator does). The same mask as the options' values would give; the backward must be
+  // given the same tensor, holding the same values.
+  TensorView dropout_rng;
 };
 
 // The forward's inputs plus dout (like out) and the gradients dq, dk, dv (like q, k, v). lse is required.

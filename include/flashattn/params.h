@@ -74,6 +74,8 @@ struct FwdParams {
   // backward given the same seed and offset applies the forward's.
   float dropout_p = 0.f;
   uint64_t dropout_seed = 0, dropout_offset = 0;
+  // {seed, offset} in the tensors' memory (ForwardArgs::dropout_rng), read in place of the two above; null: unused.
+  const uint64_t* dropout_state = nullptr;
   // float8_e4m3fn inputs (dtype e4m3): O's dtype (float16 or bfloat16; else O is in `dtype`), and the fp32 descale
   // factors of Q, K, V, each [batch, heads_kv] with these strides (null: 1): query head h of sequence b reads
   // q * q_descale[b, h / (heads_q / heads_kv)], its keys k * k_descale[b, h_kv], values v * v_descale[b, h_kv].
@@ -100,6 +102,11 @@ struct FwdParams {
   int num_threads = 0;     // CPU backends: 0 = all hardware threads
 
   bool is_varlen() const { return cu_seqlens_q != nullptr; }
+  // A causal, window or chunk mask.
+  bool has_mask() const { return causal || window_left >= 0 || window_right >= 0 || attention_chunk > 0; }
+  // ALiBi, dropout or chunks: what the CUDA kernels compile only into their extras variants (kExtras), so that the
+  // plain kernels carry none of it.
+  bool has_extras() const { return alibi_slopes != nullptr || dropout_p > 0 || attention_chunk > 0; }
   // Varlen queries over a padded or paged K/V (cu_seqlens_q without cu_seqlens_k) are a cache call too.
   bool has_kv_cache() const {
     return seqused_k != nullptr || leftpad_k != nullptr || kv_batch_idx != nullptr || block_table != nullptr ||

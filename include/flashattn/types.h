@@ -10,7 +10,8 @@ namespace flashattn {
 
 // e4m3: float8_e4m3fn (1 sign, 4 exponent bits with bias 7, 3 mantissa bits; no infinities, S.1111.111 is NaN),
 // an input type only: outputs are float16 or bfloat16, and its values are scaled by the descale factors.
-enum class DType : int { f32, f64, f16, bf16, i32, e4m3 };
+// i64: the dropout generator's state (ForwardArgs::dropout_rng) only.
+enum class DType : int { f32, f64, f16, bf16, i32, e4m3, i64 };
 
 // Bytes per element of `t`.
 size_t dtype_size(DType t);

@@ -138,12 +138,15 @@ def _attention_forward_impl(
     cu_seqlens_q: Optional[Tensor],
     cu_seqlens_k: Optional[Tensor],
     alibi_slopes: Optional[Tensor],
+    dropout_rng: Optional[Tensor],
     int_options: List[int],
     float_options: List[float],
     backend: str,
 ) -> Tuple[Tensor, Tensor]:
     """out [.., heads_q, d_v] and lse (fp32) of softmax(q kᵀ · scale + ALiBi bias) v; options as op_options()
-    builds them. `deterministic` only travels to the backward (the forward is always deterministic)."""
+    builds them. `deterministic` only travels to the backward (the forward is always deterministic). dropout_rng:
+    None, or int64 [2] {seed, offset} on q's device that the kernels read in place of the options' seed and offset
+    (the CUDA-graph-safe form, _dropout_key)."""
     o = _native_options(int_options, float_options)
     del o["deterministic"]
     if o["dropout_seed"] < 0 or o["dropout_offset"] < 0:
@@ -153,7 +156,8 @@ def _attention_forward_impl(
     out, lse = _forward_outputs(q, v, cu_seqlens_q is not None)
     # The native module makes q's device current for the launch itself.
     _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(cu_seqlens_q), _dl(cu_seqlens_k), o.pop("max_seqlen_q"),
-               o.pop("max_seqlen_k"), alibi_slopes=_dl(alibi_slopes), backend=backend, stream=_stream(q), **o)
+               o.pop("max_seqlen_k"), alibi_slopes=_dl(alibi_slopes), dropout_rng=_dl(dropout_rng), backend=backend,
+               stream=_stream(q), **o)
     return out, lse
 
 
@@ -161,7 +165,8 @@ attention_forward = torch.library.custom_op("flashattn::attention_forward", muta
 
 
 @attention_forward.register_fake
-def _attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_options, float_options, backend):
+def _attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_rng, int_options, float_options,
+                            backend):
     return _forward_outputs(q, v, cu_seqlens_q is not None)
 
 
@@ -240,6 +245,7 @@ def _attention_backward_impl(
     cu_seqlens_q: Optional[Tensor],
     cu_seqlens_k: Optional[Tensor],
     alibi_slopes: Optional[Tensor],
+    dropout_rng: Optional[Tensor],
     int_options: List[int],
     float_options: List[float],
     backend: str,
@@ -252,7 +258,8 @@ def _attention_backward_impl(
     dq, dk, dv = _backward_outputs(q, k, v)
     _C.backward(_dl(dout), _dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(dq), _dl(dk), _dl(dv),
                 _dl(cu_seqlens_q), _dl(cu_seqlens_k), o.pop("max_seqlen_q"), o.pop("max_seqlen_k"),
-                alibi_slopes=_dl(alibi_slopes), backend=backend, stream=_stream(q), **o)
+                alibi_slopes=_dl(alibi_slopes), dropout_rng=_dl(dropout_rng), backend=backend, stream=_stream(q),
+                **o)
     return dq, dk, dv
 
 
@@ -261,25 +268,27 @@ attention_backward = torch.library.custom_op("flashattn::attention_backward", mu
 
 
 @attention_backward.register_fake
-def _attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_options,
-                             float_options, backend):
+def _attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_rng,
+                             int_options, float_options, backend):
     return _backward_outputs(q, k, v)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes = inputs[:6]
+    q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_rng = inputs[:7]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
-    ctx.options = inputs[6:]  # int_options, float_options, backend: the backward op takes them as they are
+    # dropout_rng is saved, not copied: under a CUDA graph its memory holds this step's state when the captured
+    # backward reads it (the forward's random op rewrites it on every replay).
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_rng)
+    ctx.options = inputs[7:]  # int_options, float_options, backend: the backward op takes them as they are
     # The log-sum-exp is an auxiliary output (as in flash_attn): no gradient flows through it.
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dout, _dlse):
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_rng = ctx.saved_tensors
     dq, dk, dv = torch.ops.flashattn.attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                                        alibi_slopes, *ctx.options)
-    return (dq, dk, dv) + (None,) * 6
+                                                        alibi_slopes, dropout_rng, *ctx.options)
+    return (dq, dk, dv) + (None,) * 7
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -313,25 +322,24 @@ class _DirectAttention(torch.autograd.Function):
     """attention_forward with its backward, as the operator's autograd registration does it, for eager calls."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_options, float_options, backend):
-        out, lse = _attention_forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_options,
-                                           float_options, backend)
-        _setup_context(ctx, (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_options, float_options, backend),
-                       (out, lse))
+    def forward(ctx, *args):
+        out, lse = _attention_forward_impl(*args)
+        _setup_context(ctx, args, (out, lse))
         return out, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_rng = ctx.saved_tensors
         dq, dk, dv = _attention_backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
-                                              *ctx.options)
-        return (dq, dk, dv) + (None,) * 6
+                                              dropout_rng, *ctx.options)
+        return (dq, dk, dv) + (None,) * 7
 
 
-def _call_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_options, float_options, backend):
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int_options, float_options, backend)
-    if not _dispatch_free(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+def _call_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_rng, int_options, float_options,
+                  backend):
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_rng, int_options, float_options, backend)
+    if not _dispatch_free(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_rng):
         return torch.ops.flashattn.attention_forward(*args)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _DirectAttention.apply(*args)
@@ -754,7 +762,7 @@ def attention(
     -slope · |i + s_k - s_q - j| (flash_attn's ALiBi; the slopes get no gradient). dropout_p in [0, 1): attention
     dropout with a seed drawn from `generator` (default: torch's default generator of q's device). `backend` forces
     one backend by name ("auto" dispatches); num_threads bounds the CPU backends (0 = all). attention_chunk > 0:
-    chunked attention (FA3's attention_chunk; check_chunk), CPU backends only so far.
+    chunked attention (FA3's attention_chunk; check_chunk).
     """
     _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, paired=True)
     max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap, deterministic, num_threads = (
@@ -762,12 +770,12 @@ def attention(
                       deterministic, num_threads))
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     dropout_p = _check_dropout_p(dropout_p)
-    seed, offset = _dropout_seed(q, generator) if dropout_p > 0 else (0, 0)
+    seed, offset, rng = _dropout_key(q, generator) if dropout_p > 0 else (0, 0, None)
     ints, floats = op_options(max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap,
                               deterministic, num_threads, dropout_p, seed, offset,
                               attention_chunk=check_chunk(attention_chunk))
     _check_slopes_type(alibi_slopes)
-    return _call_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, ints, floats, str(backend))
+    return _call_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, ints, floats, str(backend))
 
 
 def _check_descale_types(**descales: Optional[Tensor]) -> None:
@@ -895,27 +903,30 @@ def _check_dropout_p(dropout_p) -> float:
     return p
 
 
-def _dropout_seed(q: Tensor, generator: Optional[torch.Generator]) -> Tuple[int, int]:
-    """(seed, offset) of one call's dropout mask, from `generator` (or torch's default generator of q's device),
-    which it advances: torch.manual_seed makes calls reproducible, and each call draws a fresh mask. A CPU generator
-    gives a 63-bit seed drawn from it (offset 0); a CUDA generator its seed and Philox offset, which is advanced
-    by 4 as PyTorch's own kernels do (no device synchronisation)."""
+def _dropout_key(q: Tensor, generator: Optional[torch.Generator]) -> Tuple[int, int, Optional[Tensor]]:
+    """(seed, offset, rng) of one call's dropout mask, from `generator` (or torch's default generator of q's
+    device), which it advances: torch.manual_seed makes calls reproducible, and each call draws a fresh mask.
+    Eager: a CPU generator gives a 63-bit seed drawn from it (offset 0); a CUDA generator its seed and Philox offset,
+    which is advanced by 4 as PyTorch's own kernels do (no device synchronisation); rng is None. Inside CUDA-graph
+    capture and torch.compile the host cannot read the generator (each replay must draw afresh, a compiled graph
+    must not bake a seed in): there rng is int64 [2] {seed, offset} drawn on q's device by torch.randint from the
+    same generator (graph-safe: every replay draws new values into it), which the kernels read instead."""
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
-    if q.device.type == "cpu":
-        if generator is not None and generator.device.type != "cpu":
-            raise ValueError(f"generator: on {generator.device}, but q is on the CPU")
-        return int(torch.randint(0, 2**63 - 1, (1,), generator=generator, dtype=torch.int64).item()), 0
-    if _capturing(q):
-        raise NotImplementedError("dropout_p: attention dropout inside CUDA-graph capture is not supported yet (the "
-                                  "generator's state is read on the host)")
-    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    cpu = q.device.type == "cpu"
+    index = 0 if cpu else q.device.index if q.device.index is not None else torch.cuda.current_device()
+    if generator is not None and (generator.device.type != q.device.type or
+                                  (not cpu and (generator.device.index or 0) != index)):
+        raise ValueError(f"generator: on {generator.device}, but q is on {q.device}")
+    if torch.compiler.is_compiling() or (not cpu and _capturing(q)):
+        # Both words random (the mask is keyed by their sum): 62 bits each, so the sum stays below 2^63.
+        return 0, 0, torch.randint(0, 2**62, (2,), generator=generator, dtype=torch.int64, device=q.device)
+    if cpu:
+        return int(torch.randint(0, 2**63 - 1, (1,), generator=generator, dtype=torch.int64).item()), 0, None
     gen = generator if generator is not None else torch.cuda.default_generators[index]
-    if gen.device.type != "cuda" or (gen.device.index or 0) != index:
-        raise ValueError(f"generator: on {gen.device}, but q is on {q.device}")
     offset = gen.get_offset()
     gen.set_offset(offset + 4)
-    return gen.initial_seed() & (2**63 - 1), offset
+    return gen.initial_seed() & (2**63 - 1), offset, None
 
 
 def _check_slopes_type(alibi_slopes) -> None:
@@ -1016,7 +1027,7 @@ def kvcache_attention(
     in fp8_attention (k / v descales for every row of sequence b's cache), out in out_dtype (bfloat16 by default, or
     float16); no rotary. CPU backends only so far (CUDA says so). Other dtypes: out in q's dtype.
     attention_chunk > 0: chunked attention over the cache's keys (after cache_leftpad; q rotated per row as with a
-    window), CPU backends only so far.
+    window).
     """
     names = names or {}
     name = lambda n: names.get(n, n)  # noqa: E731

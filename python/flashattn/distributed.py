@@ -352,7 +352,7 @@ def _ring_forward(q, k, v, geo, scale, causal, window, softcap, layout, group, d
             qp, kp = piece[:2]
             cu_q, cu_k, int_options, float_options = geo.options(piece, scale, softcap, deterministic)
             out, lse = torch.ops.flashattn.attention_forward(
-                geo.take(q, qp), geo.take(kv[0], kp), geo.take(kv[1], kp), cu_q, cu_k, None, int_options,
+                geo.take(q, qp), geo.take(kv[0], kp), geo.take(kv[1], kp), cu_q, cu_k, None, None, int_options,
                 float_options, backend)
             _merge(geo, qp, out_acc, lse_acc, out, lse)
         if pending is not None:
@@ -379,7 +379,7 @@ def _ring_backward(dout, q, k, v, out, lse, geo, scale, causal, window, softcap,
             cu_q, cu_k, int_options, float_options = geo.options(piece, scale, softcap, deterministic)
             bq, bk, bv = torch.ops.flashattn.attention_backward(
                 geo.take(dout, qp), geo.take(q, qp), geo.take(kv[0], kp), geo.take(kv[1], kp),
-                geo.take(out, qp), geo.take(lse, qp, dim=-1).contiguous(), cu_q, cu_k, None, int_options,
+                geo.take(out, qp), geo.take(lse, qp, dim=-1).contiguous(), cu_q, cu_k, None, None, int_options,
                 float_options, backend)
             geo.put(dq, qp, bq.float(), add=True)
             block_grads.append((kp, bk, bv))

@@ -27,8 +27,7 @@ Arguments, supported or not (nothing that could change a result is ever ignored)
 * ``attention_chunk`` > 0 (chunked local attention, as in Llama 4): the keys are cut into chunks of that many
   ([0, c), [c, 2c), ..., counted from the first key; in flash_attn_with_kvcache from cache_leftpad) and a query row
   sees only the keys of the chunk holding its bottom-right aligned diagonal, within causal and the window when
-  given (FA3's semantics). Forward and backward (which FA3 lacks) on the CPU backends; the CUDA backends raise
-  NotImplementedError for now.
+  given (FA3's semantics). Forward (FP8 too) and backward (which FA3 lacks) on every backend.
 * FP8: float8_e4m3fn q, k, v in flash_attn_func / flash_attn_qkvpacked_func / flash_attn_varlen_func run the FP8
   forward, each scaled by its optional fp32 ``q_descale`` / ``k_descale`` / ``v_descale`` (batch, nheads_k), out
   in bfloat16; forward only: CUDA tensors run the Hopper FP8 kernel (compute capability 9.0; other GPUs report it

@@ -26,10 +26,10 @@ Dropout: dropout_p in [0, 1) drops probabilities before P V and scales the kept 
 flash_attn; the backward regenerates the forward's mask (never stored) from a counter-based generator (Philox
 4x32-10) keyed by a seed drawn from torch's default generator of the inputs' device, or from the keyword-only
 `generator`, so torch.manual_seed(s) makes a call reproducible and every call draws a fresh mask. On CUDA it runs
-on the same kernels as a call without dropout (cuda_sm90 on Hopper, cuda_sm80 elsewhere); not inside CUDA-graph capture
-(NotImplementedError: the generator's state is read on the host), and under torch.compile with a graph break
-where the seed is drawn (fullgraph=True refuses it). The mask is flashattn's own (not flash_attn's bit pattern);
-return_attn_probs gives no S_dmask.
+on the same kernels as a call without dropout (cuda_sm90 on Hopper, cuda_sm80 elsewhere). Inside CUDA-graph capture
+and torch.compile (fullgraph=True included) the seed is drawn on the device by torch.randint from the same generator
+into a small tensor the kernels read, so every graph replay draws a fresh mask and its backward the same one. The
+mask is flashattn's own (not flash_attn's bit pattern); return_attn_probs gives no S_dmask.
 
 Differences, all explicit: return_attn_probs=True returns
 (out, softmax_lse, None) since the probabilities are never materialised; float32 and float64 inputs work too (not

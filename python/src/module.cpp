@@ -69,7 +69,9 @@ const char* dl_type_name(const nb::dlpack::dtype& t) {
   }
 }
 
-DType to_dtype(const char* name, const nb::dlpack::dtype& t) {
+// int64_ok: the one argument the library takes int64 for (the dropout generator state); elsewhere int64 stays an
+// unsupported type.
+DType to_dtype(const char* name, const nb::dlpack::dtype& t, bool int64_ok = false) {
   using code = nb::dlpack::dtype_code;
   if (t.lanes == 1) {
     if (t.code == uint8_t(code::Float) && t.bits == 16) return DType::f16;
@@ -77,6 +79,7 @@ DType to_dtype(const char* name, const nb::dlpack::dtype& t) {
     if (t.code == uint8_t(code::Float) && t.bits == 64) return DType::f64;
     if (t.code == uint8_t(code::Bfloat) && t.bits == 16) return DType::bf16;
     if (t.code == uint8_t(code::Int) && t.bits == 32) return DType::i32;
+    if (t.code == uint8_t(code::Int) && t.bits == 64 && int64_ok) return DType::i64;
     if (t.code == uint8_t(code::Float8_E4M3FN) && t.bits == 8) return DType::e4m3;
   }
   std::string got = std::string(dl_type_name(t)) + std::to_string(int(t.bits));
@@ -84,7 +87,7 @@ DType to_dtype(const char* name, const nb::dlpack::dtype& t) {
   if (t.lanes != 1) got += "x" + std::to_string(int(t.lanes));
   throw_python(PyExc_TypeError, std::string(name) + ": unsupported dtype " + got +
                                     " (expected float16, bfloat16, float32, float64 or float8_e4m3fn; int32 for"
-                                    " cu_seqlens and the cache indices)");
+                                    " cu_seqlens and the cache indices, int64 for dropout_rng)");
 }
 
 Device to_device(const char* name, int device_type, int device_id) {
@@ -99,13 +102,13 @@ Device to_device(const char* name, int device_type, int device_id) {
 }
 
 template <typename Array>
-TensorView to_view(const char* name, const Array& a) {
+TensorView to_view(const char* name, const Array& a, bool int64_ok = false) {
   if (a.ndim() > size_t(flashattn::kMaxRank)) {
     throw_python(PyExc_ValueError, std::string(name) + ": rank " + std::to_string(a.ndim()) + " is above the maximum of " +
                                 std::to_string(flashattn::kMaxRank));
   }
   TensorView t;
-  t.dtype = to_dtype(name, a.dtype());
+  t.dtype = to_dtype(name, a.dtype(), int64_ok);
   t.device = to_device(name, a.device_type(), a.device_id());
   t.rank = int(a.ndim());
   for (int i = 0; i < t.rank; ++i) {
@@ -119,8 +122,8 @@ TensorView to_view(const char* name, const Array& a) {
 }
 
 template <typename Array>
-TensorView to_view(const char* name, const std::optional<Array>& a) {
-  return a ? to_view(name, *a) : TensorView{};
+TensorView to_view(const char* name, const std::optional<Array>& a, bool int64_ok = false) {
+  return a ? to_view(name, *a, int64_ok) : TensorView{};
 }
 
 AttentionOptions make_options(double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
@@ -185,10 +188,11 @@ std::string forward(const In& q, const In& k, const In& v, const Out& out, const
                     const OptIn& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
                     bool causal, int64_t window_left, int64_t window_right, int64_t attention_chunk, double softcap,
                     const OptIn& alibi_slopes, double dropout_p, uint64_t dropout_seed, uint64_t dropout_offset,
-                    const OptIn& q_descale, const OptIn& k_descale, const OptIn& v_descale, const std::string& backend,
-                    int num_threads, uintptr_t stream) {
+                    const OptIn& dropout_rng, const OptIn& q_descale, const OptIn& k_descale, const OptIn& v_descale,
+                    const std::string& backend, int num_threads, uintptr_t stream) {
   flashattn::ForwardArgs a = forward_args(q, k, v, to_view("out", out), to_view("lse", lse), cu_seqlens_q,
                                           cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes);
+  a.dropout_rng = to_view("dropout_rng", dropout_rng, /*int64_ok=*/true);
   a.q_descale = to_view("q_descale", q_descale);
   a.k_descale = to_view("k_descale", k_descale);
   a.v_descale = to_view("v_descale", v_descale);
@@ -206,13 +210,14 @@ std::string backward(const In& dout, const In& q, const In& k, const In& v, cons
                      int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left,
                      int64_t window_right, int64_t attention_chunk, double softcap, bool deterministic,
                      const OptIn& alibi_slopes, double dropout_p, uint64_t dropout_seed, uint64_t dropout_offset,
-                     const OptIn& q_descale, const OptIn& k_descale, const OptIn& v_descale, const OptIn& do_descale,
-                     const std::string& backend, int num_threads, uintptr_t stream) {
+                     const OptIn& dropout_rng, const OptIn& q_descale, const OptIn& k_descale, const OptIn& v_descale,
+                     const OptIn& do_descale, const std::string& backend, int num_threads, uintptr_t stream) {
   flashattn::BackwardArgs a;
   static_cast<flashattn::ForwardArgs&>(a) = forward_args(q, k, v, to_view("out", out), to_view("lse", lse),
                                                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                          alibi_slopes);
   a.dout = to_view("dout", dout);
+  a.dropout_rng = to_view("dropout_rng", dropout_rng, /*int64_ok=*/true);
   a.q_descale = to_view("q_descale", q_descale);
   a.k_descale = to_view("k_descale", k_descale);
   a.v_descale = to_view("v_descale", v_descale);
@@ -342,13 +347,14 @@ NB_MODULE(_C, m) {
         "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
         "max_seqlen_k"_a = 0, nb::kw_only(), "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1,
         "window_right"_a = -1, "attention_chunk"_a = 0, "softcap"_a = 0.0, "alibi_slopes"_a.none() = nb::none(),
-        "dropout_p"_a = 0.0, "dropout_seed"_a = 0, "dropout_offset"_a = 0, "q_descale"_a.none() = nb::none(),
-        "k_descale"_a.none() = nb::none(), "v_descale"_a.none() = nb::none(), "backend"_a = "auto", "num_threads"_a = 0,
-        "stream"_a = 0,
+        "dropout_p"_a = 0.0, "dropout_seed"_a = 0, "dropout_offset"_a = 0, "dropout_rng"_a.none() = nb::none(),
+        "q_descale"_a.none() = nb::none(), "k_descale"_a.none() = nb::none(), "v_descale"_a.none() = nb::none(),
+        "backend"_a = "auto", "num_threads"_a = 0, "stream"_a = 0,
         "Attention forward into caller-allocated out [b, s_q, h_q, d_v] and optional lse [b, h_q, s_q] (fp32);\n"
         "varlen: [total, h, d] tensors with int32 cu_seqlens_q/k. softmax_scale <= 0 means 1/sqrt(d). stream is a\n"
         "cudaStream_t as an integer (CUDA tensors). alibi_slopes: fp32 [h_q] or [b, h_q] (ALiBi). dropout_p in\n"
-        "[0, 1) with its seed and offset (the backward must get the same). float8_e4m3fn q, k, v: out bfloat16 or\n"
+        "[0, 1) with its seed and offset, or dropout_rng (int64 [2] {seed, offset} on q's device, read by the\n"
+        "kernels: the CUDA-graph-safe form); the backward must get the same. float8_e4m3fn q, k, v: out bfloat16 or\n"
         "float16, optional fp32 [b, h_kv] q/k/v_descale (CPU backends). Returns the name of the backend that ran.");
 
   m.def("backward", &backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "dq"_a, "dk"_a, "dv"_a,
@@ -356,8 +362,9 @@ NB_MODULE(_C, m) {
         "max_seqlen_k"_a = 0, nb::kw_only(), "softmax_scale"_a = 0.0, "causal"_a = false, "window_left"_a = -1,
         "window_right"_a = -1, "attention_chunk"_a = 0, "softcap"_a = 0.0, "deterministic"_a = false,
         "alibi_slopes"_a.none() = nb::none(), "dropout_p"_a = 0.0, "dropout_seed"_a = 0, "dropout_offset"_a = 0,
-        "q_descale"_a.none() = nb::none(), "k_descale"_a.none() = nb::none(), "v_descale"_a.none() = nb::none(),
-        "do_descale"_a.none() = nb::none(), "backend"_a = "auto", "num_threads"_a = 0, "stream"_a = 0,
+        "dropout_rng"_a.none() = nb::none(), "q_descale"_a.none() = nb::none(), "k_descale"_a.none() = nb::none(),
+        "v_descale"_a.none() = nb::none(), "do_descale"_a.none() = nb::none(), "backend"_a = "auto",
+        "num_threads"_a = 0, "stream"_a = 0,
         "Attention backward: fills caller-allocated dq, dk, dv from dout and the forward's out and lse.\n"
         "float8_e4m3fn q, k, v, dout (with optional descales): dq, dk, dv in out's 16-bit dtype.\n"
         "Returns the name of the backend that ran.");

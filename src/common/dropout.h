@@ -40,6 +40,19 @@ FA_HD void philox4x32_10(const uint32_t (&counter)[4], uint32_t key0, uint32_t k
   out[0] = c0, out[1] = c1, out[2] = c2, out[3] = c3;
 }
 
+// Where a call's (seed, offset) come from: the values themselves, or (state set: FwdParams::dropout_state) two
+// 64-bit words in the tensors' memory, read where the mask is drawn, so that a captured CUDA graph replays with
+// whatever its captured random op wrote there. Both give the same mask for the same values.
+struct DropoutRng {
+  uint64_t seed = 0, offset = 0;
+  const uint64_t* state = nullptr;  // {seed, offset}; null: the two above
+
+  template <typename Params>
+  static DropoutRng of(const Params& p) {
+    return DropoutRng{p.dropout_seed, p.dropout_offset, p.dropout_state};
+  }
+};
+
 struct DropoutSpec {
   uint32_t keep_threshold = 1u << 16;  // 16-bit draws below this are kept (2^16: no dropout)
   uint32_t key0 = 0, key1 = 0;         // seed + offset
@@ -59,6 +72,10 @@ struct DropoutSpec {
     d.key0 = uint32_t(key), d.key1 = uint32_t(key >> 32);
     d.head = uint32_t(h), d.sequence = uint32_t(b);
     return d;
+  }
+
+  FA_HD static DropoutSpec make(float p, const DropoutRng& rng, int64_t b, int64_t h) {
+    return rng.state != nullptr ? make(p, rng.state[0], rng.state[1], b, h) : make(p, rng.seed, rng.offset, b, h);
   }
 
   FA_HD bool active() const { return keep_threshold < (1u << 16); }

@@ -166,9 +166,21 @@ struct BasicMaskSpec : mask_detail::ChunkField<Index, kChunks> {
   }
 };
 
+// The mask of a kernel variant with chunks (kChunks) or without: a variant without is launched only for calls with
+// no chunk (attention_chunk == 0), which its mask then does not hold.
+template <typename Index, bool kChunks>
+FA_HD BasicMaskSpec<Index, kChunks> make_mask(Index sq, Index sk, bool causal, Index window_left, Index window_right,
+                                              Index attention_chunk) {
+  if constexpr (kChunks) {
+    return BasicMaskSpec<Index, true>::make(sq, sk, causal, window_left, window_right, attention_chunk);
+  } else {
+    return BasicMaskSpec<Index, false>::make(sq, sk, causal, window_left, window_right);
+  }
+}
+
 // The mask in 64-bit arithmetic, chunks included: host code and the CPU paths.
 using MaskSpec = BasicMaskSpec<int64_t, true>;
-// The same without a chunk, for the kernels that take none (causal and windows only).
+// The same without a chunk, for the kernel variants that take none (causal and windows only).
 using WindowMaskSpec = BasicMaskSpec<int64_t, false>;
 // In 32-bit arithmetic, half the registers: for kernels whose sequence lengths add up to below 2^31 minus a
 // tile, with window edges and chunks narrowed to the lengths (narrowest_left / narrowest_right /

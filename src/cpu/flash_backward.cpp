@@ -291,7 +291,7 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
   for (int64_t g = t.head_begin; g < t.head_end; ++g) {
     const int64_t h = t.kv_head * plan.group + g;
     const AlibiTile<Acc> alibi(Alibi::make(p.alibi_slopes, p.alibi_slopes_batch_stride, t.batch, h, ext.len_q, ext.len_k));
-    const DropoutTile dropout(DropoutSpec::make(p.dropout_p, p.dropout_seed, p.dropout_offset, t.batch, h));
+    const DropoutTile dropout(DropoutSpec::make(p.dropout_p, DropoutRng::of(p), t.batch, h));
     const auto qv = query_view<const T>(p, p.q, ext, t.batch, h);
     const auto ov = output_view<const T>(p, p.o, ext, t.batch, h);
     const auto dov = grad_out_view<const T>(p, ext, t.batch, h);

@@ -106,7 +106,7 @@ void forward_task(const FwdParams& p, int64_t block_q, const QueryBlockTask& t, 
   const MaskSpec mask = sequence_mask(p, ext);
   const ScoreTransform<Acc> score(p);
   const AlibiTile<Acc> alibi(Alibi::make(p.alibi_slopes, p.alibi_slopes_batch_stride, t.batch, t.head, ext.len_q, ext.len_k));
-  const DropoutTile dropout(DropoutSpec::make(p.dropout_p, p.dropout_seed, p.dropout_offset, t.batch, t.head));
+  const DropoutTile dropout(DropoutSpec::make(p.dropout_p, DropoutRng::of(p), t.batch, t.head));
 
   const int64_t i0 = t.row0, nq = std::min(block_q, ext.len_q - i0), nqp = round_up(nq, C::kVec);
   const int64_t ldq = w.ldq, lds = w.lds;

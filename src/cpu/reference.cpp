@@ -30,7 +30,7 @@ void row_typed(const BwdParams& p, int64_t b, int64_t h, int64_t i, bool with_gr
   const auto v = key_view<const T>(p, p.v, ext, h / group, true);
   const MaskSpec mask = sequence_mask(p, ext);
   const Alibi alibi = Alibi::make(p.alibi_slopes, p.alibi_slopes_batch_stride, b, h, ext.len_q, ext.len_k);
-  const DropoutSpec dropout = DropoutSpec::make(p.dropout_p, p.dropout_seed, p.dropout_offset, b, h);
+  const DropoutSpec dropout = DropoutSpec::make(p.dropout_p, DropoutRng::of(p), b, h);
   const double keep_scale = 1.0 / (1.0 - double(p.dropout_p));
   const int64_t sk = ext.len_k;
 

@@ -68,12 +68,24 @@ __device__ __forceinline__ float2 unpack_pair(uint32_t bits) {
   return ElementTraits<T>::unpack(*reinterpret_cast<typename ElementTraits<T>::Pair*>(&bits));
 }
 
+// Two float8_e4m3fn values (low byte first) as two float16 in one register (low half first), exactly: every e4m3
+// value, NaN included, is a float16, so this is one hardware conversion on sm_89+ (the header's emulation before).
+__device__ __forceinline__ uint32_t e4m3_pair_to_half(uint16_t pair) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+// Eight float8_e4m3fn values (the low byte of eight.x first) as one 16-byte chunk of float16, exactly.
+__device__ __forceinline__ uint4 e4m3x8_to_half(uint2 eight) {
+  return make_uint4(e4m3_pair_to_half(uint16_t(eight.x)), e4m3_pair_to_half(uint16_t(eight.x >> 16)),
+                    e4m3_pair_to_half(uint16_t(eight.y)), e4m3_pair_to_half(uint16_t(eight.y >> 16)));
+}
+
 // Two float8_e4m3fn values (low byte first) times `scale`, rounded into one register of two T (16-bit). With scale
-// 1 the conversion is exact (every e4m3 value is a float16 and a bfloat16). Hardware conversion on sm_89+, the
-// header's emulation before.
+// 1 the conversion is exact (every e4m3 value is a float16 and a bfloat16).
 template <typename T>
 __device__ __forceinline__ uint32_t e4m3_pair_to(uint16_t pair, float scale) {
-  const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3)));
+  const float2 f = unpack_pair<__half>(e4m3_pair_to_half(pair));
   return pack_pair<T>(f.x * scale, f.y * scale);
 }
 
@@ -147,12 +159,6 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
 __device__ __forceinline__ void cp_async_16_partial(void* smem_dst, const void* gmem_src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem_dst)), "l"(gmem_src),
                "r"(src_bytes));
-}
-
-// Copies 8 bytes when `valid`, else writes 8 zero bytes (float8 tile rows; .ca: only 16-byte copies may bypass L1).
-__device__ __forceinline__ void cp_async_8(void* smem_dst, const void* gmem_src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_address(smem_dst)), "l"(gmem_src),
-               "r"(valid ? 8 : 0));
 }
 
 // Copies one 4-byte word when `valid`, else writes zero (for small per-row vectors such as LSE; .ca because

@@ -420,11 +420,12 @@ inline std::vector<KVCaseSpec> kv_case_grid(bool gpu) {
     s.capacity = gpu ? 4096 : 100, s.rotary_base = false, s.rotary_dim = 0, s.num_splits = 0, s.leftpad = false;
     add(s);
   }
-  if (!gpu) {
+  {
     // Chunked attention (FA3's attention_chunk) over caches: chunks in the coordinates after leftpad, queries
-    // rotated per row, new rows, pages, splits; the CUDA backends do not take it yet.
+    // rotated per row, new rows, pages, splits.
     KVCaseSpec s;
-    s.h_q = 8, s.h_kv = 2, s.s_q = 16, s.s_new = 3, s.page_size = 16, s.capacity = 90, s.attention_chunk = 7;
+    s.h_q = 8, s.h_kv = 2, s.s_q = 16, s.s_new = 3, s.page_size = 16, s.capacity = gpu ? 300 : 90;
+    s.attention_chunk = 7;
     s.causal = true, s.leftpad = true, s.batch_idx = true, s.rotary_dim = 32;
     add(s);
     s.causal = false, s.s_q = 4, s.s_new = 4, s.attention_chunk = 24, s.page_size = 0, s.num_splits = 3;

@@ -57,6 +57,9 @@ struct AttnCase {
   enum class Alibi { none, per_head, per_batch } alibi = Alibi::none;  // ALiBi slopes [h_q] or [batch, h_q]
   double dropout_p = 0;                   // attention dropout, with the seed and offset below
   uint64_t dropout_seed = 0x5eed, dropout_offset = 0;
+  // The seed and offset in an int64 [2] tensor (ForwardArgs::dropout_rng), the options' own seed altered: only the
+  // tensor gives the oracle's mask.
+  bool dropout_rng_tensor = false;
 
   bool varlen() const { return !lens_q.empty(); }
 
@@ -97,6 +100,7 @@ struct AttnCase {
     if (input_scale != 1) os << "_scale" << int(input_scale);
     if (alibi != Alibi::none) os << (alibi == Alibi::per_batch ? "_alibib" : "_alibi");
     if (dropout_p > 0) os << "_drop" << int(std::lround(dropout_p * 100));
+    if (dropout_rng_tensor) os << "_rngtensor";
     return os.str();
   }
 
@@ -109,6 +113,7 @@ struct AttnCase {
     o.softcap = softcap;
     o.softmax_scale = softmax_scale;
     o.dropout_p = dropout_p, o.dropout_seed = dropout_seed, o.dropout_offset = dropout_offset;
+    if (dropout_rng_tensor) o.dropout_seed = ~dropout_seed;
     o.backend = backend;
     return o;
   }
@@ -167,6 +172,12 @@ class AttnProblem {
   }
 
   const AttnCase& c() const { return c_; }
+  // {seed, offset} for ForwardArgs::dropout_rng (dropout_rng_tensor), and its view at `data` on `device`.
+  const uint64_t* dropout_state() const { return dropout_state_; }
+  static TensorView dropout_rng_view(const void* data, Device device = Device{}) {
+    const int64_t shape[1] = {2};
+    return make_contiguous_view(const_cast<void*>(data), DType::i64, device, 1, shape);
+  }
   const HostTensor& q() const { return q_; }
   const HostTensor& k() const { return k_; }
   const HostTensor& v() const { return v_; }
@@ -198,6 +209,7 @@ class AttnProblem {
     a.out = out.view();
     if (lse) a.lse = lse->view();
     if (c_.alibi != AttnCase::Alibi::none) a.alibi_slopes = alibi_.view();
+    if (c_.dropout_rng_tensor) a.dropout_rng = dropout_rng_view(dropout_state_);
     if (c_.varlen()) {
       a.cu_seqlens_q = cu_q_.view();
       a.cu_seqlens_k = cu_k_.view();
@@ -227,6 +239,7 @@ class AttnProblem {
   AttnCase c_;
   int64_t total_q_ = 0, total_k_ = 0;
   HostTensor q_, k_, v_, dout_, cu_q_, cu_k_, alibi_;
+  uint64_t dropout_state_[2] = {c_.dropout_seed, c_.dropout_offset};
 };
 
 // fp64 copy of a tensor's logical values (contiguous).

@@ -75,6 +75,23 @@ TEST(FlashProperties, DropoutRepeatsWithItsSeedAndChangesWithTheOffset) {
   EXPECT_TRUE(bitwise_equal(first.lse, other.lse)) << "the LSE is that of the undropped scores";
 }
 
+TEST(FlashProperties, DropoutFromAGeneratorStateTensorDrawsTheOptionsMask) {
+  // dropout_rng = {seed, offset} gives bitwise the outputs of the same seed and offset as options (the case
+  // alters the options' seed, so a backend that ignored the tensor would draw another mask), on both backends.
+  AttnCase c;
+  c.batch = 2, c.s_q = 40, c.s_k = 75, c.h_q = 4, c.h_kv = 2, c.d = 16, c.dv = 16, c.causal = true;
+  c.dropout_p = 0.3, c.dropout_seed = 0x1234567890abcdefull, c.dropout_offset = 8;
+  AttnCase with_tensor = c;
+  with_tensor.dropout_rng_tensor = true;
+  for (Backend backend : {Backend::cpu_reference, Backend::cpu_flash}) {
+    const AttnResult want = run_attention(AttnProblem(c, 5), backend, true);
+    const AttnResult got = run_attention(AttnProblem(with_tensor, 5), backend, true);
+    EXPECT_TRUE(bitwise_equal(want.o, got.o) && bitwise_equal(want.lse, got.lse) && bitwise_equal(want.dq, got.dq) &&
+                bitwise_equal(want.dk, got.dk) && bitwise_equal(want.dv, got.dv))
+        << backend_name(backend);
+  }
+}
+
 TEST(FlashProperties, DropoutMaskOfASequenceHeadIgnoresBatchAndHeadCounts) {
   // Sequence 0, heads 0 and 1 of a 1 x 2-head problem and of a 3 x 4-head problem with the same data there: the
   // reference (one fp64 row at a time) must give the same bits.

@@ -137,6 +137,35 @@ TEST(Validation, AlibiSlopes) {
   }
 }
 
+TEST(Validation, DropoutRng) {
+  Call c(false);
+  uint64_t state[3] = {11, 4, 0};
+  auto rng = [&](void* data, DType dt, std::vector<int64_t> shape) {
+    return make_contiguous_view(data, dt, Device{}, int(shape.size()), shape.data());
+  };
+  c.opt.dropout_p = 0.2;
+  c.a.dropout_rng = rng(state, DType::i64, {2});
+  EXPECT_TRUE(attention_backward(c.a, c.opt).ok());
+  c.a.dropout_rng = rng(state, DType::i32, {2});
+  expect_rejected(c, "dropout_rng");
+  c.a.dropout_rng = rng(state, DType::i64, {3});
+  expect_rejected(c, "dropout_rng");
+  c.a.dropout_rng = rng(state, DType::i64, {1, 2});
+  expect_rejected(c, "dropout_rng");
+  c.a.dropout_rng = rng(reinterpret_cast<uint8_t*>(state) + 4, DType::i64, {2});  // not 8-byte aligned
+  expect_rejected(c, "dropout_rng");
+  TensorView strided = rng(state, DType::i64, {2});
+  strided.stride[0] = 2;
+  c.a.dropout_rng = strided;
+  expect_rejected(c, "dropout_rng");
+  c.a.dropout_rng = rng(state, DType::i64, {2});
+  c.a.dropout_rng.device = Device{DeviceType::cuda, 0};  // not on q's device
+  expect_rejected(c, "dropout_rng");
+  c.a.dropout_rng = rng(state, DType::i64, {2});
+  c.opt.dropout_p = 0;  // it keys nothing without dropout
+  expect_rejected(c, "dropout_rng");
+}
+
 TEST(Validation, MismatchedShapes) {
   struct M {
     const char* arg;

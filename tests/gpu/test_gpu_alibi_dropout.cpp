@@ -1,7 +1,8 @@
 // ALiBi and dropout on the CUDA backends, forward and backward, against the fp64 oracle (tests/common/oracle.h,
 // whose dropout mask comes from the tests' own Philox): both slope shapes, with and without causal, s_q != s_k,
 // GQA, windows, softcap, varlen, head dims of the Hopper kernels (64, 128, 256) and of the sm80 ones (80), each
-// through cuda_sm80 forced and through automatic dispatch (cuda_sm90 on Hopper at its head dims).
+// through cuda_sm80 forced and through automatic dispatch (cuda_sm90 on Hopper at its head dims); dropout's seed and
+// offset also from device memory (ForwardArgs::dropout_rng).
 //
 // Rule, per output: ‖gpu − ref‖ ≤ 2‖emu − ref‖ + u‖ref‖ + atol·√n and the same for the largest element, where emu
 // is the textbook algorithm in fp32 with P and dS rounded to the storage type before their products, as the
@@ -10,6 +11,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -77,6 +79,11 @@ TEST_P(GpuAlibiDropout, MatchesOracle) {
   a.q = q.view(pb.q()), a.k = k.view(pb.k()), a.v = v.view(pb.v()), a.out = o.view(out), a.lse = l.view(lse);
   a.dout = dout.view(pb.dout()), a.dq = gq.view(dq), a.dk = gk.view(dk), a.dv = gv.view(dv);
   if (c.alibi != AttnCase::Alibi::none) a.alibi_slopes = slopes.view(pb.alibi());
+  // The generator state in device memory, as PyTorch's graph-safe path hands it over (read by the kernels).
+  HostTensor rng_host(DType::f64, {2});  // 16 bytes of storage for the two 64-bit words
+  std::memcpy(rng_host.data(), pb.dropout_state(), 2 * sizeof(uint64_t));
+  DeviceTensor rng(rng_host);
+  if (c.dropout_rng_tensor) a.dropout_rng = AttnProblem::dropout_rng_view(rng.data(), Device{DeviceType::cuda, 0});
   HostTensor cu_q, cu_k;
   DeviceTensor dcu_q, dcu_k;
   if (c.varlen()) {
@@ -155,6 +162,13 @@ std::vector<GpuAlibiCase> cases() {
   c = make(DType::bf16, 150, 200, 2, 1, 80);
   c.window_left = 30, c.softcap = 10, c.alibi = A::per_head, c.dropout_p = 0.5;
   base.push_back(c);
+  // The seed and offset read from device memory (dropout_rng): every kernel family's dropout path.
+  for (int64_t d : {64, 128, 80}) {
+    c = make(DType::bf16, 90, 140, 4, 2, d);
+    c.batch = 2, c.causal = d == 128, c.dropout_p = 0.2, c.dropout_seed = 0xfeedbeef12345ull, c.dropout_offset = 12;
+    c.dropout_rng_tensor = true;
+    base.push_back(c);
+  }
   std::vector<GpuAlibiCase> out;
   for (const AttnCase& x : base)
     for (Backend b : {Backend::cuda_sm80, Backend::automatic}) out.push_back({x, b});

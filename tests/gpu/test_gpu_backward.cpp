@@ -32,6 +32,7 @@ struct BwdCase {
   int64_t batch = 1, sq = 64, sk = 64, hq = 2, hkv = 2, d = 64, dv = 64;
   bool causal = false;
   int64_t wl = -1, wr = -1;
+  int64_t chunk = 0;   // attention_chunk (0: none)
   double softcap = 0;
   double softmax_scale = 0;  // 0: 1/√d
   bool bhsd = false;   // storage order [b, h, s, d] (a permuted view) instead of [b, s, h, d]
@@ -48,7 +49,7 @@ struct BwdCase {
   std::string name() const {
     std::ostringstream os;
     os << dtype_name(dtype) << " b" << batch << " sq" << sq << " sk" << sk << " h" << hq << "/" << hkv << " d" << d
-       << "/" << dv << (causal ? " causal" : "") << " win(" << wl << "," << wr << ")" << " cap" << softcap << " scale" << softmax_scale
+       << "/" << dv << (causal ? " causal" : "") << " win(" << wl << "," << wr << ")" << " chunk" << chunk << " cap" << softcap << " scale" << softmax_scale
        << (bhsd ? " bhsd" : "") << (dout_own_layout ? " dout-own-layout" : "") << " pad" << pad << (varlen() ? " varlen" : "") << (deterministic ? " det" : "") << " stages" << stages
        << " smem" << smem_limit << " " << backend_name(backend);
     return os.str();
@@ -129,6 +130,7 @@ AttentionOptions options(const BwdCase& c, Backend b) {
   AttentionOptions o;
   o.causal = c.causal;
   o.window_left = c.wl, o.window_right = c.wr;
+  o.attention_chunk = c.chunk;
   o.softcap = c.softcap;
   o.softmax_scale = c.softmax_scale;
   o.deterministic = c.deterministic;
@@ -139,6 +141,7 @@ AttentionOptions options(const BwdCase& c, Backend b) {
 AttnSpec spec_of(const BwdCase& c) {
   AttnSpec s;
   s.causal = c.causal, s.window_left = c.wl, s.window_right = c.wr, s.softcap = c.softcap;
+  s.attention_chunk = c.chunk;
   s.softmax_scale = c.softmax_scale;
   s.lens_q.assign(c.lens_q.begin(), c.lens_q.end());
   s.lens_k.assign(c.lens_k.begin(), c.lens_k.end());
@@ -179,9 +182,10 @@ Err error_of(const HostTensor& x, const HostTensor& ref) {
   return e;
 }
 
-// Whether dispatch must pick the Hopper backward for the case (backward_sm90.cu's preconditions).
+// Whether dispatch must pick the Hopper backward for the case (backward_sm90.cu's preconditions; chunked attention
+// runs cuda_sm80's backward).
 bool sm90_expected(const BwdCase& c) {
-  return c.backend == Backend::automatic && cuda_compute_capability(0) == 90 &&
+  return c.backend == Backend::automatic && cuda_compute_capability(0) == 90 && c.chunk == 0 &&
          sm90_takes_head_dims(c.d, c.dv, c.deterministic) && c.pad % 8 == 0;
 }
 
@@ -314,6 +318,24 @@ TEST_P(GpuBackward, Lengths) {
     c.causal = true;
     run_case(c);
   }
+}
+
+// Chunked attention (attention_chunk; the extras kernels): chunks inside and across key blocks, with causal, a
+// window, s_q != s_k, GQA, varlen, deterministic mode.
+TEST_P(GpuBackward, ChunkedAttention) {
+  FA_REQUIRE_GPU();
+  BwdCase c = base(GetParam(), 300, 300, 64);
+  c.causal = true, c.chunk = 40;
+  run_case_both_modes(c);
+  c = base(GetParam(), 250, 400, 128);
+  c.chunk = 100, c.wl = 30, c.wr = 10, c.hq = 4, c.hkv = 2;
+  run_case(c);
+  c = base(GetParam(), 400, 200, 256);
+  c.chunk = 64;
+  run_case(c);
+  c = base(GetParam(), 0, 0, 64);
+  c.lens_q = {90, 0, 130}, c.lens_k = {140, 7, 200}, c.causal = true, c.chunk = 9;
+  run_case_both_modes(c);
 }
 
 TEST_P(GpuBackward, LongSequences) {

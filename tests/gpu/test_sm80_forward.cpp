@@ -35,6 +35,7 @@ struct Case {
   int64_t batch = 1, sq = 64, sk = 64, hq = 2, hkv = 2, d = 64, dv = 64;
   bool causal = false;
   int64_t wl = -1, wr = -1;
+  int64_t chunk = 0;       // attention_chunk (0: none)
   double softcap = 0;
   double softmax_scale = 0;  // 0: 1/√d
   bool bhsd = false;       // storage [b, h, s, d] viewed as [b, s, h, d]
@@ -149,6 +150,7 @@ struct Problem {
   AttentionOptions options(Backend b) const {
     AttentionOptions opt;
     opt.causal = c.causal, opt.window_left = c.wl, opt.window_right = c.wr, opt.softcap = c.softcap;
+    opt.attention_chunk = c.chunk;
     opt.softmax_scale = c.softmax_scale;
     opt.backend = b;
     return opt;
@@ -182,6 +184,7 @@ Reference reference(const Problem& pb) {
   const Case& c = pb.c;
   AttnSpec spec;
   spec.causal = c.causal, spec.window_left = c.wl, spec.window_right = c.wr, spec.softcap = c.softcap;
+  spec.attention_chunk = c.chunk;
   spec.softmax_scale = c.softmax_scale;
   spec.lens_q.assign(c.lens_q.begin(), c.lens_q.end());
   spec.lens_k.assign(c.lens_k.begin(), c.lens_k.end());
@@ -347,6 +350,15 @@ std::vector<Case> grid() {
   for (W w : {W{32, 0, false}, W{16, 16, false}, W{64, -1, true}, W{0, 0, false}, W{-1, 5, false}, W{100, 3, true}}) {
     Case c = mk("window" + std::to_string(w.wl + 1) + "_" + std::to_string(w.wr + 1) + (w.causal ? "_causal" : ""));
     c.sq = 300, c.sk = 400, c.wl = w.wl, c.wr = w.wr, c.causal = w.causal, c.d = c.dv = 96;
+    v.push_back(c);
+  }
+  // Chunked attention (the extras kernels): with causal, a window, s_q > s_k, GQA, varlen.
+  for (int variant = 0; variant < 4; ++variant) {
+    Case c = mk("chunk" + std::to_string(variant));
+    c.sq = 300, c.sk = variant == 1 ? 200 : 400, c.d = c.dv = variant == 2 ? 256 : 64;
+    c.chunk = variant == 0 ? 48 : variant == 1 ? 70 : variant == 2 ? 129 : 9;
+    c.causal = variant != 1, c.wl = variant == 2 ? 40 : -1;
+    if (variant == 3) c.hq = 4, c.hkv = 2, c.lens_q = {90, 0, 130}, c.lens_k = {140, 7, 200};
     v.push_back(c);
   }
   // A caller's softmax scale (not 1/√d), forward with masks, softcap, GQA and varlen.

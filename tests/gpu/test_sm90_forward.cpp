@@ -33,6 +33,7 @@ struct FwdCase {
   int64_t head_dim_v = 0;                 // 0: head_dim
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
+  int64_t attention_chunk = 0;            // 0: none
   double softcap = 0;
   double softmax_scale = 0;               // 0: 1/√d
   std::vector<int> perm;                  // storage order of [b, s, h, d] (empty: contiguous)
@@ -127,11 +128,13 @@ TEST_P(Sm90Forward, MatchesReference) {
   opt.causal = c.causal;
   opt.window_left = c.window_left;
   opt.window_right = c.window_right;
+  opt.attention_chunk = c.attention_chunk;
   opt.softcap = c.softcap;
   opt.softmax_scale = c.softmax_scale;
 
   AttnSpec spec;
   spec.causal = c.causal, spec.window_left = c.window_left, spec.window_right = c.window_right;
+  spec.attention_chunk = c.attention_chunk;
   spec.softcap = c.softcap, spec.softmax_scale = c.softmax_scale;
   spec.lens_q.assign(c.lens_q.begin(), c.lens_q.end());
   spec.lens_k.assign(c.lens_k.begin(), c.lens_k.end());
@@ -328,6 +331,22 @@ std::vector<FwdCase> cases() {
   c.seqlen_q = c.seqlen_k = 190; add(c);
   c = {}; c.name = "f16_d192_large_scores_softcap"; c.dtype = DType::f16; c.head_dim = 192; c.seqlen_q = 130;
   c.seqlen_k = 600; c.softcap = 30; c.qk_stddev = 3; add(c);
+  // Chunked attention (the extras kernels): chunks inside a tile, across tiles, past the keys; causal, windows,
+  // s_q > s_k, varlen, GQA, every head-dim bucket, the short-keys plans and the persistent grid.
+  c = {}; c.name = "bf16_d128_causal_chunk40"; c.seqlen_q = c.seqlen_k = 500; c.causal = true; c.attention_chunk = 40;
+  add(c);
+  c = {}; c.name = "f16_d64_chunk200_sq_gt_sk"; c.dtype = DType::f16; c.head_dim = 64; c.seqlen_q = 450;
+  c.seqlen_k = 300; c.attention_chunk = 200; add(c);
+  c = {}; c.name = "bf16_d256_window_chunk96"; c.head_dim = 256; c.seqlen_q = 300; c.seqlen_k = 420;
+  c.window_left = 50; c.window_right = 20; c.attention_chunk = 96; add(c);
+  c = {}; c.name = "bf16_d128_varlen_gqa_causal_chunk7"; c.heads_q = 4; c.heads_kv = 2; c.causal = true;
+  c.attention_chunk = 7; c.lens_q = {130, 0, 300, 1}; c.lens_k = {200, 40, 300, 77}; add(c);
+  c = {}; c.name = "bf16_d64_causal_chunk1000_past_short_keys"; c.head_dim = 64; c.seqlen_q = c.seqlen_k = 4300;
+  c.heads_q = 1; c.heads_kv = 1; c.causal = true; c.attention_chunk = 1000; add(c);
+  c = {}; c.name = "f16_d192_v128_causal_chunk128"; c.dtype = DType::f16; c.head_dim = 192; c.head_dim_v = 128;
+  c.seqlen_q = c.seqlen_k = 400; c.causal = true; c.attention_chunk = 128; add(c);
+  c = {}; c.name = "bf16_d128_chunk_past_the_keys"; c.seqlen_q = 100; c.seqlen_k = 260; c.causal = true;
+  c.attention_chunk = (int64_t(1) << 40); add(c);
   c = {}; c.name = "bf16_d176_v136_window_gqa"; c.head_dim = 176; c.head_dim_v = 136; c.heads_q = 4; c.heads_kv = 2;
   c.seqlen_q = 250; c.seqlen_k = 300; c.window_left = 60; c.window_right = 20; add(c);
   c = {}; c.name = "bf16_d96_v256_large_scores"; c.head_dim = 96; c.head_dim_v = 256; c.seqlen_q = 130;

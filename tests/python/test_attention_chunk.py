@@ -3,8 +3,8 @@ entry points: forward and gradients against the float64 reference of fa_referenc
 of the chunk of `attention_chunk` keys that holds its bottom-right aligned diagonal, within causal and the window),
 varlen and seqused, the KV cache (chunks counted from cache_leftpad, q rotated per row, pages, new rows), the
 identity that makes a causal chunked call over s_q = s_k the same as a varlen call over the chunks, FA3's own
-random chunk draw, and the argument errors. On CUDA the backends do not take it yet: the call raises
-NotImplementedError naming attention_chunk (the `cuda` test).
+random chunk draw, and the argument errors. The `cuda` tests run the dense, varlen, FP8 and KV-cache checks on the
+GPU (the Hopper forward's extras kernels, cuda_sm80's backward, the decode kernel).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 import flashattn
 from conftest import cpu_backends, requires_cuda
-from fa_reference import assert_close, attention_ref, varlen_ref
+from fa_reference import assert_close, attention_ref, dequantised_fp8, varlen_ref
 from flashattn import fa3
 from test_kvcache import (KVCase, check_caches, check_outputs, expected_caches, index_tensor, make_inputs,
                           reference, to_device)
@@ -195,10 +195,74 @@ def test_a_chunk_past_int64_is_every_key():
     assert torch.equal(wide, fa3.flash_attn_func(q, k, v, causal=True))
 
 
+CUDA_DENSE_CASES = [c[:9] + (torch.bfloat16,) for c in DENSE_CASES if c[5] >= 8] + [
+    (2, 700, 700, 4, 2, 128, True, (-1, -1), 96, torch.bfloat16),   # several query tiles per chunk
+    (1, 300, 500, 2, 2, 64, False, (60, 20), 128, torch.float16),   # a window and a chunk
+    (1, 260, 260, 2, 1, 256, True, (-1, -1), 100, torch.bfloat16),  # hd 256
+]
+
+
 @requires_cuda
 @pytest.mark.cuda
-def test_cuda_says_it_does_not_take_chunks_yet():
-    q, k, v, _ = (t.to("cuda", torch.bfloat16) for t in _dense_inputs(1, 16, 16, 2, 2, 64, torch.float32))
-    with pytest.raises(NotImplementedError, match=r"attention_chunk"):
-        fa3.flash_attn_func(q, k, v, causal=True, attention_chunk=8)
-    assert not flashattn.choose_backend(q, k, v, causal=True, attention_chunk=8).supported
+@pytest.mark.parametrize("case", CUDA_DENSE_CASES, ids=lambda c: f"q{c[1]}k{c[2]}d{c[5]}-chunk{c[8]}")
+def test_cuda_dense_forward_and_gradients(case):
+    b, s_q, s_k, hq, hkv, d, causal, window, chunk, dtype = case
+    d = max(d, 16)
+    q, k, v, dout = _dense_inputs(b, s_q, s_k, hq, hkv, d, dtype)
+    leaves = [t.cuda().requires_grad_() for t in (q, k, v)]
+    out, lse = fa3.flash_attn_func(*leaves, causal=causal, window_size=window, attention_chunk=chunk,
+                                   return_attn_probs=True)
+    out.backward(dout.cuda())
+    _check_against_reference(out.cpu(), lse.cpu(), [t.grad.cpu() for t in leaves], q, k, v, dout, dtype,
+                             causal=causal, window=window, chunk=chunk)
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_cuda_varlen_and_kvcache():
+    g = torch.Generator().manual_seed(4)
+    lens_q, lens_k = [5, 0, 300, 17], [9, 4, 340, 17]
+    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=I32)
+    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=I32)
+    q = torch.randn(sum(lens_q), 4, 64, generator=g).bfloat16()
+    k, v = (torch.randn(sum(lens_k), 2, 64, generator=g).bfloat16() for _ in range(2))
+    out = fa3.flash_attn_varlen_func(q.cuda(), k.cuda(), v.cuda(), cu_q.cuda(), cu_k.cuda(), None, None,
+                                     causal=True, attention_chunk=33)
+    r_out, _ = varlen_ref(q, k, v, cu_q.tolist(), cu_k.tolist(), causal=True, chunk=33)
+    low, _ = varlen_ref(q, k, v, cu_q.tolist(), cu_k.tolist(), causal=True, chunk=33, dtype=None)
+    assert_close("out", out.cpu(), r_out, low, torch.bfloat16)
+    for case in KV_CASES:
+        case = KVCase(**{**case.__dict__, "dtype": torch.bfloat16})
+        inp = make_inputs(case)
+        k_arg, v_arg = (t.clone().cuda() for t in inp.caches())
+        out, lse, *_ = fa3.flash_attn_with_kvcache(
+            inp.q.cuda(), k_arg, v_arg, to_device(inp.k_new, "cuda"), to_device(inp.v_new, "cuda"), None,
+            to_device(inp.cos, "cuda"), to_device(inp.sin, "cuda"), index_tensor(inp.lengths, "cuda"),
+            index_tensor(inp.batch_idx, "cuda"), index_tensor(inp.leftpad, "cuda"), to_device(inp.block_table, "cuda"),
+            causal=case.causal, window_size=case.window, attention_chunk=7, rotary_interleaved=case.interleaved,
+            num_splits=case.num_splits, return_softmax_lse=True)
+        k_exp, v_exp = expected_caches(inp, case.interleaved)
+        check_caches(inp, k_arg.cpu(), v_arg.cpu(), k_exp, v_exp)
+        kw = dict(causal=case.causal, window=case.window, softcap=case.softcap, interleaved=case.interleaved, chunk=7)
+        check_outputs(out.cpu(), lse.cpu(), reference(inp, k_exp, v_exp, **kw),
+                      reference(inp, k_exp, v_exp, dtype=None, **kw), case.dtype)
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_cuda_fp8_forward():
+    """FA3's FP8 forward with a chunk (its test suite draws one for every FP8 case too); Hopper only."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs compute capability 9.0")
+    g = torch.Generator().manual_seed(9)
+    b, s, hq, hkv, d = 2, 400, 4, 2, 128
+    q8, k8, v8 = (torch.randn(b, s, h, d, generator=g).to(torch.float8_e4m3fn) for h in (hq, hkv, hkv))
+    descales = [torch.rand(b, hkv, generator=g) + 0.5 for _ in range(3)]
+    out = fa3.flash_attn_func(q8.cuda(), k8.cuda(), v8.cuda(), causal=True, attention_chunk=64,
+                              q_descale=descales[0].cuda(), k_descale=descales[1].cuda(),
+                              v_descale=descales[2].cuda())
+    qd, kd, vd = (dequantised_fp8(t, ds, hq // hkv if i == 0 else 1) for i, (t, ds) in
+                  enumerate(zip((q8, k8, v8), descales)))
+    ref, _ = attention_ref(qd, kd, vd, causal=True, chunk=64)
+    err = (out.double().cpu() - ref).norm() / ref.norm()
+    assert err < 2.5e-2, f"relative RMSE {err:.3g}"

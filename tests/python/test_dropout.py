@@ -115,17 +115,51 @@ def test_choose_backend_on_cuda_runs_dropout_on_the_fastest_kernels():
         assert choice.supported and choice.backend == want, choice
 
 
-def test_torch_compile_draws_like_eager():
-    # The seed is drawn on the host (a graph break there): compiled calls reproduce under manual_seed, draw fresh
-    # masks call after call, and equal the eager call.
-    q = torch.randn(1, 16, 2, 8)
-    f = torch.compile(lambda q: flashattn.flash_attn_func(q, q, q, dropout_p=0.3))
+def test_torch_compile_draws_in_the_graph():
+    # Under torch.compile the seed is drawn inside the graph (torch.randint into an int64 [2] generator-state
+    # tensor that the kernels read): fullgraph=True compiles, calls reproduce under manual_seed and draw fresh masks
+    # call after call, and the backward applies the forward's mask.
+    torch._dynamo.reset()
+    q, k, v = inputs()
+    f = torch.compile(lambda q, k, v: flashattn.flash_attn_func(q, k, v, dropout_p=0.3), fullgraph=True)
     torch.manual_seed(1)
-    a = f(q)
-    b = f(q)
+    a = f(q, k, v)
+    b = f(q, k, v)
     torch.manual_seed(1)
-    eager = flashattn.flash_attn_func(q, q, q, dropout_p=0.3)
-    assert torch.equal(a, eager) and not torch.equal(a, b)
+    c = f(q, k, v)
+    assert torch.equal(a, c) and not torch.equal(a, b)
+    dout = torch.randn_like(a)
+    dv = torch.autograd.grad(a, v, dout)[0]
+    assert_masks_agree(a, dout, v, dv)
+
+
+def assert_masks_agree(out, dout, v, dv):
+    """O = (P ∘ Z) V and dV = (P ∘ Z)ᵀ dO give <O, dO> = <V, dV> exactly when the forward and the backward drew
+    the same mask Z; another mask misses it by about the sum's own size."""
+    lhs, rhs = (out.double() * dout.double()).sum(), (v.double() * dv.double()).sum()
+    scale = (out.double().abs() * dout.double().abs()).sum()
+    tol = 1e-4 if out.dtype == torch.float32 else 2e-2
+    assert abs(lhs - rhs) <= tol * scale, (lhs.item(), rhs.item(), scale.item())
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_a_generator_state_tensor_draws_its_seeds_mask(backend):
+    # dropout_rng = {seed, offset} (the CUDA-graph-safe form) keys the same mask as those values as options; the
+    # options' own seed is then ignored.
+    q, k, v = inputs()
+    dout = torch.randn(2, 13, 4, 16)
+    seed, offset = 987654321, 12
+    results = []
+    for rng, options_seed in ((None, seed), (torch.tensor([seed, offset]), seed + 1)):
+        ints, floats = flashattn._ops.op_options(0, 0, 0.25, True, -1, -1, 0.0, False, 0, 0.3, options_seed, offset)
+        out, _ = torch.ops.flashattn.attention_forward(q, k, v, None, None, None, rng, ints, floats, backend)
+        results.append([out] + list(torch.autograd.grad(out, (q, k, v), dout)))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *results):
+        assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match=r"^dropout_rng: expected dtype int64"):
+        ints, floats = flashattn._ops.op_options(0, 0, 0.25, True, -1, -1, 0.0, False, 0, 0.3)
+        torch.ops.flashattn.attention_forward(q, k, v, None, None, None, torch.tensor([1, 2], dtype=torch.int32),
+                                              ints, floats, backend)
 
 
 def test_errors():
@@ -171,7 +205,7 @@ def test_cuda_matches_the_cpu_mask(d, causal):
         qd, kd, vd = (t.to(device).double() if device == "cpu" else t.to(device) for t in (q, k, v))
         qd, kd, vd = (t.requires_grad_() for t in (qd, kd, vd))
         ints, floats = flashattn._ops.op_options(0, 0, d ** -0.5, causal, -1, -1, 0.0, False, 0, p, seed, offset)
-        out, _ = torch.ops.flashattn.attention_forward(qd, kd, vd, None, None, None, ints, floats, backend)
+        out, _ = torch.ops.flashattn.attention_forward(qd, kd, vd, None, None, None, None, ints, floats, backend)
         grads = torch.autograd.grad(out, (qd, kd, vd), dout.to(device).to(out.dtype))
         outs[device] = [t.double().cpu() for t in (out,) + grads]
     out_gpu, out_ref = outs["cuda"][0], outs["cpu"][0]
@@ -179,6 +213,45 @@ def test_cuda_matches_the_cpu_mask(d, causal):
     for name, a, r in zip(("out", "dq", "dk", "dv"), outs["cuda"], outs["cpu"]):
         err = (a - r).abs().max().item()
         assert err <= 0.02 * max(1.0, r.abs().max().item()), f"{name}: max error {err:.3g}"
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_cuda_graph_capture_draws_a_fresh_mask_per_replay():
+    # Forward and backward captured in one CUDA graph: the seed is drawn on the device (graph-safe torch.randint),
+    # so every replay drops other probabilities, and within a replay the backward applies the forward's mask.
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(2, 160, h, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for h in (4, 2, 2))
+    dout = torch.randn(2, 160, 4, 64, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        out = flashattn.flash_attn_func(q, k, v, dropout_p=0.3, causal=True)
+        out.backward(dout)
+        return out
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture, as PyTorch's graph recipe does
+        eager = step()
+    torch.cuda.current_stream().wait_stream(side)
+    assert_masks_agree(eager, dout, v, v.grad)
+    for t in (q, k, v):
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step()
+    replays = []
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        replays.append((static_out.clone(), v.grad.clone()))
+        assert_masks_agree(static_out, dout, v, v.grad)
+    assert not torch.equal(replays[0][0], replays[1][0]) and not torch.equal(replays[1][0], replays[2][0])
+    # Still dropout at the asked rate: about 30% of the probabilities, so the outputs move by about that much.
+    without = flashattn.flash_attn_func(q, k, v, causal=True)
+    moved = (replays[0][0].float() - without.float()).norm() / without.float().norm()
+    assert 0.1 < moved < 2.0, moved.item()
 
 
 @requires_cuda
@@ -215,7 +288,7 @@ def test_cuda_sm90_drops_what_sm80_drops(d, sq, sk, causal):
     for backend in ("cuda_sm80", "cuda_sm90"):
         qd, kd, vd = (t.clone().requires_grad_() for t in (q, k, v))
         ints, floats = flashattn._ops.op_options(0, 0, d ** -0.5, causal, -1, -1, 0.0, False, 0, 0.4, 99, 12)
-        out, _ = torch.ops.flashattn.attention_forward(qd, kd, vd, None, None, None, ints, floats, backend)
+        out, _ = torch.ops.flashattn.attention_forward(qd, kd, vd, None, None, None, None, ints, floats, backend)
         outs[backend] = [t.float() for t in (out,) + torch.autograd.grad(out, (qd, kd, vd), dout)]
     for name, a, r in zip(("out", "dq", "dk", "dv"), outs["cuda_sm90"], outs["cuda_sm80"]):
         err = (a - r).abs().max().item()

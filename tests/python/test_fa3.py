@@ -136,7 +136,7 @@ class OpSpy(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if "attention_backward" in str(func):
-            self.backward_options.append(list(args[9]))  # int_options
+            self.backward_options.append(list(args[10]))  # int_options
         return func(*args, **(kwargs or {}))
 
 
@@ -702,7 +702,7 @@ FP8_KV_CASES = [
     KVCase(2, 16, 2, (3000, 700), heads=(8, 2), d=128, causal=True, num_splits=3, dtype=torch.float32),
     KVCase(1, 1, 0, (2000,), heads=(2, 2), d=256, d_v=200, dtype=torch.float32),
 ]
-# CUDA runs them on the split-KV decode kernel (tiles converted to 16 bits on their way into shared memory).
+# CUDA runs them on the split-KV decode kernel (tiles widened to float16 in shared memory).
 FP8_KV_BACKENDS = cpu_backends() + [pytest.param("cuda", marks=[pytest.mark.cuda, requires_cuda])]
 
 
@@ -751,6 +751,30 @@ def test_fp8_kvcache(case, descales, backend):
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), finite)
     torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("d, width", [(120, 128), (72, 80)])
+def test_fp8_kvcache_rows_sliced_from_wider_ones(d, width):
+    """Cache rows cut from wider ones (16-byte aligned strides, head dim not a multiple of 16): the CUDA decode
+    kernel's 16-byte staging copies end in a half-filled chunk; checked against the CPU reference."""
+    g = torch.Generator().manual_seed(23)
+    b, s, hq, hkv = 2, 700, 8, 2
+    q = torch.randn(b, 1, hq, d, generator=g).to(F8)
+    k_wide, v_wide = (torch.randn(b, s, hkv, width, generator=g).to(F8) for _ in range(2))
+    seqlens = torch.tensor([700, 333], dtype=torch.int32)
+    descale = torch.rand(b, hkv, generator=g) + 0.5
+    ref, ref_lse, *_ = fa3.flash_attn_with_kvcache(q, k_wide[..., :d], v_wide[..., :d], cache_seqlens=seqlens,
+                                                   k_descale=descale, v_descale=descale, return_softmax_lse=True,
+                                                   backend="cpu_reference")
+    k_dev, v_dev = k_wide.cuda()[..., :d], v_wide.cuda()[..., :d]
+    assert k_dev.stride(1) == hkv * width
+    out, lse, *_ = fa3.flash_attn_with_kvcache(q.cuda(), k_dev, v_dev, cache_seqlens=seqlens.cuda(),
+                                               k_descale=descale.cuda(), v_descale=descale.cuda(),
+                                               return_softmax_lse=True)
+    torch.testing.assert_close(out.cpu().float(), ref.float(), atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(lse.cpu(), ref_lse, atol=1e-4, rtol=1e-5)
 
 
 @pytest.mark.parametrize("backend", FP8_KV_BACKENDS)

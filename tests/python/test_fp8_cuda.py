@@ -275,7 +275,7 @@ def test_fp8_backward_is_the_16_bit_backward_of_the_e4m3_values():
     got = flashattn.fp8_attention_backward(do8, q8, k8, v8, out, lse, causal=True, deterministic=True)
     ints, floats = flashattn._ops.op_options(softmax_scale=64 ** -0.5, causal=True, deterministic=True)
     want = torch.ops.flashattn.attention_backward(do8.bfloat16(), q8.bfloat16(), k8.bfloat16(), v8.bfloat16(), out,
-                                                  lse, None, None, None, ints, floats, "cuda_sm90")
+                                                  lse, None, None, None, None, ints, floats, "cuda_sm90")
     for name, x, y in zip(("dq", "dk", "dv"), got, want):
         assert torch.equal(x, y), name
 

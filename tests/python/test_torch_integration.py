@@ -14,15 +14,15 @@ OPS = torch.ops.flashattn
 
 
 def fwd_args(q, k, v, cu_q=None, cu_k=None, max_q=0, max_k=0, scale=0.3, causal=False, wl=-1, wr=-1, softcap=0.0,
-             deterministic=False, backend="cpu_reference", num_threads=0, alibi=None):
-    ints, floats = op_options(max_q, max_k, scale, causal, wl, wr, softcap, deterministic, num_threads)
-    return (q, k, v, cu_q, cu_k, alibi, ints, floats, backend)
+             deterministic=False, backend="cpu_reference", num_threads=0, alibi=None, dropout_p=0.0, rng=None):
+    ints, floats = op_options(max_q, max_k, scale, causal, wl, wr, softcap, deterministic, num_threads, dropout_p)
+    return (q, k, v, cu_q, cu_k, alibi, rng, ints, floats, backend)
 
 
 def bwd_args(dout, out, lse, fwd):
     """attention_backward's arguments for a forward called with `fwd` (fwd_args) that returned out, lse."""
-    q, k, v, cu_q, cu_k, alibi, ints, floats, backend = fwd
-    return (dout, q, k, v, out, lse, cu_q, cu_k, alibi, ints, floats, backend)
+    q, k, v, cu_q, cu_k, alibi, rng, ints, floats, backend = fwd
+    return (dout, q, k, v, out, lse, cu_q, cu_k, alibi, rng, ints, floats, backend)
 
 
 # ---- gradcheck -----------------------------------------------------------------------------------------------------
@@ -86,10 +86,13 @@ def opcheck_cases(device="cpu", dtype=torch.float32, head_dim=8, backend="cpu_re
         fwd_args(t(2, 5, 4, d, grad=False), t(2, 7, 2, d, grad=False), t(2, 7, 2, d, grad=False), backend=backend),
         fwd_args(t(2, 5, 4, d), t(2, 7, 2, d), t(2, 7, 2, d), causal=True, backend=backend,
                  alibi=torch.rand(2, 4, device=device) * 0.5),
+        # Dropout keyed by a generator-state tensor (the CUDA-graph-safe form).
+        fwd_args(t(2, 5, 4, d), t(2, 7, 2, d), t(2, 7, 2, d), backend=backend, dropout_p=0.3,
+                 rng=torch.tensor([12345, 8], dtype=torch.int64, device=device)),
     ]
 
 
-@pytest.mark.parametrize("case", range(5))
+@pytest.mark.parametrize("case", range(6))
 def test_opcheck_forward(case):
     args = opcheck_cases()[case]
     torch.library.opcheck(OPS.attention_forward.default, args)

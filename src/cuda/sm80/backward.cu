@@ -52,8 +52,9 @@ BwdKernelArgs sm80_backward_args(const BwdParams& p) {
   a.softcap_log2 = p.softcap * kLog2e;
   a.causal = p.causal;
   a.window_left = p.window_left, a.window_right = p.window_right;
+  a.attention_chunk = p.attention_chunk;
   a.alibi_slopes = p.alibi_slopes, a.alibi_batch_stride = p.alibi_slopes_batch_stride;
-  a.dropout_p = p.dropout_p, a.dropout_seed = p.dropout_seed, a.dropout_offset = p.dropout_offset;
+  a.dropout_p = p.dropout_p, a.dropout_rng = DropoutRng::of(p);
   a.rows_q = rows_q;
   a.ws_head_stride = rows_q;
   a.ws_seq_align = 1;

@@ -45,10 +45,11 @@ struct BwdKernelArgs {
   float softcap_log2;  // softcap * log2(e)
   bool causal;
   int64_t window_left, window_right;
+  int64_t attention_chunk;  // 0: none; taken by the kExtras kernels only (FwdParams::has_extras)
   const float* alibi_slopes;  // null: no ALiBi (common/alibi.h)
   int64_t alibi_batch_stride;
   float dropout_p;  // 0: no dropout (common/dropout.h)
-  uint64_t dropout_seed, dropout_offset;
+  DropoutRng dropout_rng;
 
   // Workspace: D = rowsum(dO o O) and lse_log2, [heads_q][ws_head_stride] each, and the fp32 dQ accumulator
   // [heads_q][ws_head_stride][dq_accum_ld] (rows_q of each head's ws_head_stride rows are used).
@@ -105,8 +106,10 @@ __device__ __forceinline__ SeqExtent seq_extent(const BwdKernelArgs& a, int b) {
   return e;
 }
 
-__device__ __forceinline__ WindowMaskSpec seq_mask(const BwdKernelArgs& a, const SeqExtent& e) {
-  return WindowMaskSpec::make(e.len_q, e.len_k, a.causal, a.window_left, a.window_right);
+// The sequence's mask, with the chunk in the kernels that take one (kChunks).
+template <bool kChunks>
+__device__ __forceinline__ BasicMaskSpec<int64_t, kChunks> seq_mask(const BwdKernelArgs& a, const SeqExtent& e) {
+  return make_mask<int64_t, kChunks>(e.len_q, e.len_k, a.causal, a.window_left, a.window_right, a.attention_chunk);
 }
 
 // ALiBi of one (sequence, query head) as the kernels apply it: the slope in log2 units (0: none) and s_k - s_q.
@@ -120,7 +123,7 @@ struct BwdDropout {
   float keep_scale;
 };
 __device__ __forceinline__ BwdDropout seq_dropout(const BwdKernelArgs& a, int b, int h) {
-  return {DropoutSpec::make(a.dropout_p, a.dropout_seed, a.dropout_offset, b, h), 1.f / (1.f - a.dropout_p)};
+  return {DropoutSpec::make(a.dropout_p, a.dropout_rng, b, h), 1.f / (1.f - a.dropout_p)};
 }
 
 __device__ __forceinline__ BwdAlibi seq_alibi(const BwdKernelArgs& a, const SeqExtent& e, int b, int h) {

@@ -78,7 +78,8 @@ template <typename C, typename T, bool kStoreP, bool kSoftcap, bool kMask, bool 
 __device__ __forceinline__ void scores_to_grads_impl(const T* sq, const T* sdo, const T* sk, const T* sv,
                                                      const float (&lse_l2)[C::kSdPWarpM / 16][2],
                                                      const float (&dsum)[C::kSdPWarpM / 16][2],
-                                                     const BwdKernelArgs& a, const WindowMaskSpec& mask,
+                                                     const BwdKernelArgs& a,
+                                                     const BasicMaskSpec<int64_t, kExtras>& mask,
                                                      const BwdAlibi& alibi, const BwdDropout& drop, int m0, int n0,
                                                      int row0, int col0, T* sP, T* sdS, int lane) {
   constexpr int MI = C::kSdPWarpM / 16, NI = C::kSdPWarpN / 8;
@@ -177,12 +178,14 @@ __device__ __forceinline__ void scores_to_grads_impl(const T* sq, const T* sdo, 
   }
 }
 
-// kExtras: ALiBi and dropout compiled in (in the masked variant, which then runs on every tile).
+// kExtras: ALiBi, dropout and chunks compiled in (ALiBi and dropout in the masked variant, which then runs on every
+// tile).
 template <typename C, typename T, bool kStoreP, bool kExtras>
 __device__ __forceinline__ void scores_to_grads(const T* sq, const T* sdo, const T* sk, const T* sv,
                                                 const float (&lse_l2)[C::kSdPWarpM / 16][2],
                                                 const float (&dsum)[C::kSdPWarpM / 16][2], const BwdKernelArgs& a,
-                                                const WindowMaskSpec& mask, const BwdAlibi& alibi, const BwdDropout& drop,
+                                                const BasicMaskSpec<int64_t, kExtras>& mask, const BwdAlibi& alibi,
+                                                const BwdDropout& drop,
                                                 bool need_mask, int m0, int n0, int row0, int col0, T* sP, T* sdS,
                                                 int lane) {
   // The masked variant also adds ALiBi's bias and applies dropout.
@@ -366,7 +369,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dkdv_kernel(const BwdKerne
   const int n0 = n_block * kN;
   if (n0 >= seq.len_k) return;
   const int n_valid = min(kN, seq.len_k - n0);
-  const WindowMaskSpec mask = seq_mask(a, seq);
+  const auto mask = seq_mask<kExtras>(a, seq);
   int64_t q_lo, q_hi;
   mask.query_range_for_keys(n0, n0 + n_valid, &q_lo, &q_hi);
   const int m_first = int(q_lo / kM);
@@ -570,7 +573,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_dq_kernel(const BwdKernelA
   const int m0 = m_block * kM;
   if (m0 >= seq.len_q) return;
   const int m_valid = min(kM, seq.len_q - m0);
-  const WindowMaskSpec mask = seq_mask(a, seq);
+  const auto mask = seq_mask<kExtras>(a, seq);
   const BwdAlibi alibi = seq_alibi(a, seq, b, h);
   const BwdDropout drop = seq_dropout(a, b, h);
   int64_t k_lo, k_hi;

@@ -93,8 +93,9 @@ Status sm80_backward_launch(BwdKernelArgs a, const BwdParams& p, cudaStream_t st
   a.dq_accum = accum_elems ? a.lse_log2 + row_padded : nullptr;
   a.dq_accum_ld = kD;
 
-  // ALiBi and dropout run in kernels of their own (kExtras), so that the plain kernels' registers stay as they were.
-  const bool extras = p.alibi_slopes != nullptr || p.dropout_p > 0;
+  // ALiBi, dropout and chunks run in kernels of their own (kExtras), so that the plain kernels' registers stay as
+  // they were.
+  const bool extras = p.has_extras();
   Status st = [&]() -> Status {
     if (accum_elems) FA_CUDA_TRY(cudaMemsetAsync(a.dq_accum, 0, accum_elems * sizeof(float), stream));
     Status pre = sm80_backward_preprocess(a, p.dtype, stream);

@@ -51,6 +51,10 @@ Status cuda_decode_supports(const FwdParams& p) {
   if (p.seqlen_k > INT_MAX - 1024 || p.seqlen_q * (p.heads_q / p.heads_kv) > INT_MAX - 1024) {
     return Status::unsupported("cuda decode: caches or packed query rows beyond 2^31 - 1024 rows");
   }
+  // The kernel's mask is 32-bit (MaskSpec32): a row's diagonal and narrowed edges stay below 2^31.
+  if (p.seqlen_q + p.seqlen_k > INT_MAX - 1024) {
+    return Status::unsupported("cuda decode: seqlen_q + the cache's rows beyond 2^31 - 1024 (32-bit mask arithmetic)");
+  }
   if (p.is_paged() && p.page_size > INT_MAX) return Status::unsupported("cuda decode: pages above 2^31 rows");
   if (p.num_splits > cuda::sm80::kMaxDecodeSplits) {
     return Status::unsupported("num_splits: at most " + std::to_string(cuda::sm80::kMaxDecodeSplits));

@@ -42,10 +42,9 @@ constexpr DecodeTile decode_tile(int bucket, int block_m) {
   return DecodeTile{block_m, 64, 4, bucket == 64 ? 4 : bucket == 128 ? 3 : 2, 1};
 }
 
-// float8_e4m3fn caches (decode_kernel.cuh kFp8): K / V tiles arrive as bytes in staging buffers (half a 16-bit
-// tile each) and are widened into one 16-bit K and V tile per step; 2 x stages - 2 staging buffers keep the 16-bit
-// plan's shared memory (d 64: 6, d 128: 4, d 256: 2 in flight).
-constexpr int decode_fp8_stages(int bucket, int block_m) { return 2 * decode_tile(bucket, block_m).stages - 2; }
+// float8_e4m3fn caches (decode_kernel.cuh kFp8): K / V tiles stay e4m3 in shared memory, half a 16-bit tile each, so
+// the 16-bit plan's shared memory holds twice the stages (d 64: 8, d 128: 6, d 256: 4).
+constexpr int decode_fp8_stages(int bucket, int block_m) { return 2 * decode_tile(bucket, block_m).stages; }
 
 // Dynamic shared memory: Q tile + stages x (K + V), 2-byte elements; the warps' merge reuses the K/V buffers, and
 // behind it the block's partial (O and LSE in fp32) waits for the other splits of its cluster (cluster combine).

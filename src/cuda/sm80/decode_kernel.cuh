@@ -20,14 +20,17 @@
 // as zeros): strided rows for a dense cache, rows looked up in the block table one tile ahead for a paged one
 // (PagedTileRows).
 //
-// float8_e4m3fn caches (kFp8: Q, K and V e4m3, T the output's 16-bit type): K / V tiles arrive by cp.async as
-// bytes in staging buffers and each thread widens (exactly) the chunks it copied into one 16-bit K and V tile per
-// step (Q once, on its way in); the scores are scaled by q_descale · k_descale and the output by v_descale (per
-// batch entry and KV head), so the rest of the kernel is the 16-bit one.
+// float8_e4m3fn caches (kFp8: Q, K and V e4m3, T the output's 16-bit type): K / V tiles arrive by cp.async (16-byte
+// chunks) and stay e4m3 in shared memory (tile_io.cuh e4m3_offset), twice as many in flight as 16-bit ones; each
+// lane widens the bytes of its own mma fragments exactly (warp_gemm.cuh warp_gemm_qk_e4m3 / warp_gemm_pv_e4m3),
+// Q once on its way in. The products run in float16 whatever T is (one conversion per pair, where bfloat16 would
+// take three), with O's columns in the float8 V reads' order until the warps' merge puts them back. The scores are
+// scaled by q_descale · k_descale and the output by v_descale (per batch entry and KV head).
 //
 // Preconditions (checked by the launcher, decode.cu): fp16 or bf16 (or e4m3 with an fp16 / bf16 output); head dims
 // <= D; 2-byte aligned pointers (16-bit inputs);
-// `vec` flags only for 16-byte aligned tensors with strides and head dims that are multiples of 8 elements;
+// `vec` flags only for 16-byte aligned tensors with strides and head dims that are multiples of 8 elements (float8
+// K / V: strides that are multiples of 16);
 // capacity and packed rows below 2^31 - block_n.
 #pragma once
 
@@ -71,6 +74,7 @@ struct DecodeKernelArgs {
   bool cluster_combine;
   bool causal;
   int64_t window_left, window_right;
+  int64_t attention_chunk;  // 0: none
   float scale_log2, unit_scale, softcap_pre;  // as in ForwardKernelArgs
   const float* alibi_slopes;
   int64_t alibi_batch_stride;
@@ -103,13 +107,6 @@ __device__ __forceinline__ void copy_chunk(T* dst, const T* src, const T* fallba
   *reinterpret_cast<uint4*>(dst) = gather_chunk((in ? src : fallback) + col, col, cols_valid, in);
 }
 
-// The same from a float8_e4m3fn row, converted to T (tile_io.cuh e4m3_chunk).
-template <typename T>
-__device__ __forceinline__ void copy_chunk(T* dst, const uint8_t* src, const uint8_t* /*fallback*/, int col,
-                                           int cols_valid, bool vec) {
-  *reinterpret_cast<uint4*>(dst) = e4m3_chunk<T>(src, col, cols_valid, col < cols_valid && src != nullptr, vec);
-}
-
 // Copies kRows rows x kD columns into the swizzled tile `s`; row r comes from row_ptr(r) (null: zeros).
 // kThreads threads (thread t = threadIdx.x % kThreads) copy rows first_row .. first_row + kRows - 1.
 template <int kRows, int kD, int kThreads, typename T, typename S, typename RowPtr>
@@ -128,20 +125,22 @@ __device__ __forceinline__ void gather_tile(T* s, RowPtr row_ptr, const S* fallb
   }
 }
 
-// This thread's rows of a paged K/V tile, one per copy pass: the page holding each (-1: none), read from the
-// block table one tile ahead of the copies that use it (fetch, then copy the next time), so that the table's
-// latency hides behind a tile of math instead of stalling the copies. Only the pages are kept between the two
-// (the rows within them are recomputed): at d 256 a thread has 16 passes, and the registers are scarce there.
-template <int kRows, int kD, int kThreads>
+// This thread's rows of a paged K/V tile, one per copy pass (its chunks of kChunk columns, as load_tile assigns
+// them): the page holding each (-1: none), read from the block table one tile ahead of the copies that use it
+// (fetch, then copy the next time), so that the table's latency hides behind a tile of math instead of stalling
+// the copies. Only the pages are kept between the two (the rows within them are recomputed): at d 256 a thread
+// has 16 passes, and the registers are scarce there.
+template <int kRows, int kD, int kThreads, int kChunk>
 struct PagedTileRows {
-  static constexpr int kRowsPerPass = kThreads / (kD / 8);
+  static constexpr int kChunksPerRow = kD / kChunk;
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
   static constexpr int kPasses = kRows / kRowsPerPass;
-  static_assert(kThreads % (kD / 8) == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
+  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
   int page[kPasses];
 
   // Cache row of pass i's row: the sequence's key n0 + row0 + i * kRowsPerPass, past its first row key_begin.
   __device__ __forceinline__ static int cache_row(int key_begin, int n0, int i) {
-    return key_begin + n0 + int(threadIdx.x) / (kD / 8) + i * kRowsPerPass;
+    return key_begin + n0 + int(threadIdx.x) / kChunksPerRow + i * kRowsPerPass;
   }
 
   // kMode != divide: page_size is 1 << page_shift. table_row null: no rows.
@@ -158,15 +157,15 @@ struct PagedTileRows {
     }
   }
 
-  // Copies the fetched rows of tile n0 into the swizzled K and V tiles (float8: into the staging tiles, tile_io.cuh);
-  // rows of no page, or of a page out of range, read as zeros.
+  // Copies the fetched rows of tile n0 into the swizzled K and V tiles (float8: the e4m3 tiles, tile_io.cuh); rows
+  // of no page, or of a page out of range, read as zeros.
   template <PagedLoad kMode, typename D, typename S>
   __device__ __forceinline__ void copy(D* sk, D* sv, const S* k_base, const S* v_base, int64_t k_page_stride,
                                        int64_t k_row_stride, int64_t v_page_stride, int64_t v_row_stride,
                                        int64_t num_pages, int key_begin, int n0, int page_size, int page_shift,
                                        int k_cols, int v_cols, bool k_vec, bool v_vec) const {
-    const int row0 = int(threadIdx.x) / (kD / 8);
-    const int col = (int(threadIdx.x) % (kD / 8)) * 8;
+    const int row0 = int(threadIdx.x) / kChunksPerRow;
+    const int col = (int(threadIdx.x) % kChunksPerRow) * kChunk;
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       const int row = cache_row(key_begin, n0, i);
@@ -185,8 +184,8 @@ struct PagedTileRows {
       }
       const int tile_row = row0 + i * kRowsPerPass;
       if constexpr (std::is_same_v<S, uint8_t>) {
-        copy_e4m3_chunk(sk + tile_row * kD + col, k_src, k_base, col, k_cols, k_vec);
-        copy_e4m3_chunk(sv + tile_row * kD + col, v_src, v_base, col, v_cols, v_vec);
+        copy_e4m3_chunk(sk + e4m3_offset<kD>(tile_row, col), k_src, k_base, col, k_cols, k_vec);
+        copy_e4m3_chunk(sv + e4m3_offset<kD>(tile_row, col), v_src, v_base, col, v_cols, v_vec);
       } else {
         copy_chunk(sk + swizzle<kD>(tile_row, col), k_src, k_base, col, k_cols, k_vec);
         copy_chunk(sv + swizzle<kD>(tile_row, col), v_src, v_base, col, v_cols, v_vec);
@@ -198,31 +197,31 @@ struct PagedTileRows {
 template <typename T, int kD, int kRowsPlan, bool kFp8>
 struct DecodeKernel {
   using In = std::conditional_t<kFp8, uint8_t, T>;  // the element type of Q, K and V in global memory
+  // The element type of the Q tile and the tensor-core products: float8 widens to float16 exactly in one conversion
+  // per pair (to bfloat16 it would take three, through fp32), and P in float16 keeps more bits.
+  using Mma = std::conditional_t<kFp8, __half, T>;
   static constexpr DecodeTile kTile = decode_tile(kD, kRowsPlan);
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kWarps = kTile.warps;
   static constexpr int kKeyWarps = kTile.key_warps();
   static constexpr int kStages = kTile.stages;
-  // Tiles in flight: 16-bit K / V tiles, or float8 staging tiles (then one 16-bit K and V tile, converted per step).
+  // K / V tiles in flight: 16-bit, or e4m3 (half the bytes, so twice as many).
   static constexpr int kLoadStages = kFp8 ? decode_fp8_stages(kD, kRowsPlan) : kStages;
-  static constexpr int kTileStages = kFp8 ? 1 : kStages;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpKeys = kBlockN / kKeyWarps;
   static constexpr int kNTiles = kWarpKeys / 8;  // n-tiles of the warp's S
   static constexpr int kDTiles = kD / 8;
   static constexpr int kSmemBytes = decode_smem_bytes(kD, kRowsPlan);
-  static_assert(!kFp8 || (kBlockM + 2 * kBlockN) * kD * 2 + 2 * kLoadStages * kBlockN * kD <= kSmemBytes,
-                "the float8 staging fits the 16-bit plan's shared memory");
+  static_assert(!kFp8 || kBlockM * kD * 2 + 2 * kLoadStages * kBlockN * kD <= kSmemBytes,
+                "the e4m3 tiles fit the 16-bit plan's shared memory");
   static_assert(kBlockM % 16 == 0 && kTile.row_warps() * kKeyWarps == kWarps, "one m16 tile of rows per warp");
   static_assert(kWarpKeys % 16 == 0, "whole k16 steps of P per warp");
 
   __device__ static void run(const DecodeKernelArgs& a, unsigned char* smem) {
-    T* sQ = reinterpret_cast<T*>(smem);
-    T* sK = sQ + kBlockM * kD;
-    T* sV = sK + kTileStages * kBlockN * kD;
-    uint8_t* sK8 = reinterpret_cast<uint8_t*>(sV + kTileStages * kBlockN * kD);  // float8 staging (kFp8 only)
-    uint8_t* sV8 = sK8 + kLoadStages * kBlockN * kD;
+    Mma* sQ = reinterpret_cast<Mma*>(smem);
+    In* sK = reinterpret_cast<In*>(sQ + kBlockM * kD);  // kLoadStages K tiles, then as many V tiles
+    In* sV = sK + kLoadStages * kBlockN * kD;
     const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
     const int row_warp = warp / kKeyWarps, key_warp = warp % kKeyWarps;  // the warp's 16 rows, its keys
     const int split = int(blockIdx.x), m_block = int(blockIdx.y);
@@ -245,10 +244,15 @@ struct DecodeKernel {
     a.cache.rows(b, &key_begin, &key_end);
     const int len_k = int(key_end - key_begin);
 
-    // Keys the block's query rows see, split into equal runs of whole tiles.
-    const WindowMaskSpec mask = WindowMaskSpec::make(len_q, len_k, a.causal, a.window_left, a.window_right);
+    // Keys the block's query rows see, split into equal runs of whole tiles. The mask in 32 bits, edges and chunk
+    // narrowed to the lengths (cuda_decode_supports bounds s_q + s_k): half the registers of a 64-bit one, and a
+    // chunk's remainder in 32 bits.
+    const MaskSpec32 mask =
+        MaskSpec32::make(len_q, len_k, a.causal, int(MaskSpec::narrowest_left(a.window_left, len_k)),
+                         int(MaskSpec::narrowest_right(a.window_right, len_q)),
+                         int(MaskSpec::narrowest_chunk(a.attention_chunk, len_k)));
     const int i_first = r0 / a.head_group, i_last = (r0 + rows - 1) / a.head_group;
-    int64_t key_lo, key_hi;
+    int key_lo, key_hi;
     mask.key_range_for_rows(i_first, i_last + 1, &key_lo, &key_hi);
     const int n_block_min = int(key_lo / kBlockN);
     const int n_block_end = key_hi > key_lo ? int((key_hi + kBlockN - 1) / kBlockN) : n_block_min;
@@ -280,7 +284,7 @@ struct DecodeKernel {
     const int page_size = int(a.cache.page_size);
     const int page_shift = paged && (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
     const int32_t* table_row = paged && entry >= 0 ? a.cache.block_table + entry * a.cache.block_table_stride : nullptr;
-    PagedTileRows<kBlockN, kD, kThreads> paged_rows;
+    PagedTileRows<kBlockN, kD, kThreads, kFp8 ? kE4m3Chunk : 8> paged_rows;
     // One copy of the paged loads per PagedLoad mode, chosen outside the unrolled passes: a runtime choice
     // inside them would compute the division (and both offsets) for every row whatever the mode.
     auto paged_step = [&](auto mode, int it) {
@@ -288,16 +292,9 @@ struct DecodeKernel {
       const int n0 = (split_begin + it) * kBlockN;
       if (it >= 0) {
         const int offset = (it % kLoadStages) * kBlockN * kD;
-        auto copy_into = [&](auto* sk, auto* sv) {
-          paged_rows.template copy<kMode>(sk + offset, sv + offset, k_base, v_base, a.k_batch_stride, a.k_row_stride,
-                                          a.v_batch_stride, a.v_row_stride, a.cache.num_pages, int(key_begin), n0,
-                                          page_size, page_shift, a.head_dim, a.head_dim_v, a.k_vec, a.v_vec);
-        };
-        if constexpr (kFp8) {
-          copy_into(sK8, sV8);
-        } else {
-          copy_into(sK, sV);
-        }
+        paged_rows.template copy<kMode>(sK + offset, sV + offset, k_base, v_base, a.k_batch_stride, a.k_row_stride,
+                                        a.v_batch_stride, a.v_row_stride, a.cache.num_pages, int(key_begin), n0,
+                                        page_size, page_shift, a.head_dim, a.head_dim_v, a.k_vec, a.v_vec);
       }
       if (it + 1 < n_iters) {
         paged_rows.template fetch<kMode>(table_row, int(key_begin), n0 + kBlockN, len_k, page_size, page_shift);
@@ -324,9 +321,9 @@ struct DecodeKernel {
           const In* k_tile = k_base + entry * a.k_batch_stride + row * a.k_row_stride;
           const In* v_tile = v_base + entry * a.v_batch_stride + row * a.v_row_stride;
           if constexpr (kFp8) {
-            load_e4m3_tile<kBlockN, kD, kThreads>(sK8 + offset, k_tile, a.k_row_stride, len_k - n0, a.head_dim,
+            load_e4m3_tile<kBlockN, kD, kThreads>(sK + offset, k_tile, a.k_row_stride, len_k - n0, a.head_dim,
                                                   a.k_vec);
-            load_e4m3_tile<kBlockN, kD, kThreads>(sV8 + offset, v_tile, a.v_row_stride, len_k - n0, a.head_dim_v,
+            load_e4m3_tile<kBlockN, kD, kThreads>(sV + offset, v_tile, a.v_row_stride, len_k - n0, a.head_dim_v,
                                                   a.v_vec);
           } else {
             load_tile<kBlockN, kD, kThreads>(sK + offset, k_tile, a.k_row_stride, len_k - n0, a.head_dim, a.k_vec);
@@ -363,21 +360,17 @@ struct DecodeKernel {
       }
     }
 
-    gather_tile<kBlockM, kD, kThreads>(sQ, q_row, static_cast<const In*>(a.q), a.head_dim, a.q_vec);
+    if constexpr (kFp8) {
+      load_e4m3_q<kBlockM, kD, kThreads>(sQ, q_row, a.head_dim, a.q_vec);  // read by all after the first barrier
+    } else {
+      gather_tile<kBlockM, kD, kThreads>(sQ, q_row, static_cast<const In*>(a.q), a.head_dim, a.q_vec);
+    }
     for (int s = 0; s < kLoadStages - 1; ++s) load_kv(s);  // the first group also carries Q
     for (int it = 0; it < n_iters; ++it) {
       cp_async_wait<kLoadStages - 2>();
       __syncthreads();  // tile it visible to all; every warp is done with the buffer refilled next
-      if constexpr (kFp8) {
-        // Each thread widens the staging chunks it copied itself (visible to it after its wait) into the 16-bit
-        // tiles, which every warp finished reading at the barrier above.
-        const int offset = (it % kLoadStages) * kBlockN * kD;
-        convert_e4m3_tile<kBlockN, kD, kThreads>(sK, sK8 + offset);
-        convert_e4m3_tile<kBlockN, kD, kThreads>(sV, sV8 + offset);
-      }
       load_kv(it + kLoadStages - 1);
-      if constexpr (kFp8) __syncthreads();  // the converted tiles visible to all
-      const int stage = it % kTileStages;
+      const int stage = it % kLoadStages;
       const int key0 = (split_begin + it) * kBlockN + key_warp * kWarpKeys;
 
       float s[1][kNTiles][4];
@@ -385,13 +378,16 @@ struct DecodeKernel {
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[0][nt][e] = 0.f;
-      warp_gemm_qk<T, kD, 1, kNTiles>(s, sQ + row_warp * 16 * kD, sK + stage * kBlockN * kD + key_warp * kWarpKeys * kD,
-                                      lane);
       if constexpr (kFp8) {
+        warp_gemm_qk_e4m3<kD, 1, kNTiles>(s, sQ + row_warp * 16 * kD, sK + stage * kBlockN * kD, key_warp * kWarpKeys,
+                                          lane);
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[0][nt][e] *= qk_descale;
+      } else {
+        warp_gemm_qk<T, kD, 1, kNTiles>(s, sQ + row_warp * 16 * kD,
+                                        sK + stage * kBlockN * kD + key_warp * kWarpKeys * kD, lane);
       }
       if (a.softcap_pre != 0.f) apply_softcap(s, a.softcap_pre);
       if (alibi) {
@@ -403,13 +399,13 @@ struct DecodeKernel {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int i = min(warp_r0 + g + 8 * half, packed_rows - 1) / a.head_group;
-          int64_t lo, hi;
+          int lo, hi;
           mask.key_range(i, &lo, &hi);
 #pragma unroll
           for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const int64_t j = key0 + nt * 8 + 2 * q + e;
+              const int j = key0 + nt * 8 + 2 * q + e;
               if (j < lo || j >= hi) s[0][nt][2 * half + e] = -INFINITY;
             }
           }
@@ -418,7 +414,11 @@ struct DecodeKernel {
       float factor[1][2];
       softmax.update(s, a.scale_log2, factor);
       OnlineSoftmax<1>::rescale(acc_o, factor);
-      warp_gemm_pv<T, kD, 1, kNTiles>(acc_o, s, sV + stage * kBlockN * kD + key_warp * kWarpKeys * kD, lane);
+      if constexpr (kFp8) {
+        warp_gemm_pv_e4m3<kD, 1, kNTiles>(acc_o, s, sV + stage * kBlockN * kD, key_warp * kWarpKeys, lane);
+      } else {
+        warp_gemm_pv<T, kD, 1, kNTiles>(acc_o, s, sV + stage * kBlockN * kD + key_warp * kWarpKeys * kD, lane);
+      }
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the K/V buffers: the merge reuses them
@@ -436,11 +436,13 @@ struct DecodeKernel {
         sMax[key_warp * kBlockM + row] = softmax.row_max[0][half];
         sSum[key_warp * kBlockM + row] = sum;
       }
+      float* dst = sMerge + (key_warp * kBlockM + row) * kD;
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
-        float* dst = sMerge + (key_warp * kBlockM + row) * kD + dt * 8 + 2 * q;
-        dst[0] = acc_o[0][dt][2 * half];
-        dst[1] = acc_o[0][dt][2 * half + 1];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {  // float8: O's columns back from warp_gemm_pv_e4m3's order
+          dst[kFp8 ? e4m3_o_column(dt, 2 * q + e) : dt * 8 + 2 * q + e] = acc_o[0][dt][2 * half + e];
+        }
       }
     }
     __syncthreads();
@@ -495,19 +497,30 @@ struct DecodeKernel {
     for (int idx = rank * kThreads + int(threadIdx.x); idx < rows * kD; idx += splits * kThreads) {
       const int row = idx / kD, c = idx % kD;
       if (c >= a.head_dim_v) continue;
+      // Every split's LSE and O value first, all loads in flight together (one distributed-shared-memory round
+      // trip instead of one per split and pass); each CTA wrote both for every (row, c) it combines here.
+      float split_lse[kMaxClusterSplits], split_o[kMaxClusterSplits];
+#pragma unroll
+      for (int s = 0; s < kMaxClusterSplits; ++s) {
+        const bool in = s < splits;
+        split_lse[s] = in ? ld_shared_cluster_f32(cluster_shared_address(sPartialLse + row, s)) : -INFINITY;
+        split_o[s] = in ? ld_shared_cluster_f32(cluster_shared_address(sPartialO + row * kD + c, s)) : 0.f;
+      }
       float m = -INFINITY;
-      auto split_lse = [&](int s) { return ld_shared_cluster_f32(cluster_shared_address(sPartialLse + row, s)); };
-      for (int s = 0; s < splits; ++s) m = fmaxf(m, split_lse(s));
+#pragma unroll
+      for (int s = 0; s < kMaxClusterSplits; ++s) m = fmaxf(m, split_lse[s]);
       float sum = 0.f;
       if (m != -INFINITY) {
-        for (int s = 0; s < splits; ++s) sum += expf(split_lse(s) - m);
+#pragma unroll
+        for (int s = 0; s < kMaxClusterSplits; ++s) sum += expf(split_lse[s] - m);
       }
       const float lse = sum > 0.f ? m + logf(sum) : -INFINITY;
       float o = 0.f;
       if (sum > 0.f) {
-        for (int s = 0; s < splits; ++s) {
-          const float w = expf(split_lse(s) - lse);
-          if (w > 0.f) o += w * ld_shared_cluster_f32(cluster_shared_address(sPartialO + row * kD + c, s));
+#pragma unroll
+        for (int s = 0; s < kMaxClusterSplits; ++s) {
+          const float w = expf(split_lse[s] - lse);
+          if (w > 0.f) o += w * split_o[s];
         }
       }
       const int pr = r0 + row, i = pr / a.head_group, h = hk * a.head_group + pr % a.head_group;

@@ -71,6 +71,11 @@ Status launch_decode_plan(const FwdParams& p) {
   auto small = [](int64_t x) { return x >= 0 && x <= INT32_MAX; };
   a.paged_shared32 = p.is_paged() && p.k_batch_stride == p.v_batch_stride && p.k_row_stride == p.v_row_stride &&
                      small(p.k_batch_stride) && small(p.k_row_stride) && small(p.page_size * p.k_row_stride);
+  if constexpr (kFp8) {  // float8 K / V tiles arrive in 16-byte copies (tile_io.cuh copy_e4m3_chunk)
+    auto rows16 = [](int64_t batch, int64_t row, int64_t head) { return (batch | row | head) % 16 == 0; };
+    a.k_vec = a.k_vec && rows16(p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+    a.v_vec = a.v_vec && rows16(p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  }
   a.q_descale = p.q_descale, a.k_descale = p.k_descale, a.v_descale = p.v_descale;
   for (int i = 0; i < 2; ++i) {
     a.q_descale_strides[i] = p.q_descale_strides[i];

@@ -29,6 +29,7 @@
 #include <cstdint>
 
 #include "common/alibi.h"
+#include "common/dropout.h"
 #include "common/mask.h"
 #include "cuda/primitives.cuh"
 #include "cuda/sm80/forward_config.h"
@@ -59,17 +60,18 @@ struct ForwardKernelArgs {
   int num_m_blocks;
   bool causal;
   int64_t window_left, window_right;
+  int64_t attention_chunk;  // 0: none; taken by the kExtras kernels only (FwdParams::has_extras)
   float scale_log2;    // unit_scale · log2(e)
   float unit_scale;    // natural score per score unit: softmax_scale, or softcap
   float softcap_pre;   // softmax_scale / softcap; 0 = no softcap
   const float* alibi_slopes;  // null: no ALiBi; else slope of (b, h) at b * alibi_batch_stride + h
   int64_t alibi_batch_stride;
   float dropout_p;  // 0: no dropout (common/dropout.h)
-  uint64_t dropout_seed, dropout_offset;
+  DropoutRng dropout_rng;
   bool q_vec, k_vec, v_vec, o_vec;  // 16-byte cp.async / stores allowed (tile_io.cuh)
 };
 
-// kExtras: ALiBi and dropout compiled in.
+// kExtras: ALiBi, dropout and chunked attention compiled in.
 template <typename T, int kD, bool kCompact, bool kExtras>
 struct ForwardKernel {
   static constexpr ForwardTile kTile = forward_tile(kD, kCompact);
@@ -107,10 +109,11 @@ struct ForwardKernel {
     if (m0 >= len_q) return;
     const int rows = min(kBlockM, len_q - m0);
 
-    const WindowMaskSpec mask = WindowMaskSpec::make(len_q, len_k, a.causal, a.window_left, a.window_right);
+    const auto mask = make_mask<int64_t, kExtras>(len_q, len_k, a.causal, a.window_left, a.window_right,
+                                                  a.attention_chunk);
     const Alibi32 alibi = Alibi32::make(a.alibi_slopes, a.alibi_batch_stride, b, h, len_q, len_k);
     const float alibi_slope_u = alibi.slope_in(a.unit_scale);
-    const DropoutSpec dropout = DropoutSpec::make(a.dropout_p, a.dropout_seed, a.dropout_offset, b, h);
+    const DropoutSpec dropout = DropoutSpec::make(a.dropout_p, a.dropout_rng, b, h);
     int64_t key_lo, key_hi;
     mask.key_range_for_rows(m0, m0 + rows, &key_lo, &key_hi);
     const int n_block_min = int(key_lo / kBlockN);

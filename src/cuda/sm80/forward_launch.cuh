@@ -26,8 +26,8 @@ inline bool vector_ok(const void* p, int64_t batch_stride, int64_t row_stride, i
   return aligned16(p) && batch_stride % 8 == 0 && row_stride % 8 == 0 && head_stride % 8 == 0 && dim % 8 == 0;
 }
 
-// Launches one kernel (the bucket's regular or compact tile; with ALiBi or dropout, kExtras) with the arguments
-// filled in.
+// Launches one kernel (the bucket's regular or compact tile; with ALiBi, dropout or chunks, kExtras) with the
+// arguments filled in.
 template <typename T, int kD, bool kCompact, bool kExtras>
 Status launch_forward_kernel(const FwdParams& p, ForwardKernelArgs a) {
   using Kernel = ForwardKernel<T, kD, kCompact, kExtras>;
@@ -47,10 +47,10 @@ Status launch_forward_kernel(const FwdParams& p, ForwardKernelArgs a) {
   return Status::success();
 }
 
-// ALiBi and dropout run in kernels of their own, so that the plain kernels' registers stay as they were.
+// ALiBi, dropout and chunks run in kernels of their own, so that the plain kernels' registers stay as they were.
 template <typename T, int kD, bool kCompact>
 Status launch_forward_tile(const FwdParams& p, const ForwardKernelArgs& a) {
-  return p.alibi_slopes != nullptr || p.dropout_p > 0 ? launch_forward_kernel<T, kD, kCompact, true>(p, a)
+  return p.has_extras() ? launch_forward_kernel<T, kD, kCompact, true>(p, a)
                                                        : launch_forward_kernel<T, kD, kCompact, false>(p, a);
 }
 
@@ -76,6 +76,7 @@ void fill_attention_args(const FwdParams& p, Args* a) {
   a->causal = p.causal;
   a->window_left = p.window_left;
   a->window_right = p.window_right;
+  a->attention_chunk = p.attention_chunk;
   const double unit = p.softcap > 0 ? double(p.softcap) : double(p.softmax_scale);
   a->unit_scale = float(unit);
   a->scale_log2 = float(unit * 1.4426950408889634);  // log2(e)
@@ -94,7 +95,7 @@ Status launch_forward(const FwdParams& p, int smem_limit) {
   ForwardKernelArgs a{};
   fill_attention_args(p, &a);
   a.cu_seqlens_k = p.cu_seqlens_k;
-  a.dropout_p = p.dropout_p, a.dropout_seed = p.dropout_seed, a.dropout_offset = p.dropout_offset;
+  a.dropout_p = p.dropout_p, a.dropout_rng = DropoutRng::of(p);
   a.seqlen_k = int(p.seqlen_k);
 
   detail::DeviceGuard guard(p.device.index);

@@ -14,8 +14,10 @@
 namespace flashattn::cuda::sm80 {
 
 // True when some (row, key) of the tile rows [row_begin, row_end) x keys [key_begin, key_begin + block_n)
-// is hidden: a mask edge crosses it, or it runs past the last key.
-__device__ __forceinline__ bool tile_needs_mask(const WindowMaskSpec& mask, int row_begin, int row_end, int key_begin,
+// is hidden: a mask edge crosses it, or it runs past the last key. Mask: a 64-bit BasicMaskSpec, with or without
+// chunks.
+template <typename Mask>
+__device__ __forceinline__ bool tile_needs_mask(const Mask& mask, int row_begin, int row_end, int key_begin,
                                                 int block_n) {
   return int64_t(key_begin) + block_n > mask.seqlen_k ||
          !mask.tile_fully_visible(row_begin, row_end, key_begin, int64_t(key_begin) + block_n);
@@ -23,8 +25,8 @@ __device__ __forceinline__ bool tile_needs_mask(const WindowMaskSpec& mask, int 
 
 // Sets hidden scores to -inf. `row0` is the sequence row of the warp's first row, `key0` the tile's first key;
 // fragment element (mt, nt, e) sits at row row0 + 16 mt + g + 8 (e / 2), key key0 + 8 nt + 2 q + (e % 2).
-template <int kMTiles, int kNTiles>
-__device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], const WindowMaskSpec& mask, int row0, int key0,
+template <int kMTiles, int kNTiles, typename Mask>
+__device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], const Mask& mask, int row0, int key0,
                                            int lane) {
   const int g = lane >> 2, q = lane & 3;
 #pragma unroll

@@ -44,84 +44,80 @@ __device__ __forceinline__ uint4 gather_chunk(const T* chunk, int col, int cols_
 // The 8 float8_e4m3fn bytes at src + col (a row's chunk), loaded synchronously: one 8-byte load when `vec` (8-byte
 // aligned rows, cols_valid a multiple of 8), else byte by byte; those at or past cols_valid, or all of them when
 // !in, as zeros.
-__device__ __forceinline__ void load_e4m3_bytes(uint8_t (&bytes)[8], const uint8_t* src, int col,
-                                                int cols_valid, bool in, bool vec) {
-  if (in && vec) {
-    *reinterpret_cast<uint2*>(bytes) = *reinterpret_cast<const uint2*>(src + col);
-    return;
-  }
+__device__ __forceinline__ uint2 load_e4m3_bytes(const uint8_t* src, int col, int cols_valid, bool in, bool vec) {
+  if (in && vec) return *reinterpret_cast<const uint2*>(src + col);
+  alignas(8) uint8_t bytes[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) bytes[j] = (in && col + j < cols_valid) ? src[col + j] : uint8_t(0);
+  return *reinterpret_cast<const uint2*>(bytes);
 }
 
-// The same chunk as one 16-byte chunk of T (exact conversion): for tiles loaded once (Q), where cp.async's byte
-// copies would need a staging pass of their own.
-template <typename T>
-__device__ __forceinline__ uint4 e4m3_chunk(const uint8_t* src, int col, int cols_valid, bool in, bool vec) {
-  alignas(8) uint8_t bytes[8];
-  load_e4m3_bytes(bytes, src, col, cols_valid, in, vec);
-  return e4m3x8_to<T>(bytes, 1.f);
+// float8_e4m3fn tiles in shared memory (the decode kernel's FP8 KV cache). K and V stay e4m3 there, kD bytes per
+// row, and the matrix products widen each lane's own fragment bytes (warp_gemm.cuh warp_gemm_qk_e4m3 /
+// warp_gemm_pv_e4m3). The 16-byte chunk c of row r is stored at chunk c ^ phase(r) (e4m3_offset), so that the rows
+// one fragment load touches fall in different banks: 8 consecutive rows (Q Kᵀ reads one word of each), or rows 2q,
+// 2q + 1, 2q + 8, 2q + 9 (P V) of kD >= 128 bytes; at kD = 64 two rows share a 128-byte line and the phase counts
+// lines. Q, loaded once, is widened on its way in
+// (load_e4m3_q), with the column order the Q Kᵀ fragments assume.
+constexpr int kE4m3Chunk = 16;  // float8 elements (bytes) per staging copy
+
+template <int kD>
+__device__ __forceinline__ int e4m3_offset(int row, int byte) {
+  static_assert(kD % 64 == 0, "16-byte chunks in groups that fill 128-byte lines");
+  constexpr int kChunks = kD / kE4m3Chunk;
+  const int phase = kChunks >= 8 ? (row & 7) : ((row >> 1) & (kChunks - 1));
+  return row * kD + ((((byte >> 4) ^ phase)) << 4) + (byte & 15);
 }
 
-// float8_e4m3fn tiles through shared memory: rows arrive as bytes in a plain row-major staging tile (kD bytes per
-// row: each thread reads back only what it copied, so no swizzle is needed), 8 bytes per chunk, then each thread
-// widens its own chunks into the swizzled 16-bit tile (convert_e4m3_tile). Thread t handles column chunk t % (kD / 8)
-// of rows t / (kD / 8) + i * (kThreads / (kD / 8)), as load_tile.
-//
-// One chunk of a staging row from the global row `src` (null: zeros): cp.async of 8 bytes when `vec` (8-byte
-// aligned rows, cols_valid a multiple of 8), else a synchronous byte gather; columns past cols_valid are zeros.
-// `fallback` is any valid global address (a zero-filled cp.async does not read it).
+// One 16-byte chunk of a staging row from the global row `src` (null: zeros): cp.async when `vec` (16-byte aligned
+// rows, cols_valid a multiple of 8: a chunk past it is zero-filled from there), else a synchronous byte gather;
+// columns past cols_valid are zeros. `fallback` is any valid global address (a zero-filled cp.async does not
+// read it).
 __device__ __forceinline__ void copy_e4m3_chunk(uint8_t* dst, const uint8_t* src, const uint8_t* fallback, int col,
                                                 int cols_valid, bool vec) {
   const bool in = col < cols_valid && src != nullptr;
   if (vec) {
-    cp_async_8(dst, in ? src + col : fallback, in);
+    cp_async_16_partial(dst, in ? src + col : fallback, in ? min(kE4m3Chunk, cols_valid - col) : 0);
     return;
   }
-  alignas(8) uint8_t bytes[8];
-  load_e4m3_bytes(bytes, src, col, cols_valid, in, false);
-  *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(bytes);
+  const uint2 lo = load_e4m3_bytes(src, col, cols_valid, in, false);
+  const uint2 hi = load_e4m3_bytes(src, col + 8, cols_valid, in, false);
+  *reinterpret_cast<uint4*>(dst) = make_uint4(lo.x, lo.y, hi.x, hi.y);
 }
 
-// This thread's 8-column chunks of a kRows x kD tile, as load_tile assigns them: column chunk t % (kD / 8) of rows
-// row(i) = t / (kD / 8) + i * kRowsPerPass, i < kPasses.
-template <int kRows, int kD, int kThreads>
-struct ThreadChunks {
-  static constexpr int kChunksPerRow = kD / 8;
-  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
-  static constexpr int kPasses = kRows / kRowsPerPass;
-  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
-  int row0 = int(threadIdx.x) / kChunksPerRow;
-  int col = (int(threadIdx.x) % kChunksPerRow) * 8;
-  __device__ __forceinline__ int row(int i) const { return row0 + i * kRowsPerPass; }
-};
-
-// Rows [0, kRows) of a global float8 tile (row r at g + r * row_stride) into the staging tile `s`, rows >=
-// rows_valid and columns >= cols_valid as zeros.
+// Rows [0, kRows) of a global float8 tile (row r at g + r * row_stride) into the e4m3 tile `s`, rows >= rows_valid
+// and columns >= cols_valid as zeros.
 template <int kRows, int kD, int kThreads>
 __device__ __forceinline__ void load_e4m3_tile(uint8_t* s, const uint8_t* g, int64_t row_stride, int rows_valid,
                                                int cols_valid, bool vec) {
-  using Chunks = ThreadChunks<kRows, kD, kThreads>;
-  const Chunks c;
+  // load_tile's assignment: thread t copies chunk t % (kD / 16) of rows t / (kD / 16) + i * kRowsPerPass.
+  constexpr int kChunksPerRow = kD / kE4m3Chunk;
+  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
+  const int row0 = int(threadIdx.x) / kChunksPerRow, col = (int(threadIdx.x) % kChunksPerRow) * kE4m3Chunk;
 #pragma unroll
-  for (int i = 0; i < Chunks::kPasses; ++i) {
-    const int row = c.row(i);
-    copy_e4m3_chunk(s + row * kD + c.col, row < rows_valid ? g + row * row_stride : nullptr, g, c.col, cols_valid,
-                    vec);
+  for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+    const int row = row0 + i * kRowsPerPass;
+    copy_e4m3_chunk(s + e4m3_offset<kD>(row, col), row < rows_valid ? g + row * row_stride : nullptr, g, col,
+                    cols_valid, vec);
   }
 }
 
-// This thread's chunks of the staging tile `staged` (kRows x kD bytes) widened (exactly) into the swizzled T tile `s`.
-template <int kRows, int kD, int kThreads, typename T>
-__device__ __forceinline__ void convert_e4m3_tile(T* s, const uint8_t* staged) {
-  using Chunks = ThreadChunks<kRows, kD, kThreads>;
-  const Chunks c;
-#pragma unroll
-  for (int i = 0; i < Chunks::kPasses; ++i) {
-    const int row = c.row(i);
-    alignas(8) uint8_t bytes[8];
-    *reinterpret_cast<uint2*>(bytes) = *reinterpret_cast<const uint2*>(staged + row * kD + c.col);
-    *reinterpret_cast<uint4*>(s + swizzle<kD>(row, c.col)) = e4m3x8_to<T>(bytes, 1.f);
+// The kRows x kD float8 Q tile (row r from row_ptr(r), null: zeros) widened into the swizzled float16 tile `s`, its
+// columns permuted within each 16-column step as warp_gemm_qk_e4m3 reads K: the step's first 8 columns are the
+// actual columns 0, 1, 4, 5, 8, 9, 12, 13, the next 8 the columns 2, 3, 6, 7, 10, 11, 14, 15 (float16 pairs 0, 2, 4,
+// 6 and 1, 3, 5, 7). Synchronous loads (Q is read once per block).
+template <int kRows, int kD, int kThreads, typename RowPtr>
+__device__ __forceinline__ void load_e4m3_q(__half* s, RowPtr row_ptr, int cols_valid, bool vec) {
+  constexpr int kSteps = kD / 16;
+  for (int idx = int(threadIdx.x); idx < kRows * kSteps; idx += kThreads) {
+    const int row = idx / kSteps, col = (idx % kSteps) * 16;
+    const uint8_t* src = row_ptr(row);
+    const bool in = src != nullptr;
+    const uint4 lo = e4m3x8_to_half(load_e4m3_bytes(src, col, cols_valid, in && col < cols_valid, vec));
+    const uint4 hi = e4m3x8_to_half(load_e4m3_bytes(src, col + 8, cols_valid, in && col + 8 < cols_valid, vec));
+    *reinterpret_cast<uint4*>(s + swizzle<kD>(row, col)) = make_uint4(lo.x, lo.z, hi.x, hi.z);
+    *reinterpret_cast<uint4*>(s + swizzle<kD>(row, col + 8)) = make_uint4(lo.y, lo.w, hi.y, hi.w);
   }
 }
 

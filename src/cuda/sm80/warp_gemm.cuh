@@ -16,16 +16,22 @@ namespace flashattn::cuda::sm80 {
 // A = Q rows: matrices (rows +0/+8) x (cols +0/+8) in the order a[0..3] needs: row offset (l >> 3 & 1) * 8,
 // column offset (l >> 4) * 8. B = K rows read as "col" operand: b[0], b[1] of n-tile 2p are K rows +0..7 at
 // columns +0 / +8, those of n-tile 2p+1 rows +8..15: row offset (l >> 4) * 8, column offset (l >> 3 & 1) * 8.
+// The Q fragments of 16-column step ks: A operands of the warp's kMTiles m16 tiles of the swizzled tile sq.
+template <typename T, int kD, int kMTiles>
+__device__ __forceinline__ void q_fragments(uint32_t (&a)[kMTiles][4], const T* sq, int ks, int lane) {
+  const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) ldmatrix_x4(a[mt], sq + swizzle<kD>(mt * 16 + a_row, ks * 16 + a_col));
+}
+
 template <typename T, int kD, int kMTiles, int kNTiles>
 __device__ __forceinline__ void warp_gemm_qk(float (&s)[kMTiles][kNTiles][4], const T* sq, const T* sk, int lane) {
   static_assert(kNTiles % 2 == 0, "K fragments are loaded two n-tiles at a time");
-  const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
   const int b_row = (lane & 7) + (lane >> 4) * 8, b_col = ((lane >> 3) & 1) * 8;
 #pragma unroll
   for (int ks = 0; ks < kD / 16; ++ks) {
     uint32_t a[kMTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) ldmatrix_x4(a[mt], sq + swizzle<kD>(mt * 16 + a_row, ks * 16 + a_col));
+    q_fragments<T, kD, kMTiles>(a, sq, ks, lane);
 #pragma unroll
     for (int np = 0; np < kNTiles / 2; ++np) {
       uint32_t b[4];
@@ -73,6 +79,72 @@ __device__ __forceinline__ void warp_gemm_pv(float (&o)[kMTiles][kD / 8][4], con
       for (int mt = 0; mt < kMTiles; ++mt) {
         mma_16x8x16<T>(o[mt][2 * dp], a[mt], b0);
         mma_16x8x16<T>(o[mt][2 * dp + 1], a[mt], b1);
+      }
+    }
+  }
+}
+
+// ---- float8_e4m3fn K and V straight from their e4m3 tiles (tile_io.cuh e4m3_offset), products in float16 ----
+// Each lane reads whole 32-bit words of the byte tiles and widens its own fragments (one conversion per pair), so
+// K and V never pass through 16-bit tiles. What that takes:
+// - S = Q Kᵀ sums over d in a permuted order: in each 16-column step the B fragment's k indices 2q, 2q + 1 | 2q + 8,
+//   2q + 9 are the actual columns 4q .. 4q + 3, one word of the key row; Q is stored with the same order
+//   (load_e4m3_q), which leaves S unchanged.
+// - O += P V: lane (g, q) reads the words at column 32 G + 4 g of keys 2q, 2q + 1, 2q + 8, 2q + 9 (four words),
+//   transposes the 4 x 4 bytes in registers, and so holds the B fragments of 4 d-tiles: output column n of d-tile t
+//   is the actual column e4m3_o_column(t, n). The caller puts O's columns back.
+__device__ __forceinline__ int e4m3_o_column(int d_tile, int n) { return 32 * (d_tile >> 2) + 4 * n + (d_tile & 3); }
+
+// S[mt][nt] += Q[16 mt .., :] · K[key0 + 8 nt .., :]ᵀ; sq: the warp's first query row of the permuted float16 Q
+// tile; sk: the e4m3 K tile (row 0), key0: the warp's first key row in it (a multiple of 8).
+template <int kD, int kMTiles, int kNTiles>
+__device__ __forceinline__ void warp_gemm_qk_e4m3(float (&s)[kMTiles][kNTiles][4], const __half* sq,
+                                                  const uint8_t* sk, int key0, int lane) {
+  const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int ks = 0; ks < kD / 16; ++ks) {
+    uint32_t a[kMTiles][4];
+    q_fragments<__half, kD, kMTiles>(a, sq, ks, lane);
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      const uint8_t* bytes = sk + e4m3_offset<kD>(key0 + nt * 8 + g, ks * 16 + 4 * q);
+      const uint32_t word = *reinterpret_cast<const uint32_t*>(bytes);
+      const uint32_t b[2] = {e4m3_pair_to_half(uint16_t(word)), e4m3_pair_to_half(uint16_t(word >> 16))};
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) mma_16x8x16<__half>(s[mt][nt], a[mt], b);
+    }
+  }
+}
+
+// O[mt][t] += P[mt] · V[key0 .., :] with O's columns in e4m3_o_column order; P in registers as for warp_gemm_pv,
+// sv: the e4m3 V tile (row 0), key0: the warp's first key row (a multiple of 16).
+template <int kD, int kMTiles, int kNTiles>
+__device__ __forceinline__ void warp_gemm_pv_e4m3(float (&o)[kMTiles][kD / 8][4],
+                                                  const float (&p)[kMTiles][kNTiles][4], const uint8_t* sv, int key0,
+                                                  int lane) {
+  const int g = lane >> 2, q = lane & 3;
+  auto word = [&](int row, int byte) { return *reinterpret_cast<const uint32_t*>(sv + e4m3_offset<kD>(row, byte)); };
+#pragma unroll
+  for (int ks = 0; ks < kNTiles / 2; ++ks) {
+    uint32_t a[kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) p_fragment<__half, kNTiles>(a[mt], p[mt], ks);
+    const int row = key0 + ks * 16 + 2 * q;
+#pragma unroll
+    for (int group = 0; group < kD / 32; ++group) {
+      const int byte = group * 32 + 4 * g;
+      const uint32_t r0 = word(row, byte), r1 = word(row + 1, byte), r2 = word(row + 8, byte),
+                     r3 = word(row + 9, byte);
+      // Byte j of column word c_j: keys 2q, 2q + 1 (low half: b[0]) and 2q + 8, 2q + 9 (high half: b[1]).
+      const uint32_t lo01 = __byte_perm(r0, r1, 0x5140), hi01 = __byte_perm(r0, r1, 0x7362);
+      const uint32_t lo23 = __byte_perm(r2, r3, 0x5140), hi23 = __byte_perm(r2, r3, 0x7362);
+      const uint32_t column[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
+                                  __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t b[2] = {e4m3_pair_to_half(uint16_t(column[j])), e4m3_pair_to_half(uint16_t(column[j] >> 16))};
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) mma_16x8x16<__half>(o[mt][4 * group + j], a[mt], b);
       }
     }
   }

@@ -123,7 +123,7 @@ struct BackwardKernelArgs {
   const float* alibi_slopes;  // null: no ALiBi (common/alibi.h)
   int64_t alibi_batch_stride;
   float dropout_p;
-  uint64_t dropout_seed, dropout_offset;
+  DropoutRng dropout_rng;
   float keep_scale;           // 1 / (1 - dropout_p): dV's and dS's factor for kept probabilities
 };
 
@@ -470,7 +470,7 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
     static_assert(Cfg::kKeySpans * 16 * (Cfg::kColumnSplit ? Cfg::kConsumerWarpgroups : 1) * 4 ==
                       Cfg::kConsumerWarpgroups * kWarpgroupThreads,
                   "draw_keep_bits: four consumer threads per role");
-    const DropoutSpec drop = DropoutSpec::make(a.dropout_p, a.dropout_seed, a.dropout_offset, w.batch, head);
+    const DropoutSpec drop = DropoutSpec::make(a.dropout_p, a.dropout_rng, w.batch, head);
     const uint32_t group = uint32_t(w.key0 / 32 + span) << 2 | uint32_t(q);
     const int j0 = share * kJPerThread;
     const int64_t query0 = int64_t(m) * kM + query_half * kSQ + 2 * role_quad + 8 * j0;
@@ -1146,7 +1146,7 @@ Status launch(const BwdParams& p) {
       a.window_left = int(MaskSpec::narrowest_left(rows.window_left, p.seqlen_k));
       a.window_right = int(MaskSpec::narrowest_right(rows.window_right, p.seqlen_q));
       a.alibi_slopes = rows.alibi_slopes, a.alibi_batch_stride = rows.alibi_batch_stride;
-      a.dropout_p = rows.dropout_p, a.dropout_seed = rows.dropout_seed, a.dropout_offset = rows.dropout_offset;
+      a.dropout_p = rows.dropout_p, a.dropout_rng = rows.dropout_rng;
       a.keep_scale = kDropout ? 1.f / (1.f - rows.dropout_p) : 1.f;
 
       auto kernel = cuda::sm90::backward_kernel<T, Cfg>;
@@ -1213,6 +1213,9 @@ Status sm90_backward_supports(const BwdParams& p) {
   const bool staged = p.dtype == DType::e4m3;
   if (staged && (p.alibi_slopes != nullptr || p.dropout_p > 0))
     return Status::unsupported("cuda_sm90: float8_e4m3fn inputs with ALiBi or dropout are not supported yet");
+  if (p.attention_chunk > 0)
+    return Status::unsupported("cuda_sm90: the backward of chunked attention (attention_chunk) is not built yet "
+                               "(cuda_sm80's backward runs it)");
   const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.k_row_stride, p.k_head_stride, p.v_row_stride,
                              p.v_head_stride, p.do_row_stride, p.do_head_stride, varlen ? 0 : p.q_batch_stride,
                              varlen ? 0 : p.k_batch_stride, varlen ? 0 : p.v_batch_stride,

@@ -30,6 +30,8 @@ template <typename T, typename Cfg, bool kExtras, typename TOut = T>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     forward_kernel(const __grid_constant__ ForwardKernelArgs args, const __grid_constant__ CUtensorMap tm_q,
                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+  // Chunked attention runs in the extras kernels and in the e4m3 kernel (one kernel for every e4m3 call).
+  constexpr bool kChunks = kExtras || Cfg::kElemBytes == 1;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t rank = Cfg::kClusterCtas == 1 ? 0u : cluster_cta_rank();
   if (threadIdx.x == 0) {
@@ -74,7 +76,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       // spare in a cluster.
       auto cta_rank = [] { return Cfg::kClusterCtas == 1 ? 0u : cluster_cta_rank(); };
       for (TileSequence<Cfg> seq(pipeline); seq.valid(args); seq.next_for_producer(args, sm, cta_rank())) {
-        const BlockWork w = block_work<Cfg>(args, seq.tile, int(cta_rank()));
+        const BlockWork w = block_work<Cfg, kChunks>(args, seq.tile, int(cta_rank()));
         if (!w.has_rows) continue;
         produce<Cfg>(sm, w, w.head / args.heads_per_kv, &tm_q, &tm_k, &tm_v, st, cta_rank());
       }
@@ -87,7 +89,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     if (consumer == Cfg::kConsumerWarpgroups - 1) pass_turn<Cfg>(consumer);
     auto run = [&](auto dropout) {
       for (TileSequence<Cfg> seq(pipeline); seq.valid(args); seq.next_for_consumer(args, sm, rank)) {
-        BlockWork w = block_work<Cfg>(args, seq.tile, int(rank));
+        BlockWork w = block_work<Cfg, kChunks>(args, seq.tile, int(rank));
         if (!w.has_rows) continue;
         // In varlen the key-tile range comes from loads of cu_seqlens, which the compiler cannot see are equal in
         // every lane; broadcast it so the loop counters and ring positions stay warp-uniform (uniform registers
@@ -199,9 +201,10 @@ Status launch(const FwdParams& p, Sm90Grid grid, const VOperand* v_t = nullptr) 
   // 32-bit window arguments: the narrowest edges that mean the same (a window past 2^31 would truncate).
   a.window_left = int(MaskSpec::narrowest_left(p.window_left, p.seqlen_k));
   a.window_right = int(MaskSpec::narrowest_right(p.window_right, p.seqlen_q));
+  a.attention_chunk = int(MaskSpec::narrowest_chunk(p.attention_chunk, p.seqlen_k));
   a.alibi_slopes = p.alibi_slopes;
   a.alibi_batch_stride = p.alibi_slopes_batch_stride;
-  a.dropout_p = p.dropout_p, a.dropout_seed = p.dropout_seed, a.dropout_offset = p.dropout_offset;
+  a.dropout_p = p.dropout_p, a.dropout_rng = DropoutRng::of(p);
   a.q_descale = p.q_descale, a.k_descale = p.k_descale, a.v_descale = p.v_descale;
   for (int i = 0; i < 2; ++i) {
     a.q_descale_strides[i] = p.q_descale_strides[i];

@@ -185,7 +185,7 @@ struct Consumer {
       alibi_warp_diag0 = row[0] - lane / 4 + bias.shift;
     }
     if constexpr (kDropout) {
-      dropout = DropoutSpec::make(a.dropout_p, a.dropout_seed, a.dropout_offset, w.batch, w.head);
+      dropout = DropoutSpec::make(a.dropout_p, a.dropout_rng, w.batch, w.head);
       if (dropout.active()) keep_scale = 1.f / (1.f - a.dropout_p);
     }
     // Both edges of the visible band move right with the row, so the keys every row of the tile sees are

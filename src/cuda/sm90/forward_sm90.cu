@@ -62,15 +62,13 @@ Status launch_plan_for_keys(const FwdParams& p, Sm90Grid grid) {
 
 template <typename T, typename Plan>
 Status launch_plan_for_extras(const FwdParams& p, Sm90Grid grid) {
-  return p.alibi_slopes != nullptr || p.dropout_p > 0 ? launch_plan_for_keys<T, Plan, true>(p, grid)
-                                   : launch_plan_for_keys<T, Plan, false>(p, grid);
+  return p.has_extras() ? launch_plan_for_keys<T, Plan, true>(p, grid) : launch_plan_for_keys<T, Plan, false>(p, grid);
 }
 
 template <typename T, int kHeadDim>
 Status launch_planned(const FwdParams& p, Sm90Grid grid) {
-  const bool masked = p.causal || p.window_left >= 0 || p.window_right >= 0;
-  return masked ? launch_plan_for_extras<T, cuda::sm90::KernelPlan<kHeadDim, true>>(p, grid)
-                : launch_plan_for_extras<T, cuda::sm90::KernelPlan<kHeadDim, false>>(p, grid);
+  return p.has_mask() ? launch_plan_for_extras<T, cuda::sm90::KernelPlan<kHeadDim, true>>(p, grid)
+                      : launch_plan_for_extras<T, cuda::sm90::KernelPlan<kHeadDim, false>>(p, grid);
 }
 
 template <typename T>

@@ -32,9 +32,8 @@ using sm90_forward::VOperand;
 
 template <typename TOut, int kHeadDim>
 Status launch_fp8_planned(const FwdParams& p, Sm90Grid grid, const VOperand& v_t) {
-  const bool masked = p.causal || p.window_left >= 0 || p.window_right >= 0;
-  return masked ? launch<Fp8, TOut, cuda::sm90::Fp8KernelPlan<kHeadDim, true>, false>(p, grid, &v_t)
-                : launch<Fp8, TOut, cuda::sm90::Fp8KernelPlan<kHeadDim, false>, false>(p, grid, &v_t);
+  return p.has_mask() ? launch<Fp8, TOut, cuda::sm90::Fp8KernelPlan<kHeadDim, true>, false>(p, grid, &v_t)
+                      : launch<Fp8, TOut, cuda::sm90::Fp8KernelPlan<kHeadDim, false>, false>(p, grid, &v_t);
 }
 
 template <typename TOut>

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "common/dropout.h"
 #include "common/mask.h"
 #include "cuda/sm90/forward_config.h"
 #include "cuda/sm90/fp8_v_layout.h"
@@ -29,11 +30,12 @@ struct ForwardKernelArgs {
   float softcap_in_scale;  // softmax_scale / softcap
   bool causal;
   int window_left, window_right;
+  int attention_chunk;  // 0: none; narrowed like the window (MaskSpec::narrowest_chunk); kChunks kernels only
   // ALiBi and dropout run only in the kernel with kExtras (forward_sm90.cu), each when asked for.
   const float* alibi_slopes;  // null: no ALiBi; slope of (b, h) at b * alibi_batch_stride + h
   int64_t alibi_batch_stride;
   float dropout_p;            // 0: no dropout (common/dropout.h)
-  uint64_t dropout_seed, dropout_offset;
+  DropoutRng dropout_rng;
   // e4m3 inputs: descales of (sequence, KV head) at [b * strides[0] + h_kv * strides[1]] (null: 1).
   const float* q_descale;
   const float* k_descale;
@@ -95,14 +97,16 @@ struct BlockWork {
   int n_begin, n_end;  // key tiles [n_begin, n_end)
   int vt_slot0;        // e4m3: the sequence's first slot in V_t's rows (fp8_v_layout.h)
   bool has_rows;       // the tile has query rows (this CTA's block may not, in a cluster: block_work)
-  WindowMaskSpec32 mask;     // 32-bit: sm90_forward_supports bounds the lengths, the launcher narrows the window edges
+  // 32-bit: sm90_forward_supports bounds the lengths, the launcher narrows the window edges and the chunk. The
+  // chunk is 0 (a constant) in the kernels without chunks.
+  MaskSpec32 mask;
 };
 
 // Tile t as seen by the CTA of cluster rank `rank`: a tile is Cfg::kClusterCtas blocks of kBlockM rows, this
 // CTA's the rank-th; the key tiles are those any row of the tile sees, the same for every CTA of the cluster
 // (they share each K/V tile). A tile past a sequence's end (varlen, or rows padded to whole tiles) has no rows
 // and no key tiles; a CTA whose own block is past the end still takes part in its tile's K/V stream.
-template <typename Cfg>
+template <typename Cfg, bool kChunks>
 __device__ BlockWork block_work(const ForwardKernelArgs& a, int t, int rank) {
   BlockWork w;
   // CTAs start roughly in tile order, so t's order is the order in which tiles start.
@@ -125,7 +129,8 @@ __device__ BlockWork block_work(const ForwardKernelArgs& a, int t, int rank) {
     w.batch_coord = w.batch;
   }
   if constexpr (Cfg::kElemBytes == 1) w.vt_slot0 = int(fp8_v_slot0(a.cu_seqlens_q != nullptr, w.k_row0, w.batch));
-  w.mask = WindowMaskSpec32::make(w.seqlen_q, w.seqlen_k, a.causal, a.window_left, a.window_right);
+  w.mask = MaskSpec32::make(w.seqlen_q, w.seqlen_k, a.causal, a.window_left, a.window_right,
+                            kChunks ? a.attention_chunk : 0);
   w.n_begin = w.n_end = 0;
   const int row_begin = m_tile * Cfg::kTileRows;
   w.has_rows = row_begin < w.seqlen_q;
