@@ -734,10 +734,6 @@ Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCa
                                                   : "rotary_cos: required when rotary_sin is given");
   }
   if (a.rotary_cos.defined()) {
-    if (p.dtype == DType::e4m3) {
-      return Status::unsupported("rotary_cos: rotary embedding of float8_e4m3fn rows is not supported (rotate before "
-                                 "quantising)");
-    }
     if (!a.k_new.defined()) return Status::invalid("rotary_cos: rotary embedding needs the new rows k_new / v_new");
     if (a.rotary_cos.rank != 2) {
       return Status::invalid("rotary_cos: expected a rank-2 tensor [seqlen_ro, rotary_dim / 2], got " +

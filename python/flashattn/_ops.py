@@ -1025,7 +1025,9 @@ def kvcache_attention(
     `names` maps the library's argument names to the caller's, for error messages (see _renamed).
     float8_e4m3fn q, caches and new rows (FA3's FP8 KV cache): q_descale / k_descale / v_descale fp32 [b, h_kv] as
     in fp8_attention (k / v descales for every row of sequence b's cache), out in out_dtype (bfloat16 by default, or
-    float16); no rotary. CPU backends only so far (CUDA says so). Other dtypes: out in q's dtype.
+    float16). With rotary_cos / rotary_sin (e4m3 tables, as FA3 takes them) the e4m3 k_new rows and q are rotated in
+    fp32 and stored back in e4m3 (to nearest even, saturating at +-448, as FA3's kernels do): CPU backends only so
+    far (CUDA says so). Other dtypes: out in q's dtype.
     attention_chunk > 0: chunked attention over the cache's keys (after cache_leftpad; q rotated per row as with a
     window).
     """
@@ -1037,9 +1039,6 @@ def kvcache_attention(
                  ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
         if t is None and n not in ("k_cache", "v_cache"):
             continue
-        if fp8 and n.startswith("rotary"):
-            raise NotImplementedError(f"{name(n)}: rotary embedding of float8_e4m3fn rows is not supported (rotate "
-                                      f"before quantising)")
         _check_tensor(name(n), t, floating=not fp8)
         if t.dtype != q.dtype:
             raise TypeError(f"{name(n)}: dtype {t.dtype} differs from q's {q.dtype}")

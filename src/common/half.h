@@ -2,6 +2,7 @@
 // The CUDA kernels use the hardware conversions in cuda_fp16.h / cuda_bf16.h instead.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -85,6 +86,23 @@ inline half_t to_half(float f) {
   uint32_t r = abs - 0x38000000u;  // rebias exponent 127 -> 15
   r += 0xfffu + ((r >> 13) & 1u);  // round to nearest even on the 13 dropped bits
   return {uint16_t(sign | (r >> 13))};
+}
+
+// float to float8_e4m3fn, to nearest even, saturating at +-448 (the hardware's cvt.rn.satfinite, with which FA3's
+// kernels store rows they rotate); NaN stays NaN. For rows the library itself writes in e4m3 (rotated cache rows).
+inline uint8_t to_e4m3(float f) {
+  const uint8_t sign = uint8_t((float_to_bits(f) >> 24) & 0x80u);
+  const float a = std::fabs(f);
+  if (std::isnan(a)) return uint8_t(sign | 0x7fu);
+  if (a >= 448.0f) return uint8_t(sign | 0x7eu);
+  // Below the smallest normal (2^-6) the values are multiples of 2^-9; a result of 8 is the smallest normal's code.
+  if (a < 0x1p-6f) return uint8_t(sign | uint32_t(std::nearbyint(a * 0x1p9f)));
+  int e;
+  const float m = std::frexp(a, &e);                             // a = m 2^e, m in [0.5, 1)
+  uint32_t eighths = uint32_t(std::nearbyint((2 * m - 1) * 8));  // exact products: one rounding, to even
+  uint32_t exp = uint32_t(e - 1 + 7);
+  if (eighths == 8) eighths = 0, ++exp;
+  return uint8_t(sign | (exp << 3) | eighths);  // a < 448 keeps (exp, eighths) below S.1111.111 (NaN)
 }
 
 // Uniform access for templates over the storage type.

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <type_traits>
 #include <vector>
 
 #include "common/half.h"
@@ -25,8 +24,19 @@ struct RotaryMath<double> {
 };
 
 template <typename T>
+typename RotaryMath<T>::type widen(T x) {
+  return typename RotaryMath<T>::type(to_float(x));
+}
+template <typename T>
 T store_as(typename RotaryMath<T>::type x) {
   return from_double<T>(double(x));
+}
+// float8_e4m3fn rows (bytes): widened exactly, rotated in fp32 and stored as FA3's kernels store them (to_e4m3). The
+// descales are per (sequence, KV head), so rotating the stored values commutes with them.
+inline float widen(uint8_t x) { return e4m3_to_float(x); }
+template <>
+inline uint8_t store_as<uint8_t>(float x) {
+  return to_e4m3(x);
 }
 
 // Copies `cols` columns of one row, rotating columns [0, rotary_dim) by position `pos` (no rotation when cos is
@@ -45,8 +55,8 @@ void rotate_row(const T* src, T* dst, int64_t cols, const KVCacheParams& kp, int
     int64_t partner, freq;
     bool first;
     rotary_pair_of(c, rd, kp.rotary_interleaved, &partner, &first, &freq);
-    const M cs = M(to_float(cos[pos * (rd / 2) + freq])), sn = M(to_float(sin[pos * (rd / 2) + freq]));
-    const M x0 = M(to_float(src[first ? c : partner])), x1 = M(to_float(src[first ? partner : c]));
+    const M cs = widen(cos[pos * (rd / 2) + freq]), sn = widen(sin[pos * (rd / 2) + freq]);
+    const M x0 = widen(src[first ? c : partner]), x1 = widen(src[first ? partner : c]);
     M y0, y1;
     rotate_pair(x0, x1, cs, sn, &y0, &y1);
     dst[c] = store_as<T>(first ? y0 : y1);
@@ -79,10 +89,7 @@ void append_typed(const KVCacheParams& kp) {
         const T* vn = static_cast<const T*>(kp.v_new) + vn_row + hk * kp.v_new_head_stride;
         T* kc = static_cast<T*>(kp.k_cache) + k_off + hk * p.k_head_stride;
         T* vc = static_cast<T*>(kp.v_cache) + v_off + hk * p.v_head_stride;
-        if constexpr (std::is_same_v<T, uint8_t>)  // e4m3 rows: copied (validation refuses rotary with them)
-          std::memcpy(kc, kn, size_t(p.head_dim));
-        else
-          rotate_row(kn, kc, p.head_dim, kp, pos);
+        rotate_row(kn, kc, p.head_dim, kp, pos);
         std::memcpy(vc, vn, size_t(p.head_dim_v) * sizeof(T));
       }
     }
@@ -107,6 +114,21 @@ void rotate_queries_typed(const KVCacheParams& kp, T* dst) {
       }
     }
   }
+}
+
+// kp.attn with Q replaced by its rotation, held in *rotated.
+template <typename T>
+FwdParams with_rotated_queries(const KVCacheParams& kp, std::vector<T>* rotated) {
+  const FwdParams& p = kp.attn;
+  const int64_t rows = p.is_varlen() ? p.total_q : p.batch * p.seqlen_q;
+  rotated->assign(size_t(rows * p.heads_q * p.head_dim), T());
+  rotate_queries_typed<T>(kp, rotated->data());
+  FwdParams r = p;
+  r.q = rotated->data();
+  r.q_head_stride = p.head_dim;
+  r.q_row_stride = p.heads_q * p.head_dim;
+  r.q_batch_stride = p.is_varlen() ? 0 : p.seqlen_q * r.q_row_stride;
+  return r;
 }
 
 // Paged K and V gathered into dense [batch, max_len, heads_kv, d] copies holding each sequence's used rows
@@ -181,10 +203,10 @@ struct Append {
   }
 };
 template <typename T>
-struct RotateQueries {
-  Status operator()(const KVCacheParams& kp, void* dst) const {
-    rotate_queries_typed<T>(kp, static_cast<T*>(dst));
-    return Status::success();
+struct RotateQueriesAndRun {
+  Status operator()(const KVCacheParams& kp, ForwardFn run) const {
+    std::vector<T> rotated;
+    return run(with_rotated_queries<T>(kp, &rotated));
   }
 };
 template <typename T>
@@ -206,20 +228,14 @@ Status cpu_kvcache(const KVCacheParams& kp, ForwardFn run) {
     // copies (so that the dequantising adapter sees [batch, rows, heads, dim] with descale row b = sequence b),
     // dequantised and run in fp32.
     if (kp.k_new) append_typed<uint8_t>(kp);
-    return dense_typed<uint8_t>(kp.attn, [run](const FwdParams& d) { return cpu_fp8_forward(d, run); });
+    const auto dequantised = [run](const FwdParams& d) { return cpu_fp8_forward(d, run); };
+    if (!kp.rotary_cos) return dense_typed<uint8_t>(kp.attn, dequantised);
+    std::vector<uint8_t> rotated;
+    return dense_typed<uint8_t>(with_rotated_queries<uint8_t>(kp, &rotated), dequantised);
   }
   if (kp.k_new && !(st = by_dtype<Append>(kp.attn.dtype, kp)).ok()) return st;
   if (!kp.rotary_cos) return run(kp.attn);
-  const FwdParams& p = kp.attn;
-  const int64_t rows = p.is_varlen() ? p.total_q : p.batch * p.seqlen_q;
-  std::vector<unsigned char> rotated(size_t(rows * p.heads_q * p.head_dim) * dtype_size(p.dtype));
-  if (!(st = by_dtype<RotateQueries>(p.dtype, kp, static_cast<void*>(rotated.data()))).ok()) return st;
-  FwdParams r = p;
-  r.q = rotated.data();
-  r.q_head_stride = p.head_dim;
-  r.q_row_stride = p.heads_q * p.head_dim;
-  r.q_batch_stride = p.is_varlen() ? 0 : p.seqlen_q * r.q_row_stride;
-  return run(r);
+  return by_dtype<RotateQueriesAndRun>(kp.attn.dtype, kp, run);
 }
 
 }  // namespace flashattn::detail

@@ -21,8 +21,9 @@
 namespace flashattn::test {
 namespace {
 
-// Nearest e4m3fn value of x (ties to even), saturating at +-448: how the tests quantise their inputs.
-uint8_t to_e4m3(float x) {
+// Nearest e4m3fn value of x (ties to even), saturating at +-448, by search over every code: the definition the
+// library's to_e4m3 (common/half.h) is checked against, and how the tests quantise their inputs.
+uint8_t nearest_e4m3(float x) {
   uint8_t best = 0;
   float best_err = INFINITY;
   for (int b = 0; b < 256; ++b) {
@@ -46,8 +47,38 @@ TEST(Fp8, DecodesEveryE4m3Value) {
   for (int b = 0; b < 0x7e; ++b) {  // positive values increase with the bits, up to 448
     EXPECT_LT(e4m3_to_float(uint8_t(b)), e4m3_to_float(uint8_t(b + 1))) << b;
   }
-  EXPECT_EQ(to_e4m3(1000.0f), 0x7e);
-  EXPECT_EQ(to_e4m3(-0.3f), 0xaa);  // -0.3 between -0.28125 (0xa9) and -0.3125 (0xaa): the nearer
+  EXPECT_EQ(nearest_e4m3(1000.0f), 0x7e);
+  EXPECT_EQ(nearest_e4m3(-0.3f), 0xaa);  // -0.3 between -0.28125 (0xa9) and -0.3125 (0xaa): the nearer
+}
+
+// The library's rounding to e4m3 (rotated cache rows): every code, every midpoint between neighbours (ties to even)
+// and a hair either side of it, the saturation, NaN, and random values over the whole range.
+TEST(Fp8, LibraryRoundingIsNearestEvenSaturating) {
+  std::vector<float> probes = {0.0f, 447.9f, 448.0f, 464.0f, 480.0f, 1e6f, 0x1p-10f, 0x1p-11f};
+  for (int b = 0; b < 0x7e; ++b) {
+    const float lo = e4m3_to_float(uint8_t(b)), hi = e4m3_to_float(uint8_t(b + 1)), mid = (lo + hi) / 2;
+    for (float x : {lo, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY)}) probes.push_back(x);
+  }
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> exponent(-12.0f, 10.0f);
+  for (int i = 0; i < 20000; ++i) probes.push_back(std::exp2(exponent(rng)));
+  int wrong = 0;
+  for (float x : probes)
+    for (float v : {x, -x}) {
+      // Compared as values (the search returns +0 for what rounds to zero; the library keeps the sign, as the
+      // hardware conversion does: checked below).
+      const float got = e4m3_to_float(to_e4m3(v)), want = e4m3_to_float(nearest_e4m3(v));
+      if (got != want && wrong++ < 5) ADD_FAILURE() << v << ": " << got << " vs " << want;
+    }
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(to_e4m3(-0.0f), 0x80);
+  EXPECT_EQ(to_e4m3(-0x1p-11f), 0x80);
+  EXPECT_EQ(to_e4m3(INFINITY), 0x7e);
+  EXPECT_EQ(to_e4m3(-INFINITY), 0xfe);
+  EXPECT_EQ(to_e4m3(0x1p-10f), 0x00);  // the tie between 0 and the smallest subnormal 2^-9: to even
+  EXPECT_EQ(to_e4m3(3 * 0x1p-10f), 0x02);
+  EXPECT_EQ(to_e4m3(-1000.0f), 0xfe);
+  EXPECT_TRUE(std::isnan(e4m3_to_float(to_e4m3(NAN))));
 }
 
 // The Hopper FP8 forward's V_t (src/cuda/sm90/fp8_v_layout.h), checked on the host: the slot order is the one in
@@ -116,7 +147,7 @@ Quantised quantised(int64_t n, std::mt19937_64& rng) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   Quantised q;
   for (int64_t i = 0; i < n; ++i) {
-    q.bytes.push_back(to_e4m3(normal(rng) * 2.0f));
+    q.bytes.push_back(nearest_e4m3(normal(rng) * 2.0f));
     q.values.push_back(double(e4m3_to_float(q.bytes.back())));
   }
   return q;

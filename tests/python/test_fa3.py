@@ -22,7 +22,7 @@ from conftest import cpu_backends, requires_cuda
 from fa_reference import assert_close, attention_ref, dequantised_fp8
 from flashattn import fa3
 from test_kvcache import (GRID, SPECIAL, KVCase, PagedVarlenCase, check_caches, check_outputs, expected_caches,
-                          index_tensor, make_inputs, paged_varlen_inputs, reference, to_device)
+                          index_tensor, make_inputs, paged_varlen_inputs, reference, rotary_ref, to_device)
 
 I32 = torch.int32
 NEG_INF = float("-inf")
@@ -701,6 +701,11 @@ FP8_KV_CASES = [
     KVCase(3, 1, 1, (2900, 1500, 37), page=16, heads=(8, 2), d=128, dtype=torch.float32),
     KVCase(2, 16, 2, (3000, 700), heads=(8, 2), d=128, causal=True, num_splits=3, dtype=torch.float32),
     KVCase(1, 1, 0, (2000,), heads=(2, 2), d=256, d_v=200, dtype=torch.float32),
+    # Rotary on e4m3 rows (FA3 rotates them in its kernels): both styles, q at one position and per row, paged.
+    KVCase(2, 1, 1, (5, 9), rotary=1.0, heads=(4, 2), d=32, dtype=torch.float32),
+    KVCase(3, 3, 2, (0, 7, 20), page=4, rotary=0.5, interleaved=False, heads=(2, 1), d=16, causal=True,
+           dtype=torch.float32),
+    KVCase(2, 16, 2, (3000, 700), rotary=0.5, heads=(8, 2), d=128, causal=True, num_splits=3, dtype=torch.float32),
 ]
 # CUDA runs them on the split-KV decode kernel (tiles widened to float16 in shared memory).
 FP8_KV_BACKENDS = cpu_backends() + [pytest.param("cuda", marks=[pytest.mark.cuda, requires_cuda])]
@@ -718,25 +723,51 @@ def test_fp8_kvcache(case, descales, backend):
     if inp.block_table is not None:  # the logical caches as the pages hold them
         inp8 = replace(inp8, k_log=logical_pages(inp8.k_phys, inp.block_table),
                        v_log=logical_pages(inp8.v_phys, inp.block_table))
+    if case.rotary:  # FA3 takes the tables in q's dtype
+        inp8 = replace(inp8, cos=inp.cos.to(F8), sin=inp.sin.to(F8))
     b, hkv = inp.batch, case.heads[1]
     qs, ks, vs = ([torch.rand(b, hkv, generator=g) + 0.5 for _ in range(3)] if descales else [None] * 3)
     dev = "cuda" if backend == "cuda" else "cpu"
     to = lambda t: None if t is None else t.to(dev)  # noqa: E731
     kc, vc = (t.clone().to(dev) for t in inp8.caches())
-    out, lse, *_ = fa3.flash_attn_with_kvcache(
-        to(inp8.q), kc, vc, to(inp8.k_new), to(inp8.v_new), cache_seqlens=index_tensor(inp.lengths, dev),
-        cache_batch_idx=index_tensor(inp.batch_idx, dev), cache_leftpad=index_tensor(inp.leftpad, dev),
-        page_table=to(inp.block_table), q_descale=to(qs), k_descale=to(ks), v_descale=to(vs), causal=case.causal,
-        window_size=case.window, softcap=case.softcap, num_splits=case.num_splits, return_softmax_lse=True,
+    call = lambda: fa3.flash_attn_with_kvcache(  # noqa: E731
+        to(inp8.q), kc, vc, to(inp8.k_new), to(inp8.v_new), rotary_cos=to(inp8.cos), rotary_sin=to(inp8.sin),
+        cache_seqlens=index_tensor(inp.lengths, dev), cache_batch_idx=index_tensor(inp.batch_idx, dev),
+        cache_leftpad=index_tensor(inp.leftpad, dev), page_table=to(inp.block_table), q_descale=to(qs),
+        k_descale=to(ks), v_descale=to(vs), causal=case.causal, window_size=case.window, softcap=case.softcap,
+        rotary_interleaved=case.interleaved, num_splits=case.num_splits, return_softmax_lse=True,
         backend="auto" if dev == "cuda" else backend)
+    if case.rotary and dev == "cuda":
+        saved = kc.clone(), vc.clone()
+        with pytest.raises(NotImplementedError, match=r"^rotary_cos: rotary embedding of float8_e4m3fn rows runs on "
+                                                      r"the CPU backends only"):
+            call()
+        assert torch.equal(kc.view(torch.uint8), saved[0].view(torch.uint8)), "refused after writing the cache"
+        assert torch.equal(vc.view(torch.uint8), saved[1].view(torch.uint8)), "refused after writing the cache"
+        return
+    out, lse, *_ = call()
     out, lse, kc, vc = out.cpu(), lse.cpu(), kc.cpu(), vc.cpu()
     assert out.dtype == torch.bfloat16
-    # The append: bytes, checked on uint8 views.
+    # The append: bytes, checked on uint8 views. Rotated k rows: the pair's math in fp32 on the widened values (as
+    # for 16-bit rows), stored to the nearest e4m3 (ties to even; these values stay far below the saturation).
     bytes_of = lambda t: None if t is None else t.view(torch.uint8)  # noqa: E731
     inp_u8 = replace(inp8, k_log=bytes_of(inp8.k_log), v_log=bytes_of(inp8.v_log), k_new=bytes_of(inp8.k_new),
                      v_new=bytes_of(inp8.v_new), k_phys=bytes_of(inp8.k_phys), v_phys=bytes_of(inp8.v_phys))
-    k_exp, v_exp = expected_caches(inp_u8, True)
+    if case.rotary:
+        widened = lambda t: t.view(F8).float()  # noqa: E731
+        inp_f = replace(inp_u8, k_log=widened(inp_u8.k_log), v_log=widened(inp_u8.v_log),
+                        k_new=widened(inp_u8.k_new), v_new=widened(inp_u8.v_new), cos=inp8.cos.float(),
+                        sin=inp8.sin.float())
+        k_exp, v_exp = (t.to(F8).view(torch.uint8) for t in expected_caches(inp_f, case.interleaved))
+    else:
+        k_exp, v_exp = expected_caches(inp_u8, True)
     check_caches(inp_u8, bytes_of(kc), bytes_of(vc), k_exp, v_exp)
+    q8 = inp8.q
+    if case.rotary:  # q rotated as the library does it for e4m3 rows, at the positions the reference uses
+        per_row = case.causal or case.window[0] >= 0 or case.window[1] >= 0
+        q8 = torch.stack([rotary_ref(q8[s].float(), inp8.cos.float(), inp8.sin.float(),
+                                     inp.lengths[s] + torch.arange(case.s_q) * int(per_row),
+                                     case.interleaved).to(F8).view(torch.uint8) for s in range(b)]).view(F8)
     # The oracle: dequantised q and appended caches (entry e = sequence b's rows times its descale), float64.
     k_deq, v_deq = k_exp.view(F8).double(), v_exp.view(F8).double()
     for seq in range(b):
@@ -744,9 +775,9 @@ def test_fp8_kvcache(case, descales, backend):
         if ks is not None:
             k_deq[e] *= ks[seq].double()[None, :, None]
             v_deq[e] *= vs[seq].double()[None, :, None]
-    q_deq = dequantised_fp8(inp8.q, qs, case.heads[0] // hkv)
-    ref, ref_lse = reference(replace(inp, q=q_deq), k_deq, v_deq, causal=case.causal, window=case.window,
-                             softcap=case.softcap, interleaved=True)
+    q_deq = dequantised_fp8(q8, qs, case.heads[0] // hkv)
+    ref, ref_lse = reference(replace(inp, q=q_deq, cos=None, sin=None), k_deq, v_deq, causal=case.causal,
+                             window=case.window, softcap=case.softcap, interleaved=True)
     torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=1e-2)
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), finite)
@@ -821,7 +852,7 @@ def test_fp8_kvcache_refusals():
     q = torch.randn(1, 1, 2, 16).to(F8)
     k_cache, v_cache = (torch.randn(1, 8, 2, 16).to(F8) for _ in range(2))
     cos = torch.ones(8, 8)
-    with pytest.raises(NotImplementedError, match=r"^rotary_cos: rotary embedding of float8_e4m3fn"):
+    with pytest.raises(TypeError, match=r"^rotary_cos: dtype torch.float32 differs from q's torch.float8_e4m3fn"):
         fa3.flash_attn_with_kvcache(q, k_cache, v_cache, q[:, :, :2], q[:, :, :2], rotary_cos=cos, rotary_sin=cos,
                                     cache_seqlens=3)
     with pytest.raises(TypeError, match=r"^k_cache: dtype torch.bfloat16 differs from q's"):
@@ -829,10 +860,10 @@ def test_fp8_kvcache_refusals():
     with pytest.raises(ValueError, match=r"^k_descale: expected shape \[1, 2\]"):
         fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k_descale=torch.ones(2, 2))
     if torch.cuda.is_available() and flashattn.built_with_cuda():
+        cos8 = cos.to(F8).cuda()
         with pytest.raises(NotImplementedError, match=r"^rotary_cos: rotary embedding of float8_e4m3fn"):
             fa3.flash_attn_with_kvcache(q.cuda(), k_cache.cuda(), v_cache.cuda(), q[:, :, :2].cuda(),
-                                        q[:, :, :2].cuda(), rotary_cos=cos.cuda(), rotary_sin=cos.cuda(),
-                                        cache_seqlens=3)
+                                        q[:, :, :2].cuda(), rotary_cos=cos8, rotary_sin=cos8, cache_seqlens=3)
 
 
 def test_fp8_is_forward_only_and_packed_qkv_runs():
