@@ -730,22 +730,13 @@ def test_fp8_kvcache(case, descales, backend):
     dev = "cuda" if backend == "cuda" else "cpu"
     to = lambda t: None if t is None else t.to(dev)  # noqa: E731
     kc, vc = (t.clone().to(dev) for t in inp8.caches())
-    call = lambda: fa3.flash_attn_with_kvcache(  # noqa: E731
+    out, lse, *_ = fa3.flash_attn_with_kvcache(
         to(inp8.q), kc, vc, to(inp8.k_new), to(inp8.v_new), rotary_cos=to(inp8.cos), rotary_sin=to(inp8.sin),
         cache_seqlens=index_tensor(inp.lengths, dev), cache_batch_idx=index_tensor(inp.batch_idx, dev),
         cache_leftpad=index_tensor(inp.leftpad, dev), page_table=to(inp.block_table), q_descale=to(qs),
         k_descale=to(ks), v_descale=to(vs), causal=case.causal, window_size=case.window, softcap=case.softcap,
         rotary_interleaved=case.interleaved, num_splits=case.num_splits, return_softmax_lse=True,
         backend="auto" if dev == "cuda" else backend)
-    if case.rotary and dev == "cuda":
-        saved = kc.clone(), vc.clone()
-        with pytest.raises(NotImplementedError, match=r"^rotary_cos: rotary embedding of float8_e4m3fn rows runs on "
-                                                      r"the CPU backends only"):
-            call()
-        assert torch.equal(kc.view(torch.uint8), saved[0].view(torch.uint8)), "refused after writing the cache"
-        assert torch.equal(vc.view(torch.uint8), saved[1].view(torch.uint8)), "refused after writing the cache"
-        return
-    out, lse, *_ = call()
     out, lse, kc, vc = out.cpu(), lse.cpu(), kc.cpu(), vc.cpu()
     assert out.dtype == torch.bfloat16
     # The append: bytes, checked on uint8 views. Rotated k rows: the pair's math in fp32 on the widened values (as
@@ -860,10 +851,10 @@ def test_fp8_kvcache_refusals():
     with pytest.raises(ValueError, match=r"^k_descale: expected shape \[1, 2\]"):
         fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k_descale=torch.ones(2, 2))
     if torch.cuda.is_available() and flashattn.built_with_cuda():
-        cos8 = cos.to(F8).cuda()
-        with pytest.raises(NotImplementedError, match=r"^rotary_cos: rotary embedding of float8_e4m3fn"):
+        with pytest.raises(TypeError, match=r"^rotary_cos: dtype torch.float32 differs from q's"):
             fa3.flash_attn_with_kvcache(q.cuda(), k_cache.cuda(), v_cache.cuda(), q[:, :, :2].cuda(),
-                                        q[:, :, :2].cuda(), rotary_cos=cos8, rotary_sin=cos8, cache_seqlens=3)
+                                        q[:, :, :2].cuda(), rotary_cos=cos.cuda(), rotary_sin=cos.cuda(),
+                                        cache_seqlens=3)
 
 
 def test_fp8_is_forward_only_and_packed_qkv_runs():
