@@ -60,6 +60,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "backend.h"
 #include "common/alibi.h"
@@ -292,6 +293,9 @@ __device__ void produce(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, int 
     }
   }
 }
+
+// What consume knows of a query block's mask when it calls gradients (consume's two copies of the iteration).
+constexpr int kMaskUnknown = 0, kMaskKnownNo = 1, kMaskKnownYes = 2;
 
 // The query blocks a CTA visits, in the order every role walks them: each query head of the KV group, then its
 // blocks [m_begin, m_end).
@@ -589,7 +593,8 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   // effect). Reading the bits again there instead spilled at hd 64 and 128.
   // The masked and the unmasked block as two copies: as one, the compiler computes every element's query range
   // test on every block and selects (about 140 instructions per block and thread at hd 128). Not with 128-row
-  // blocks (hd 64), where the second copy makes ptxas serialise the wgmmas (C7512).
+  // blocks (hd 64), where the second copy here makes ptxas serialise the wgmmas (C7512): consume copies the whole
+  // iteration there instead.
   template <bool kSoftcap, bool kAlibi, bool kPack>
   __device__ void probabilities(Scores& s, Fragments& pf, const float* lse_log2, int m, bool masked,
                                 float alibi_slope2, uint8_t* pt_tile = nullptr) const {
@@ -757,7 +762,9 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   // for). On return the wgmma groups in flight are dV, dQ and dK, in that order: dQ lands while dK still runs, so
   // the consumer hands dQ to the writer under dK's products instead of with the tensor pipe idle
   // (FlashAttention-3's order; bench/results/hopper-backward.md).
-  template <bool kSoftcap, bool kAlibi>
+  // kMask: whether the block needs a mask, as consume knows it (kMaskKnownNo / kMaskKnownYes: its two copies of the
+  // iteration) or not yet (kMaskUnknown: needs_mask decides here).
+  template <bool kSoftcap, bool kAlibi, int kMask = kMaskUnknown>
   __device__ void gradients(Scores& s, Scores& dp, float (&dq)[Cfg::kDqTileCols / 2], int m, int stage,
                             int do_stage, int ds_buffer, float alibi_slope2) {
     const uint8_t* q_tile = sm.q(stage);
@@ -782,7 +789,13 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
       issue_dq(dq, ds_tile);
       issue_accumulate_shared(dk, ds_tile, q_tile);
     } else {
-      if constexpr (Cfg::kScoresBeforeDv) {
+      if constexpr (Cfg::kScoresBeforeDv && kMask != kMaskUnknown) {
+        probabilities<kSoftcap, kAlibi, kSoftcap, kMask == kMaskKnownYes>(s, pf, sm.lse_log2(stage), m,
+                                                                          kMask == kMaskKnownYes, alibi_slope2,
+                                                                          nullptr);
+        wgmma_wait<0>();
+        fence_registers(dp);
+      } else if constexpr (Cfg::kScoresBeforeDv) {
         probabilities<kSoftcap, kAlibi, kSoftcap>(s, pf, sm.lse_log2(stage), m, needs_mask(m), alibi_slope2);
         wgmma_wait<0>();
         fence_registers(dp);
@@ -850,8 +863,14 @@ __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int 
   const QueryBlockOrder order(w, heads_per_kv);
   RingPosition<Cfg::kStages> pos;
   RingPosition<Cfg::kDoStages> do_pos;
-  for (int i = 0; i < order.blocks; ++i) {
-    const int head = order.head(w, heads_per_kv, i), m = order.block(w, i);
+  // hd 64 (kScoresBeforeDv) runs the whole iteration in two copies, one for blocks that need no mask, chosen before
+  // any wgmma of the block is issued: there the per-element mask tests are a quarter of the loop's instructions
+  // (FA3 separates its masking iterations at hd <= 64 likewise). Choosing inside probabilities instead, with dPᵀ in
+  // flight, made ptxas serialise the wgmmas (C7512). Softcap, ALiBi and dropout keep one copy.
+  constexpr bool kUnmaskedCopy = Cfg::kScoresBeforeDv && !kSoftcap && !kAlibi && !Cfg::kDropout;
+  // Query block i (query head `head`, block m): its Sᵀ and dPᵀ issued once its stage is full, then gradients, dQ
+  // handed to the writer and the stage released. `mask`: what is known of its mask (gradients' kMask).
+  const auto block = [&](int i, int head, int m, auto mask) {
     typename BackwardConsumer<T, Cfg>::Scores s, dp;
     mbarrier_wait(&c.sm.full()[pos.index], pos.phase);
     const int do_stage = Cfg::kSeparateDoRing ? do_pos.index : pos.index;
@@ -865,7 +884,8 @@ __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int 
         kAlibi ? Alibi32::make(c.a.alibi_slopes, c.a.alibi_batch_stride, w.batch, head, w.seqlen_q, w.seqlen_k)
                      .slope_log2()
                : 0.f;
-    c.template gradients<kSoftcap, kAlibi>(s, dp, dq, m, pos.index, do_stage, i % 2, alibi_slope2);
+    c.template gradients<kSoftcap, kAlibi, decltype(mask)::value>(s, dp, dq, m, pos.index, do_stage, i % 2,
+                                                         alibi_slope2);
     if constexpr (Cfg::kSeparateDoRing) {
       wgmma_wait<2>();  // dV has landed: dO is no longer read
       fence_registers(c.dv);
@@ -880,6 +900,17 @@ __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int 
     fence_registers(c.dk);
     c.release(pos.index);
     pos.advance();
+  };
+  for (int i = 0; i < order.blocks; ++i) {
+    const int head = order.head(w, heads_per_kv, i), m = order.block(w, i);
+    if constexpr (kUnmaskedCopy) {
+      if (c.needs_mask(m))
+        block(i, head, m, std::integral_constant<int, kMaskKnownYes>{});
+      else
+        block(i, head, m, std::integral_constant<int, kMaskKnownNo>{});
+    } else {
+      block(i, head, m, std::integral_constant<int, kMaskUnknown>{});
+    }
   }
 }
 
