@@ -148,8 +148,8 @@ Status check_heads(const FwdParams& p, const char* k_name, const char* v_name) {
     return Status::invalid("q: head dim must be in [1, " + std::to_string(kMaxHeadDim) + "], got " +
                            std::to_string(p.head_dim));
   }
-  if (p.head_dim_v < 1 || p.head_dim_v > kMaxHeadDim) {
-    return Status::invalid(std::string(v_name) + ": head dim must be in [1, " + std::to_string(kMaxHeadDim) +
+  if (p.head_dim_v < 1 || p.head_dim_v > kMaxHeadDimV) {
+    return Status::invalid(std::string(v_name) + ": head dim must be in [1, " + std::to_string(kMaxHeadDimV) +
                            "], got " + std::to_string(p.head_dim_v));
   }
   if (p.heads_q < 1) return Status::invalid("q: number of heads must be >= 1");

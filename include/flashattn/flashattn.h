@@ -19,6 +19,9 @@
 namespace flashattn {
 
 constexpr int64_t kMaxHeadDim = 256;
+// d_v may be larger (FA3's MLA shapes: d 64 with d_v 512); the CUDA kernels take d_v up to kMaxHeadDim, the CPU
+// backends every d_v up to this.
+constexpr int64_t kMaxHeadDimV = 512;
 
 enum class Backend : int {
   automatic = 0,  // the dispatcher picks the fastest backend that supports the call

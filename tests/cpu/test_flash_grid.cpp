@@ -33,9 +33,9 @@ std::vector<AttnCase> grid_cases() {
         c.causal = causal;
         cases.push_back(c);
       }
-  // Head dims, including non-powers of two and d_v != d.
+  // Head dims, including non-powers of two, d_v != d and d_v past 256 (FA3's MLA shape: 64 / 512).
   const int64_t dims[][2] = {{8, 8}, {24, 24}, {64, 64}, {80, 80}, {96, 96}, {128, 128}, {160, 160}, {256, 256},
-                             {64, 32}, {40, 72}, {256, 8}, {8, 256}, {33, 17}};
+                             {64, 32}, {40, 72}, {256, 8}, {8, 256}, {33, 17}, {64, 512}};
   for (DType dt : {DType::f32, DType::bf16})
     for (const auto& dd : dims) {
       AttnCase c = base(dt, 33, 70, 2, 2, dd[0], dd[1]);

@@ -253,7 +253,7 @@ TEST(Validation, HeadsAndHeadDims) {
     for (TensorView* t : {&c.a.q, &c.a.k, &c.a.dq, &c.a.dk}) t->shape[3] = d;
     expect_rejected(c, "q");
   }
-  for (int64_t d : {int64_t(0), kMaxHeadDim + 44}) {
+  for (int64_t d : {int64_t(0), kMaxHeadDimV + 1}) {
     Call c(false);
     for (TensorView* t : {&c.a.v, &c.a.out, &c.a.dout, &c.a.dv}) t->shape[3] = d;
     expect_rejected(c, "v");

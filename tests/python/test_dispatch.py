@@ -157,3 +157,35 @@ def test_choose_backend_validates_like_the_forward():
         if kwargs.get("cu_seqlens_k") is not None:  # the same call through the forward raises the same
             with pytest.raises(exc, match=pattern):
                 flashattn.attention(q, k, v, **kwargs)
+
+
+def test_value_head_dim_past_256_runs_on_the_cpu_and_cuda_says_why_not():
+    """d_v up to 512 (FA3's MLA shape: d 64, d_v 512) runs on the CPU backends, forward and backward, against
+    float64 attention; on CUDA (kernels up to 256) the automatic choice declines it naming the head dims, and the
+    call raises NotImplementedError before writing anything."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 9, 4, 64, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 13, 2, 64, generator=g, dtype=torch.float64)
+    v = torch.randn(2, 13, 2, 512, generator=g, dtype=torch.float64)
+    dout = torch.randn(2, 9, 4, 512, generator=g, dtype=torch.float64)
+    for backend in ("cpu_reference", "cpu_flash"):
+        args = [t.float().requires_grad_() for t in (q, k, v)]
+        out, _ = flashattn.attention(*args, causal=True, backend=backend)
+        grads = torch.autograd.grad(out, args, dout.float())
+        ref_args = [t.clone().requires_grad_() for t in (q, k, v)]
+        kr, vr = (t.repeat_interleave(2, dim=2) for t in ref_args[1:])
+        s = torch.einsum("bqhd,bkhd->bhqk", ref_args[0], kr) / 8.0
+        s = s.masked_fill(~torch.ones(9, 13, dtype=torch.bool).tril(13 - 9), float("-inf"))
+        ref = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), vr)
+        ref_grads = torch.autograd.grad(ref, ref_args, dout)
+        for name, got, want in zip(("out", "dq", "dk", "dv"), (out,) + grads, (ref,) + ref_grads):
+            err = float((got.detach().double() - want.detach()).norm() / want.detach().norm())
+            assert got.shape == want.shape and err < 1e-5, f"{backend} {name}: relative error {err:.2e}"
+    with pytest.raises(ValueError, match=r"^v: head dim must be in \[1, 512\], got 513"):
+        flashattn.attention(q.float(), k.float(), torch.zeros(2, 13, 2, 513))
+    if torch.cuda.is_available() and flashattn.built_with_cuda():
+        qc, kc, vc = (t.to("cuda", torch.bfloat16) for t in (q, k, v))
+        c = flashattn.choose_backend(qc, kc, vc)
+        assert not c.supported and "256" in c.reason, c
+        with pytest.raises(NotImplementedError, match="256"):
+            flashattn.attention(qc, kc, vc)
