@@ -544,8 +544,8 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   __device__ void issue_transposed_scores(Scores& d, const uint8_t* keys, const uint8_t* queries) {
     const uint32_t key_addr = smem_address(keys) + key_row0 * kSwizzleBytes;
     const uint32_t query_addr = smem_address(queries) + score_q0() * kSwizzleBytes;
-    const uint64_t key_desc = opaque_desc(make_desc_k_major(key_addr));
-    const uint64_t query_desc = opaque_desc(make_desc_k_major(query_addr));
+    const uint64_t key_desc = warp_uniform_desc(make_desc_k_major(key_addr));
+    const uint64_t query_desc = warp_uniform_desc(make_desc_k_major(query_addr));
 #pragma unroll
     for (int kk = 0; kk < kD / kWgmmaK; ++kk) {
       const uint32_t step = (kk % 4) * kWgmmaK * 2;
@@ -559,7 +559,7 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   // staged Q or dO tile.
   __device__ void issue_accumulate(float (&acc)[kOutCols / 2], const Fragments& f, const uint8_t* rows) const {
     const uint32_t addr = smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes;
-    const uint64_t desc = opaque_desc(make_desc_mn_major(addr, kM * kSwizzleBytes));
+    const uint64_t desc = warp_uniform_desc(make_desc_mn_major(addr, kM * kSwizzleBytes));
 #pragma unroll
     for (int kk = 0; kk < kM / kWgmmaK; ++kk)
       wgmma_rs<T, kOutCols, 1>(acc, f[kk], desc_advance(desc, kk * kWgmmaK * kSwizzleBytes), true);
@@ -571,8 +571,8 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   __device__ void issue_accumulate_shared(float (&acc)[kOutCols / 2], const uint8_t* tile, const uint8_t* rows) const {
     const uint32_t tile_addr = smem_address(tile);
     const uint32_t addr = smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes;
-    const uint64_t tile_desc = opaque_desc(make_desc_k_major(tile_addr));
-    const uint64_t rows_desc = opaque_desc(make_desc_mn_major(addr, kM * kSwizzleBytes));
+    const uint64_t tile_desc = warp_uniform_desc(make_desc_k_major(tile_addr));
+    const uint64_t rows_desc = warp_uniform_desc(make_desc_mn_major(addr, kM * kSwizzleBytes));
 #pragma unroll
     for (int kk = 0; kk < kM / kWgmmaK; ++kk)
       wgmma_ss<T, kOutCols, 1>(acc, desc_advance(tile_desc, (kk / 4) * kN * kSwizzleBytes + (kk % 4) * kWgmmaK * 2),
@@ -708,8 +708,8 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
     const uint32_t a_addr = smem_address(ds_tile) + (dq_row0() / kPanelCols) * kN * kSwizzleBytes;
     const uint32_t b_addr = smem_address(sm.k()) + (dq_col0() / kPanelCols) * kN * kSwizzleBytes +
                             (dq_col0() % kPanelCols) * Cfg::kElemBytes;
-    const uint64_t a_desc = opaque_desc(make_desc_mn_major(a_addr, kN * kSwizzleBytes));
-    const uint64_t b_desc = opaque_desc(make_desc_mn_major(b_addr, kN * kSwizzleBytes));
+    const uint64_t a_desc = warp_uniform_desc(make_desc_mn_major(a_addr, kN * kSwizzleBytes));
+    const uint64_t b_desc = warp_uniform_desc(make_desc_mn_major(b_addr, kN * kSwizzleBytes));
 #pragma unroll
     for (int kk = 0; kk < kN / kWgmmaK; ++kk)
       wgmma_ss<T, Cfg::kDqTileCols, 1, 1>(dq, desc_advance(a_desc, kk * kWgmmaK * kSwizzleBytes),

@@ -449,6 +449,15 @@ __device__ __forceinline__ uint64_t opaque_desc(uint64_t desc) {
   return desc;
 }
 
+// opaque_desc of a descriptor that every lane of the warp computes alike, read from lane 0 so that the compiler
+// sees it is warp-uniform: ptxas then keeps it, and the steps desc_advance takes from it, in uniform registers
+// instead of moving it there (R2UR) before every wgmma.
+__device__ __forceinline__ uint64_t warp_uniform_desc(uint64_t desc) {
+  const uint32_t lo = __shfl_sync(0xffffffffu, uint32_t(desc), 0);
+  const uint32_t hi = __shfl_sync(0xffffffffu, uint32_t(desc >> 32), 0);
+  return opaque_desc(uint64_t(hi) << 32 | lo);
+}
+
 // ---- stmatrix ----
 // Four 8 x 8 matrices of 16-bit elements from registers to shared memory: register i of every lane holds its
 // accumulator-layout pair of matrix i (row lane / 4, columns 2 (lane % 4), +1), and lane l gives the address of
