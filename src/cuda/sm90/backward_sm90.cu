@@ -343,10 +343,12 @@ __device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, con
     const int head = order.head(w, a.heads_per_kv, i), m = order.block(w, i);
     float* tile = dq_accum_tile<Cfg>(a, w, head, m);
     int* turns = a.dq_turns ? a.dq_turns + (int64_t(head) * a.ws_head_stride + w.ws_row0) / Cfg::kBlockM + m : nullptr;
+    // Piece by piece, the warpgroups in turn: a warpgroup's second hand-off waits behind one of the other's, not
+    // behind all of them (hd 256: 2 pieces per warpgroup and block).
 #pragma unroll
-    for (int wg = 0; wg < Cfg::kConsumerWarpgroups; ++wg) {
+    for (int piece = 0; piece < Cfg::kDqStagePieces; ++piece) {
 #pragma unroll
-      for (int piece = 0; piece < Cfg::kDqStagePieces; ++piece) {
+      for (int wg = 0; wg < Cfg::kConsumerWarpgroups; ++wg) {
         named_barrier_sync(kDqFullBarrier + wg, kDqHandoffThreads);
         const bool last_piece = wg + 1 == Cfg::kConsumerWarpgroups && piece + 1 == Cfg::kDqStagePieces;
         if (leader) {
