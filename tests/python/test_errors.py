@@ -23,7 +23,7 @@ def qkv(b=1, sq=4, sk=5, hq=2, hkv=2, d=8, dv=8, dtype=torch.float32):
     (lambda q, k, v: (q, k[..., :4], v), ValueError, r"^k: expected shape"),
     (lambda q, k, v: (q.repeat(1, 1, 3, 1)[:, :, :3], k, v), ValueError, r"^k: query heads \(3\) must be a multiple"),
     (lambda q, k, v: (q.repeat(1, 1, 1, 40), k.repeat(1, 1, 1, 40), v), ValueError, r"^q: head dim must be in"),
-    (lambda q, k, v: (q, k, v.repeat(1, 1, 1, 40)), ValueError, r"^v: head dim must be in"),
+    (lambda q, k, v: (q, k, v.repeat(1, 1, 1, 65)), ValueError, r"^v: head dim must be in \[1, 512\]"),
     (lambda q, k, v: (q, k[:1].expand(2, -1, -1, -1), v), ValueError, r"^q: expected shape|^k: expected shape"),
 ], ids=["k_dtype", "v_dtype", "int", "rank", "v_seqlen", "k_dim", "heads", "head_dim", "head_dim_v", "batch"])
 def test_bad_tensors(mutate, exc, pattern):
