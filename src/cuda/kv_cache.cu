@@ -165,9 +165,11 @@ Status kvcache_typed(const KVCacheParams& kp, ForwardFn forward) {
   FA_CUDA_TRY(guard.status());
   auto stream = static_cast<cudaStream_t>(p.stream);
   RotaryArgs rot{kp.rotary_cos, kp.rotary_sin, int(kp.rotary_dim), int(kp.rotary_rows), kp.rotary_interleaved};
-  if (std::is_same_v<T, uint8_t> && kp.rotary_cos) {  // refused before anything is written
-    return Status::unsupported("rotary_cos: rotary embedding of float8_e4m3fn rows runs on the CPU backends only so "
-                               "far (rotate before quantising on CUDA)");
+  if constexpr (std::is_same_v<T, uint8_t>) {
+    if (kp.rotary_cos) {  // refused before anything is written
+      return Status::unsupported("rotary_cos: rotary embedding of float8_e4m3fn rows runs on the CPU backends only "
+                                 "so far (rotate before quantising on CUDA)");
+    }
   }
   if (kp.k_new && kp.seqlen_new > 0 && p.batch > 0) {
     if (kp.seqlen_new > INT32_MAX || p.heads_kv > 65535 || p.batch > 65535)
@@ -191,10 +193,10 @@ Status kvcache_typed(const KVCacheParams& kp, ForwardFn forward) {
     append_kernel<T><<<grid, column_threads(std::max(p.head_dim, p.head_dim_v)), 0, stream>>>(a);
     FA_CUDA_TRY(cudaGetLastError());
   }
-  if (!kp.rotary_cos) return forward(p);
   if constexpr (std::is_same_v<T, uint8_t>) {
-    return Status::invalid("rotary_cos: unreachable");  // refused above
+    return forward(p);  // rotary refused above
   } else {
+    if (!kp.rotary_cos) return forward(p);
     return rotate_queries_and_run<T>(kp, rot, forward, stream);
   }
 }
