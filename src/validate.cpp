@@ -733,6 +733,10 @@ Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCa
     return Status::invalid(a.rotary_cos.defined() ? "rotary_sin: required when rotary_cos is given"
                                                   : "rotary_cos: required when rotary_sin is given");
   }
+  // Without rotary_cos / rotary_sin nothing is rotated, so the positions' base cannot change a result: checked, then
+  // unused (FA3 passes rotary_seqlens whether or not it passes tables).
+  const int32_t* rotary_seqlens = nullptr;
+  if (!((st = check_index_vector("rotary_seqlens", a.rotary_seqlens, p.batch, dev, &rotary_seqlens)).ok())) return st;
   if (a.rotary_cos.defined()) {
     if (!a.k_new.defined()) return Status::invalid("rotary_cos: rotary embedding needs the new rows k_new / v_new");
     if (a.rotary_cos.rank != 2) {
@@ -752,8 +756,7 @@ Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCa
                              ") must be in [2, head dim " + std::to_string(p.head_dim) + "]");
     }
     kp.rotary_per_row = o.causal || o.window_left >= 0 || o.window_right >= 0 || o.attention_chunk > 0;
-    if (!((st = check_index_vector("rotary_seqlens", a.rotary_seqlens, p.batch, dev, &kp.rotary_seqlens)).ok()))
-      return st;
+    kp.rotary_seqlens = rotary_seqlens;
     // Appended rows are rotated at their cache rows (without rotary_seqlens); queries past the new rows
     // (s_q > s_new) at positions beyond them, and rotary_seqlens' positions, are checked with the index values.
     if (!kp.rotary_seqlens && kp.rotary_rows < p.seqlen_k) {
@@ -764,12 +767,6 @@ Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCa
     kp.rotary_cos = a.rotary_cos.data;
     kp.rotary_sin = a.rotary_sin.data;
     kp.rotary_interleaved = a.rotary_interleaved;
-  }
-  if (a.rotary_seqlens.defined() && !a.rotary_cos.defined()) {
-    // Nothing is rotated, so the positions' base cannot change a result: checked, then unused (FA3 passes
-    // rotary_seqlens whether or not it passes tables).
-    const int32_t* unused = nullptr;
-    if (!((st = check_index_vector("rotary_seqlens", a.rotary_seqlens, p.batch, dev, &unused)).ok())) return st;
   }
   if (a.num_splits < 0 || a.num_splits > 256) {
     return Status::invalid("num_splits: must be in [0, 256] (0 = chosen from the shape), got " +

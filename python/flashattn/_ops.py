@@ -1020,8 +1020,9 @@ def kvcache_attention(
     cache_batch_idx, cache_leftpad, rotary_seqlens: int32 [b]. q [b, s_q, h_q, d] -> out [b, s_q, h_q, d_v], lse
     [b, h_q, s_q]; varlen q [total_q, h_q, d] with cu_seqlens_q -> lse [h_q, total_q]. Inference only.
     check_index_values=False skips reading cache_seqlens / cache_leftpad / cache_batch_idx / cu_seqlens_k_new /
-    rotary_seqlens (and cu_seqlens_q when max_seqlen_q > 0) on the host, a device synchronisation each on CUDA: the kernels then clamp out-of-range values
-    (nothing outside the tensors is read or written) instead of raising. It is off anyway under CUDA-graph capture.
+    rotary_seqlens (and cu_seqlens_q when max_seqlen_q > 0) on the host, a device synchronisation each on CUDA: the
+    kernels then clamp out-of-range values (nothing outside the tensors is read or written) instead of raising.
+    It is off anyway under CUDA-graph capture.
     `names` maps the library's argument names to the caller's, for error messages (see _renamed).
     float8_e4m3fn q, caches and new rows (FA3's FP8 KV cache): q_descale / k_descale / v_descale fp32 [b, h_kv] as
     in fp8_attention (k / v descales for every row of sequence b's cache), out in out_dtype (bfloat16 by default, or

@@ -192,8 +192,8 @@ def flash_attn_func(
     """
     _reject_fa3_only(qv)
     _scheduling_hints(num_splits, pack_gqa, sm_margin)
-    return _dense(q, k, v, softmax_scale, causal, window_size, attention_chunk, softcap, deterministic, return_attn_probs,
-                  backend, num_threads, (q_descale, k_descale, v_descale))
+    return _dense(q, k, v, softmax_scale, causal, window_size, attention_chunk, softcap, deterministic,
+                  return_attn_probs, backend, num_threads, (q_descale, k_descale, v_descale))
 
 
 def flash_attn_qkvpacked_func(
@@ -365,8 +365,8 @@ def flash_attn_varlen_func(
         q_all, q = q, _select_rows(q, q_rows)
     if page_table is not None:
         out, lse = _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                                 page_table, softmax_scale, causal, window_size, attention_chunk, softcap, deterministic,
-                                 backend, num_threads)
+                                 page_table, softmax_scale, causal, window_size, attention_chunk, softcap,
+                                 deterministic, backend, num_threads)
     else:
         if seqused_k is not None:
             for name, t in (("q", q), ("k", k), ("v", v)):
@@ -377,7 +377,8 @@ def flash_attn_varlen_func(
             k, v = _select_rows(k, k_rows), _select_rows(v, k_rows)
         if fp8:
             out, lse = _fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_descale, k_descale,
-                            v_descale, softmax_scale, causal, window_size, softcap, backend, num_threads, attention_chunk)
+                            v_descale, softmax_scale, causal, window_size, softcap, backend, num_threads,
+                            attention_chunk)
         else:
             out, lse, _ = _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0, softmax_scale,
                                causal, window_size, softcap, None, deterministic, True, backend, num_threads,

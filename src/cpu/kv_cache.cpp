@@ -228,10 +228,9 @@ Status cpu_kvcache(const KVCacheParams& kp, ForwardFn run) {
     // copies (so that the dequantising adapter sees [batch, rows, heads, dim] with descale row b = sequence b),
     // dequantised and run in fp32.
     if (kp.k_new) append_typed<uint8_t>(kp);
-    const auto dequantised = [run](const FwdParams& d) { return cpu_fp8_forward(d, run); };
-    if (!kp.rotary_cos) return dense_typed<uint8_t>(kp.attn, dequantised);
     std::vector<uint8_t> rotated;
-    return dense_typed<uint8_t>(with_rotated_queries<uint8_t>(kp, &rotated), dequantised);
+    const FwdParams attn = kp.rotary_cos ? with_rotated_queries<uint8_t>(kp, &rotated) : kp.attn;
+    return dense_typed<uint8_t>(attn, [run](const FwdParams& d) { return cpu_fp8_forward(d, run); });
   }
   if (kp.k_new && !(st = by_dtype<Append>(kp.attn.dtype, kp)).ok()) return st;
   if (!kp.rotary_cos) return run(kp.attn);
