@@ -597,18 +597,19 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   // test on every block and selects (about 140 instructions per block and thread at hd 128). Not with 128-row
   // blocks (hd 64), where the second copy here makes ptxas serialise the wgmmas (C7512): consume copies the whole
   // iteration there instead.
-  template <bool kSoftcap, bool kAlibi, bool kPack>
+  // kMask: as gradients takes it; kMaskKnownNo takes the unmasked copy at every block size.
+  template <bool kSoftcap, bool kAlibi, bool kPack, int kMask = kMaskUnknown>
   __device__ void probabilities(Scores& s, Fragments& pf, const float* lse_log2, int m, bool masked,
                                 float alibi_slope2, uint8_t* pt_tile = nullptr) const {
-    if (!Cfg::kScoresBeforeDv && !masked)
-      probabilities<kSoftcap, kAlibi, kPack, false>(s, pf, lse_log2, m, false, alibi_slope2, pt_tile);
+    if (kMask == kMaskKnownNo || (!Cfg::kScoresBeforeDv && !masked))
+      probabilities_copy<kSoftcap, kAlibi, kPack, false>(s, pf, lse_log2, m, false, alibi_slope2, pt_tile);
     else
-      probabilities<kSoftcap, kAlibi, kPack, true>(s, pf, lse_log2, m, masked, alibi_slope2, pt_tile);
+      probabilities_copy<kSoftcap, kAlibi, kPack, true>(s, pf, lse_log2, m, masked, alibi_slope2, pt_tile);
   }
-  // kMaybeMasked false: `masked` is known false.
+  // One copy of probabilities; kMaybeMasked false: `masked` is known false.
   template <bool kSoftcap, bool kAlibi, bool kPack, bool kMaybeMasked>
-  __device__ void probabilities(Scores& s, Fragments& pf, const float* lse_log2, int m, bool masked,
-                                float alibi_slope2, uint8_t* pt_tile) const {
+  __device__ void probabilities_copy(Scores& s, Fragments& pf, const float* lse_log2, int m, bool masked,
+                                     float alibi_slope2, uint8_t* pt_tile) const {
     // Row r's distance from query score_q0() + 8j + 2·quad + e of the block is alibi_base[r] + 8j + e
     // (common/alibi.h).
     float alibi_base[2] = {0.f, 0.f};
@@ -791,14 +792,10 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
       issue_dq(dq, ds_tile);
       issue_accumulate_shared(dk, ds_tile, q_tile);
     } else {
-      if constexpr (Cfg::kScoresBeforeDv && kMask != kMaskUnknown) {
-        probabilities<kSoftcap, kAlibi, kSoftcap, kMask == kMaskKnownYes>(s, pf, sm.lse_log2(stage), m,
-                                                                          kMask == kMaskKnownYes, alibi_slope2,
-                                                                          nullptr);
-        wgmma_wait<0>();
-        fence_registers(dp);
-      } else if constexpr (Cfg::kScoresBeforeDv) {
-        probabilities<kSoftcap, kAlibi, kSoftcap>(s, pf, sm.lse_log2(stage), m, needs_mask(m), alibi_slope2);
+      if constexpr (Cfg::kScoresBeforeDv) {
+        probabilities<kSoftcap, kAlibi, kSoftcap, kMask>(s, pf, sm.lse_log2(stage), m,
+                                                         kMask == kMaskUnknown ? needs_mask(m) : kMask == kMaskKnownYes,
+                                                         alibi_slope2);
         wgmma_wait<0>();
         fence_registers(dp);
       } else {
@@ -887,7 +884,7 @@ __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int 
                      .slope_log2()
                : 0.f;
     c.template gradients<kSoftcap, kAlibi, decltype(mask)::value>(s, dp, dq, m, pos.index, do_stage, i % 2,
-                                                         alibi_slope2);
+                                                                  alibi_slope2);
     if constexpr (Cfg::kSeparateDoRing) {
       wgmma_wait<2>();  // dV has landed: dO is no longer read
       fence_registers(c.dv);
