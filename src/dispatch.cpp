@@ -37,18 +37,27 @@ bool on_cpu(const FwdParams& p) { return p.device.type == DeviceType::cpu; }
 // bwd: the backward's params when choosing for the backward (they say more than the forward's: dout's layout,
 // the deterministic mode); null for the forward.
 Status supports(Backend b, const FwdParams& p, const BwdParams* bwd) {
+  if (bwd && p.qv) return Status::unsupported("qv: the backward of attention with qv is not supported (forward only)");
   switch (b) {
     case Backend::cpu_reference:
     case Backend::cpu_flash:
       return on_cpu(p) ? Status::success()
                        : Status::unsupported(std::string(backend_name(b)) + " runs on CPU tensors; these are on CUDA");
     case Backend::cuda_sm80:
-      if (on_cpu(p)) return Status::unsupported("cuda_sm80 runs on CUDA tensors; these are on the CPU");
+    case Backend::cuda_sm90:
+      if (on_cpu(p)) {
+        return Status::unsupported(std::string(backend_name(b)) + " runs on CUDA tensors; these are on the CPU");
+      }
+      if (p.qv) return Status::unsupported("qv: the query-value term runs on the CPU backends only so far");
+      break;
+    case Backend::automatic: return Status::invalid("backend: not a concrete backend");
+  }
+  switch (b) {
+    case Backend::cuda_sm80:
       return detail::cuda_sm80_supports(p, bwd != nullptr);
     case Backend::cuda_sm90:
-      if (on_cpu(p)) return Status::unsupported("cuda_sm90 runs on CUDA tensors; these are on the CPU");
       return bwd ? detail::cuda_sm90_backward_supports(*bwd) : detail::cuda_sm90_supports(p);
-    case Backend::automatic: break;
+    default: break;
   }
   return Status::invalid("backend: not a concrete backend");
 }
@@ -71,6 +80,12 @@ BackendChoice choose(const FwdParams& p, Backend requested, const BwdParams* bwd
   if (on_cpu(p)) {
     c.backend = Backend::cpu_flash;
     c.reason = std::string("CPU tensors: tiled online-softmax CPU path (") + detail::cpu_flash_level() + " kernels)";
+    return c;
+  }
+  if (p.qv) {  // no CUDA backend has it: say so in its own terms rather than once per backend
+    c.backend = Backend::cuda_sm80;
+    c.status = supports(Backend::cuda_sm80, p, bwd);
+    c.reason = c.status.message;
     return c;
   }
   // CUDA: fastest first; record why each faster backend was passed over.

@@ -263,9 +263,29 @@ Status set_dropout_rng(const TensorView& rng, double dropout_p, FwdParams* p) {
   return Status::success();
 }
 
+// The optional qv (FA3's query-value term): like q (`q_view`'s shape, padded or varlen) with head_dim_v columns, in
+// q's 16/32/64-bit dtype.
+Status set_qv(const TensorView& qv, const TensorView& q_view, bool varlen, FwdParams* p) {
+  if (!qv.defined()) return Status::success();
+  if (p->dtype == DType::e4m3) {
+    return Status::unsupported("qv: not supported with float8_e4m3fn inputs (FA3 has no such combination either)");
+  }
+  int64_t shape[4];
+  const int rank = q_view.rank;
+  std::copy(q_view.shape, q_view.shape + rank, shape);
+  shape[rank - 1] = p->head_dim_v;
+  Status st = check_tensor("qv", qv, rank, shape, p->dtype, p->device, true);
+  if (!st.ok()) return st;
+  p->qv = qv.data;
+  row_strides(qv, varlen, &p->qv_batch_stride, &p->qv_row_stride, &p->qv_head_stride);
+  return Status::success();
+}
+
 // The options every forward takes as they are (check_options has accepted them).
 void set_options(const AttentionOptions& o, FwdParams* p) {
-  p->softmax_scale = o.softmax_scale > 0 ? float(o.softmax_scale) : float(1.0 / std::sqrt(double(p->head_dim)));
+  // FA3's default with qv: the score sums products over d + d_v columns.
+  const int64_t score_dim = p->head_dim + (p->qv ? p->head_dim_v : 0);
+  p->softmax_scale = o.softmax_scale > 0 ? float(o.softmax_scale) : float(1.0 / std::sqrt(double(score_dim)));
   p->softcap = float(o.softcap);
   p->dropout_p = float(o.dropout_p);
   // A probability just below 1 must stay below 1 in float (the kept ones are scaled by 1 / (1 - p)).
@@ -394,6 +414,7 @@ Status make_forward_params(const ForwardArgs& a, const AttentionOptions& o, FwdP
   if (!((st = set_descale("q_descale", a.q_descale, &p, &p.q_descale, p.q_descale_strides)).ok())) return st;
   if (!((st = set_descale("k_descale", a.k_descale, &p, &p.k_descale, p.k_descale_strides)).ok())) return st;
   if (!((st = set_descale("v_descale", a.v_descale, &p, &p.v_descale, p.v_descale_strides)).ok())) return st;
+  if (!((st = set_qv(a.qv, a.q, varlen, &p)).ok())) return st;
 
   p.q = a.q.data;
   p.k = a.k.data;
@@ -412,6 +433,9 @@ Status make_forward_params(const ForwardArgs& a, const AttentionOptions& o, FwdP
 Status make_backward_params(const BackwardArgs& a, const AttentionOptions& o, BwdParams* out) {
   if (out == nullptr) return Status::invalid("params: null output pointer");
   if (!a.lse.defined()) return Status::invalid("lse: required by the backward (the forward's log-sum-exp)");
+  if (a.qv.defined()) {
+    return Status::unsupported("qv: the backward of attention with qv is not supported (forward only, as in FA3)");
+  }
   FwdParams f;
   Status st = make_forward_params(a, o, &f);
   if (!st.ok()) return st;
@@ -677,6 +701,7 @@ Status make_kvcache_params(const KVCacheArgs& a, const AttentionOptions& o, KVCa
   if (!((st = set_descale("q_descale", a.q_descale, &p, &p.q_descale, p.q_descale_strides)).ok())) return st;
   if (!((st = set_descale("k_descale", a.k_descale, &p, &p.k_descale, p.k_descale_strides)).ok())) return st;
   if (!((st = set_descale("v_descale", a.v_descale, &p, &p.v_descale, p.v_descale_strides)).ok())) return st;
+  if (!((st = set_qv(a.qv, a.q, varlen, &p)).ok())) return st;
 
   // New rows to append, and the rotary embedding.
   if (a.k_new.defined() != a.v_new.defined()) {

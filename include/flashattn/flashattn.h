@@ -36,7 +36,8 @@ const char* backend_name(Backend b);
 bool parse_backend(const std::string& name, Backend* out);
 
 struct AttentionOptions {
-  // <= 0 selects the default 1 / sqrt(head_dim). Applied in fp32 (rounded to the nearest float), as is softcap.
+  // <= 0 selects the default 1 / sqrt(head_dim) (1 / sqrt(head_dim + head_dim_v) with qv, as FA3). Applied in fp32
+  // (rounded to the nearest float), as is softcap.
   double softmax_scale = 0.0;
   bool causal = false;
   // Sliding window around the (bottom-right aligned) diagonal; -1 = unbounded on that side.
@@ -87,6 +88,11 @@ struct ForwardArgs {
   // (PyTorch's graph-safe generator does). The same mask as the options' values would give; the backward must be
   // given the same tensor, holding the same values.
   TensorView dropout_rng;
+  // FA3's qv (optional): [b, s_q, h_q, d_v] (varlen [total_q, h_q, d_v]) in q's dtype, last dim contiguous; each
+  // score becomes scale · (q·k + qv·v) before softcap, ALiBi and the mask (DeepSeek MLA's absorbed attention: the
+  // latent values double as keys). Forward only (a backward given qv is refused, as in FA3), CPU backends; not
+  // with float8_e4m3fn inputs.
+  TensorView qv;
 };
 
 // The forward's inputs plus dout (like out) and the gradients dq, dk, dv (like q, k, v). lse is required.
@@ -132,6 +138,8 @@ struct KVCacheArgs {
   // k / v descales apply to every row of sequence b's cache), out in bfloat16 or float16. CPU backends only for now;
   // no rotary embedding (e4m3 rows would need requantising).
   TensorView q_descale, k_descale, v_descale;
+  // qv like q with d_v columns (as in ForwardArgs; not rotated). CPU backends.
+  TensorView qv;
   int64_t max_seqlen_q = 0;
   bool rotary_interleaved = true;
   int num_splits = 0;  // CUDA: key splits per sequence (1 = none); 0 = chosen from the shape

@@ -49,6 +49,11 @@ struct FwdParams {
   int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
   int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
   int64_t lse_batch_stride = 0, lse_head_stride = 0;
+  // FA3's query-value term (DeepSeek MLA's absorbed decode): Qv laid out like Q with head_dim_v columns (strides
+  // as Q's); the score of query i and key j becomes scale · (q_i · k_j + qv_i · v_j), before softcap, bias and
+  // mask. Null: no such term. Forward only, CPU backends.
+  const void* qv = nullptr;
+  int64_t qv_batch_stride = 0, qv_row_stride = 0, qv_head_stride = 0;
 
   int64_t batch = 0;
   int64_t seqlen_q = 0, seqlen_k = 0;  // the maximum lengths in varlen mode

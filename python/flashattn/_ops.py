@@ -142,22 +142,25 @@ def _attention_forward_impl(
     int_options: List[int],
     float_options: List[float],
     backend: str,
+    qv: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """out [.., heads_q, d_v] and lse (fp32) of softmax(q kᵀ · scale + ALiBi bias) v; options as op_options()
     builds them. `deterministic` only travels to the backward (the forward is always deterministic). dropout_rng:
     None, or int64 [2] {seed, offset} on q's device that the kernels read in place of the options' seed and offset
-    (the CUDA-graph-safe form, _dropout_key)."""
+    (the CUDA-graph-safe form, _dropout_key). qv (FA3's, like q with d_v; last, with a default, so that callers
+    without it keep their positions): scores scale · (q kᵀ + qv vᵀ); no backward."""
     o = _native_options(int_options, float_options)
     del o["deterministic"]
     if o["dropout_seed"] < 0 or o["dropout_offset"] < 0:
         raise ValueError("int_options: the dropout seed and offset must be >= 0")
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    qv = None if qv is None else _last_dim_contiguous(qv)
     alibi_slopes = _checked_slopes(alibi_slopes)
     out, lse = _forward_outputs(q, v, cu_seqlens_q is not None)
     # The native module makes q's device current for the launch itself.
     _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), _dl(cu_seqlens_q), _dl(cu_seqlens_k), o.pop("max_seqlen_q"),
                o.pop("max_seqlen_k"), alibi_slopes=_dl(alibi_slopes), dropout_rng=_dl(dropout_rng), backend=backend,
-               stream=_stream(q), **o)
+               stream=_stream(q), qv=_dl(qv), **o)
     return out, lse
 
 
@@ -166,7 +169,7 @@ attention_forward = torch.library.custom_op("flashattn::attention_forward", muta
 
 @attention_forward.register_fake
 def _attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_rng, int_options, float_options,
-                            backend):
+                            backend, qv=None):
     return _forward_outputs(q, v, cu_seqlens_q is not None)
 
 
@@ -279,16 +282,26 @@ def _setup_context(ctx, inputs, output):
     # dropout_rng is saved, not copied: under a CUDA graph its memory holds this step's state when the captured
     # backward reads it (the forward's random op rewrites it on every replay).
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_rng)
-    ctx.options = inputs[7:]  # int_options, float_options, backend: the backward op takes them as they are
+    ctx.options = inputs[7:10]  # int_options, float_options, backend: the backward op takes them as they are
+    ctx.with_qv = len(inputs) > 10 and inputs[10] is not None
+    ctx.input_count = len(inputs)
     # The log-sum-exp is an auxiliary output (as in flash_attn): no gradient flows through it.
     ctx.mark_non_differentiable(lse)
 
 
+def _refuse_qv_backward(ctx) -> None:
+    if ctx.with_qv:
+        raise NotImplementedError("qv: the backward of attention with qv is not supported (forward only, as in "
+                                  "FlashAttention-3); run it under torch.no_grad() or pass tensors that do not "
+                                  "require grad")
+
+
 def _backward(ctx, dout, _dlse):
+    _refuse_qv_backward(ctx)
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_rng = ctx.saved_tensors
     dq, dk, dv = torch.ops.flashattn.attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                                         alibi_slopes, dropout_rng, *ctx.options)
-    return (dq, dk, dv) + (None,) * 7
+    return (dq, dk, dv) + (None,) * (ctx.input_count - 3)
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -330,18 +343,21 @@ class _DirectAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, _dlse):
+        _refuse_qv_backward(ctx)
         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_rng = ctx.saved_tensors
         dq, dk, dv = _attention_backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
                                               dropout_rng, *ctx.options)
-        return (dq, dk, dv) + (None,) * 7
+        return (dq, dk, dv) + (None,) * (ctx.input_count - 3)
 
 
 def _call_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_rng, int_options, float_options,
-                  backend):
+                  backend, qv=None):
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_rng, int_options, float_options, backend)
-    if not _dispatch_free(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_rng):
+    if qv is not None:  # the operator's last argument, only when given: calls without it keep their schema form
+        args += (qv,)
+    if not _dispatch_free(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_rng, qv):
         return torch.ops.flashattn.attention_forward(*args)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, qv)):
         return _DirectAttention.apply(*args)
     return _attention_forward_impl(*args)
 
@@ -543,11 +559,13 @@ def _attention_with_kvcache_impl(
     float_options: List[float],
     out_dtype: torch.dtype,
     backend: str,
+    qv: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Appends k_new / v_new to the caches in place (k_new rotated when rotary_cos / rotary_sin are given; packed
     [total_new, heads_kv, d] with cu_seqlens_k_new) and attends q over them: out [.., heads_q, d_v] in out_dtype
     (q's dtype, or 16 bits for float8_e4m3fn caches, scaled by the descales) and lse (fp32).
-    Options as kvcache_options() builds them.
+    Options as kvcache_options() builds them. qv: FA3's query-value term (attention's; not rotated), last with a
+    default so that callers without it keep their positions.
     Inference only (no backward). The caches are written, never copied: their last dimension must be contiguous."""
     o = _kvcache_native_options(int_options, float_options)
     if _capturing(q):
@@ -556,7 +574,7 @@ def _attention_with_kvcache_impl(
                 "max_seqlen_q: required (> 0) to capture varlen queries over a KV cache in a CUDA graph (without it "
                 "the longest sequence is read off cu_seqlens_q on the host)")
         o["check_index_values"] = False  # no device-to-host copy inside a capture; the kernels clamp instead
-    q, k_new, v_new = (None if t is None else _last_dim_contiguous(t) for t in (q, k_new, v_new))
+    q, k_new, v_new, qv = (None if t is None else _last_dim_contiguous(t) for t in (q, k_new, v_new, qv))
     (rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, cu_seqlens_q,
      cu_seqlens_k_new, rotary_seqlens) = (
         _contiguous(t) for t in (rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
@@ -569,7 +587,8 @@ def _attention_with_kvcache_impl(
                               _dl(cache_leftpad), _dl(block_table), _dl(cu_seqlens_q), o.pop("max_seqlen_q"),
                               alibi_slopes=_dl(alibi_slopes), cu_seqlens_k_new=_dl(cu_seqlens_k_new),
                               rotary_seqlens=_dl(rotary_seqlens), backend=backend, stream=_stream(q),
-                              q_descale=_dl(q_descale), k_descale=_dl(k_descale), v_descale=_dl(v_descale), **o)
+                              q_descale=_dl(q_descale), k_descale=_dl(k_descale), v_descale=_dl(v_descale),
+                              qv=_dl(qv), **o)
     return out, lse
 
 
@@ -581,7 +600,7 @@ attention_with_kvcache = torch.library.custom_op("flashattn::attention_with_kvca
 def _attention_with_kvcache_fake(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
                                  cache_batch_idx, cache_leftpad, block_table, cu_seqlens_q, alibi_slopes,
                                  cu_seqlens_k_new, rotary_seqlens, q_descale, k_descale, v_descale, int_options,
-                                 float_options, out_dtype, backend):
+                                 float_options, out_dtype, backend, qv=None):
     return _kvcache_outputs(q, v_cache, cu_seqlens_q is not None, out_dtype)
 
 
@@ -752,6 +771,7 @@ def attention(
     backend: str = "auto",
     num_threads: int = 0,
     attention_chunk: int = 0,
+    qv: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Exact attention in the library's own terms; returns (out, lse).
 
@@ -762,9 +782,14 @@ def attention(
     -slope · |i + s_k - s_q - j| (flash_attn's ALiBi; the slopes get no gradient). dropout_p in [0, 1): attention
     dropout with a seed drawn from `generator` (default: torch's default generator of q's device). `backend` forces
     one backend by name ("auto" dispatches); num_threads bounds the CPU backends (0 = all). attention_chunk > 0:
-    chunked attention (FA3's attention_chunk; check_chunk).
+    chunked attention (FA3's attention_chunk; check_chunk). qv (FA3's; like q with d_v columns, q's dtype): each
+    score becomes scale · (q·k + qv·v), scale defaulting to 1/sqrt(d + d_v) (DeepSeek MLA's absorbed form); CPU
+    backends, forward only (a backward through it raises NotImplementedError).
     """
     _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, paired=True)
+    if qv is not None:
+        _check_qv(qv, q)
+        softmax_scale = resolve_scale(softmax_scale, q.shape[-1] + v.shape[-1])
     max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap, deterministic, num_threads = (
         _call_options(q, k, softmax_scale, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap,
                       deterministic, num_threads))
@@ -775,7 +800,15 @@ def attention(
                               deterministic, num_threads, dropout_p, seed, offset,
                               attention_chunk=check_chunk(attention_chunk))
     _check_slopes_type(alibi_slopes)
-    return _call_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, ints, floats, str(backend))
+    return _call_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng, ints, floats, str(backend), qv)
+
+
+def _check_qv(qv, q: Tensor) -> None:
+    """FA3's qv: a tensor in q's dtype (its shape and device are the library's to check). float8 q: left to the
+    library, which says that the combination is not supported."""
+    _check_tensor("qv", qv, floating=q.dtype != torch.float8_e4m3fn)
+    if qv.dtype != q.dtype:
+        raise TypeError(f"qv: dtype {qv.dtype} differs from q's {q.dtype}")
 
 
 def _check_descale_types(**descales: Optional[Tensor]) -> None:
@@ -1008,6 +1041,7 @@ def kvcache_attention(
     v_descale: Optional[Tensor] = None,
     out_dtype: Optional[torch.dtype] = None,
     attention_chunk: int = 0,
+    qv: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Attention over a KV cache in the library's own terms (flash_attn_with_kvcache's semantics); returns (out, lse).
 
@@ -1030,7 +1064,7 @@ def kvcache_attention(
     fp32 and stored back in e4m3 (to nearest even, saturating at +-448, as FA3's kernels do). Other dtypes: out in
     q's dtype.
     attention_chunk > 0: chunked attention over the cache's keys (after cache_leftpad; q rotated per row as with a
-    window).
+    window). qv: like q with d_v columns, as in `attention` (scale defaulting to 1/sqrt(d + d_v); not rotated).
     """
     names = names or {}
     name = lambda n: names.get(n, n)  # noqa: E731
@@ -1067,7 +1101,10 @@ def kvcache_attention(
                  ("block_table", block_table), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new),
                  ("rotary_seqlens", rotary_seqlens)):
         _check_index(name(n), t)
-    scale = resolve_scale(softmax_scale, q.shape[-1] if q.dim() else 0)
+    if qv is not None:
+        _check_qv(qv, q)
+    score_dim = (q.shape[-1] if q.dim() else 0) + (v_cache.shape[-1] if qv is not None and v_cache.dim() else 0)
+    scale = resolve_scale(softmax_scale, score_dim)
     # Rows that bound every mask edge: the query rows and the cache's capacity (dense rows, or pages x page size).
     rows = None
     if q.dim() >= 3 and k_cache.dim() == 4 and (block_table is None or block_table.dim() == 2):
@@ -1081,14 +1118,16 @@ def kvcache_attention(
         check_flag("check_index_values", check_index_values), attention_chunk=check_chunk(attention_chunk))
     # Inference only, as in flash_attn: the outputs never require grad (no graph is recorded through the call; the
     # detached caches share their storage and version counter, so the in-place append stays visible to autograd).
-    q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin = (
+    q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, qv = (
         t.detach() if t is not None and t.requires_grad else t
-        for t in (q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin))
+        for t in (q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, qv))
     _check_slopes_type(alibi_slopes)
     args = (q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, cu_seqlens_q, alibi_slopes, cu_seqlens_k_new, rotary_seqlens, q_descale, k_descale, v_descale,
             ints, floats, out_dtype, str(backend))
-    call = _direct_kvcache if _dispatch_free(*args[:18]) else torch.ops.flashattn.attention_with_kvcache
+    if qv is not None:  # the operator's last argument, only when given (as in _call_forward)
+        args += (qv,)
+    call = _direct_kvcache if _dispatch_free(*args[:18], qv) else torch.ops.flashattn.attention_with_kvcache
     if not names or torch.compiler.is_compiling():
         return call(*args)
     try:

@@ -20,10 +20,14 @@ flash_attn_combine returns (out, softmax_lse) with softmax_lse (batch, seqlen, n
 
 Arguments, supported or not (nothing that could change a result is ever ignored):
 
-* Raise NotImplementedError naming the argument unless left at the default: ``qv`` and ``scheduler_metadata``
-  (None only; get_scheduler_metadata returns None, see there). In
-  flash_attn_varlen_func a None ``cu_seqlens_q`` (batched queries), and a None ``cu_seqlens_k`` without
-  page_table, raise too.
+* Raise NotImplementedError naming the argument unless left at the default: ``scheduler_metadata`` (None only;
+  get_scheduler_metadata returns None, see there). In flash_attn_varlen_func a None ``cu_seqlens_q`` (batched
+  queries), and a None ``cu_seqlens_k`` without page_table, raise too.
+* ``qv`` (DeepSeek MLA's absorbed attention: (batch, seqlen_q, nheads, headdim_v), varlen (total_q, nheads,
+  headdim_v), q's dtype): each score becomes softmax_scale * (q . k + qv . v), softmax_scale defaulting to
+  1 / sqrt(headdim + headdim_v), as in FA3; in flash_attn_with_kvcache qv is not rotated. On the CPU backends so far
+  (CUDA tensors raise NotImplementedError naming qv), forward only as in FA3 (a backward through autograd raises
+  NotImplementedError), not with float8_e4m3fn inputs (FA3 neither).
 * ``attention_chunk`` > 0 (chunked local attention, as in Llama 4): the keys are cut into chunks of that many
   ([0, c), [c, 2c), ..., counted from the first key; in flash_attn_with_kvcache from cache_leftpad) and a query row
   sees only the keys of the chunk holding its bottom-right aligned diagonal, within causal and the window when
@@ -94,11 +98,6 @@ def _require_none(name: str, value, what: str) -> None:
         raise NotImplementedError(f"{name}: {what} is not supported by flashattn; pass None")
 
 
-def _reject_fa3_only(qv=None) -> None:
-    """The FA3 features flashattn does not have: NotImplementedError naming the argument unless at its default."""
-    _require_none("qv", qv, "the extra query-value product (qv)")
-
-
 def _scheduling_hints(num_splits, pack_gqa, sm_margin) -> int:
     """Validates the hints that do not change results; returns num_splits in flashattn's terms (0 = automatic)."""
     try:
@@ -149,16 +148,21 @@ def _fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_desc
 # ---- flash_attn_func, flash_attn_qkvpacked_func --------------------------------------------------------------------
 
 
+def _no_fp8_qv(qv) -> None:
+    _require_none("qv", qv, "qv with float8_e4m3fn inputs (as in FA3)")
+
+
 def _dense(q, k, v, softmax_scale, causal, window_size, attention_chunk, softcap, deterministic, return_attn_probs,
-           backend, num_threads, descales=(None, None, None)):
+           backend, num_threads, descales=(None, None, None), qv=None):
     return_attn_probs = check_flag("return_attn_probs", return_attn_probs)
     if _is_fp8(q, k, v):
+        _no_fp8_qv(qv)
         out, lse = _fp8(q, k, v, None, None, 0, 0, *descales, softmax_scale, causal, window_size, softcap, backend,
                         num_threads, attention_chunk)
         return _lse_result(out, lse, return_attn_probs)
     _no_descales(q, *descales)
     out, lse, _ = _run(q, k, v, None, None, 0, 0, 0.0, softmax_scale, causal, window_size, softcap, None,
-                       deterministic, True, backend, num_threads, attention_chunk=attention_chunk)
+                       deterministic, True, backend, num_threads, attention_chunk=attention_chunk, qv=qv)
     return _lse_result(out, lse, return_attn_probs)
 
 
@@ -187,13 +191,13 @@ def flash_attn_func(
     Returns out (batch, seqlen_q, nheads, headdim_v), or (out, softmax_lse (batch, nheads, seqlen_q)) with
     return_attn_probs=True. Differentiable in q, k, v. float8_e4m3fn q, k, v (all three) run FA3's FP8 forward:
     each scaled by its optional fp32 descale (batch, nheads_k), out in bfloat16, forward only (module docstring).
-    num_splits, pack_gqa and sm_margin are hints that do not change the result (module docstring); qv raises
-    NotImplementedError. attention_chunk > 0: chunked attention (module docstring).
+    num_splits, pack_gqa and sm_margin are hints that do not change the result (module docstring). qv (batch,
+    seqlen_q, nheads, headdim_v): scores softmax_scale * (q . k + qv . v), forward only, CPU backends (module
+    docstring). attention_chunk > 0: chunked attention (module docstring).
     """
-    _reject_fa3_only(qv)
     _scheduling_hints(num_splits, pack_gqa, sm_margin)
     return _dense(q, k, v, softmax_scale, causal, window_size, attention_chunk, softcap, deterministic,
-                  return_attn_probs, backend, num_threads, (q_descale, k_descale, v_descale))
+                  return_attn_probs, backend, num_threads, (q_descale, k_descale, v_descale), qv)
 
 
 def flash_attn_qkvpacked_func(
@@ -279,7 +283,8 @@ def _select_rows(t: Tensor, rows: Tensor) -> Tensor:
 
 
 def _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, page_table,
-                  softmax_scale, causal, window_size, attention_chunk, softcap, deterministic, backend, num_threads):
+                  softmax_scale, causal, window_size, attention_chunk, softcap, deterministic, backend, num_threads,
+                  qv=None):
     """The paged path of flashattn's flash_attn_varlen_func, with FA3's names and its default key lengths."""
     _check_index("page_table", page_table)
     if page_table.dim() != 2:
@@ -294,7 +299,7 @@ def _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     try:
         out, lse, _ = _run_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0,
                                  softmax_scale, causal, window_size, softcap, None, deterministic, True, page_table,
-                                 seqused_k, backend, num_threads, attention_chunk=attention_chunk)
+                                 seqused_k, backend, num_threads, attention_chunk=attention_chunk, qv=qv)
     except (ValueError, TypeError, NotImplementedError) as e:
         raise _renamed(e, _FA3_NAMES) from None
     return out, lse
@@ -336,13 +341,13 @@ def flash_attn_varlen_func(
     max_pages_per_seq * page_size) rows of its pages.
 
     Returns out (total_q, nheads, headdim_v), or (out, softmax_lse (nheads, total_q)) with return_attn_probs=True.
-    Differentiable in q, k, v without page_table.
+    Differentiable in q, k, v without page_table and qv. qv (total_q, nheads, headdim_v): module docstring.
     """
-    _reject_fa3_only(qv)
     _scheduling_hints(num_splits, pack_gqa, sm_margin)
     return_attn_probs = check_flag("return_attn_probs", return_attn_probs)
     fp8 = _is_fp8(q, k, v)
     if fp8:
+        _no_fp8_qv(qv)
         _require_none("page_table", page_table, "float8_e4m3fn inputs with page_table")
         if cu_seqlens_q is None or cu_seqlens_k is None:
             raise NotImplementedError("cu_seqlens_q: float8_e4m3fn varlen inputs need cu_seqlens_q and cu_seqlens_k")
@@ -363,10 +368,16 @@ def flash_attn_varlen_func(
         q_rows, cu_seqlens_q = _used_rows("cu_seqlens_q", cu_seqlens_q, "seqused_q", seqused_q, q.shape[0],
                                           q.device)
         q_all, q = q, _select_rows(q, q_rows)
+        if qv is not None:
+            _check_tensor("qv", qv)
+            _check_rank("qv", qv, True)
+            if qv.shape[0] != q_all.shape[0]:
+                raise ValueError(f"qv: expected {q_all.shape[0]} rows (dim 0) like q, got shape {list(qv.shape)}")
+            qv = _select_rows(qv, q_rows)
     if page_table is not None:
         out, lse = _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                                  page_table, softmax_scale, causal, window_size, attention_chunk, softcap,
-                                 deterministic, backend, num_threads)
+                                 deterministic, backend, num_threads, qv)
     else:
         if seqused_k is not None:
             for name, t in (("q", q), ("k", k), ("v", v)):
@@ -382,7 +393,7 @@ def flash_attn_varlen_func(
         else:
             out, lse, _ = _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0, softmax_scale,
                                causal, window_size, softcap, None, deterministic, True, backend, num_threads,
-                               attention_chunk=attention_chunk)
+                               attention_chunk=attention_chunk, qv=qv)
     if q_rows is not None:  # back to the caller's packing: unused rows give 0 (lse -inf), and no gradient
         rows = q_all.shape[0]
         out = out.new_zeros((rows, *out.shape[1:])).index_copy(0, q_rows, out)
@@ -445,16 +456,18 @@ def flash_attn_with_kvcache(
     Returns out (batch, seqlen_q, nheads, headdim_v) (varlen: (total_q, nheads, headdim_v)), or with
     return_softmax_lse=True (out, softmax_lse, out_accum, softmax_lse_accum): softmax_lse (batch, nheads,
     seqlen_q) (varlen: (nheads, total_q)) fp32, the last two empty fp32 tensors (module docstring). Inference only:
-    the outputs do not require grad. scheduler_metadata and qv raise NotImplementedError. attention_chunk > 0:
+    the outputs do not require grad. scheduler_metadata raises NotImplementedError. qv (batch, seqlen_q, nheads,
+    headdim_v) (varlen: (total_q, nheads, headdim_v)), not rotated: module docstring. attention_chunk > 0:
     chunked attention over the cache's keys (counted from cache_leftpad), q rotated per row as under a window.
     FP8: float8_e4m3fn q, k_cache, v_cache (and k, v) with q_descale / k_descale / v_descale fp32 (batch, nheads_k)
     give a bfloat16 out; the CPU backends and the CUDA decode kernel run it, rotary too (e4m3 tables). The descales
     with any other dtype raise ValueError.
     check_index_values: as in flashattn.flash_attn_with_kvcache.
     """
-    _reject_fa3_only(qv)
     fp8 = _is_fp8(q)
-    if not fp8:
+    if fp8:
+        _no_fp8_qv(qv)
+    else:
         _no_descales(q, q_descale, k_descale, v_descale)
     _require_none("scheduler_metadata", scheduler_metadata, "a precomputed FA3 schedule (scheduler_metadata)")
     splits = _scheduling_hints(num_splits, pack_gqa, sm_margin)
@@ -468,7 +481,7 @@ def flash_attn_with_kvcache(
         rotary_interleaved=rotary_interleaved, num_splits=splits, cu_seqlens_k_new=cu_seqlens_k_new,
         rotary_seqlens=rotary_seqlens, backend=backend, num_threads=num_threads,
         check_index_values=check_index_values, names=_FA3_NAMES, q_descale=q_descale, k_descale=k_descale,
-        v_descale=v_descale, out_dtype=torch.bfloat16 if fp8 else None, attention_chunk=attention_chunk)
+        v_descale=v_descale, out_dtype=torch.bfloat16 if fp8 else None, attention_chunk=attention_chunk, qv=qv)
     if not return_softmax_lse:
         return out
     out_accum, lse_accum = (torch.empty(0, dtype=torch.float32, device=out.device) for _ in range(2))

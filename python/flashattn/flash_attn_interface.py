@@ -107,14 +107,14 @@ def _split(name: str, packed: Tensor, dim: int, count: int, layout: str):
 
 def _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
          window_size, softcap, alibi_slopes, deterministic, return_attn_probs, backend, num_threads, generator=None,
-         attention_chunk=0):
+         attention_chunk=0, qv=None):
     dropout_p = check_dropout(dropout_p)
     left, right = _window(window_size)
     out, lse = attention(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                          max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal, window_left=left,
                          window_right=right, softcap=_softcap(softcap), alibi_slopes=alibi_slopes,
                          dropout_p=dropout_p, generator=generator, deterministic=deterministic, backend=backend,
-                         num_threads=num_threads, attention_chunk=attention_chunk)
+                         num_threads=num_threads, attention_chunk=attention_chunk, qv=qv)
     return _result(out, lse, return_attn_probs)
 
 
@@ -246,8 +246,8 @@ def _paged_names(lengths_name: str) -> dict:
 
 def _run_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
                window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table, seqused_k, backend,
-               num_threads, attention_chunk=0):
-    """flash_attn_varlen_func over a paged cache: the KV-cache operator with varlen queries."""
+               num_threads, attention_chunk=0, qv=None):
+    """flash_attn_varlen_func over a paged cache: the KV-cache operator with varlen queries (qv: FA3's)."""
     if check_dropout(dropout_p) > 0:
         raise NotImplementedError("dropout_p: the paged path (block_table) is inference-only: it takes no dropout")
     if block_table is None:
@@ -259,7 +259,7 @@ def _run_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
         if t.dim() != 4:
             raise ValueError(f"{name}: expected a rank-4 paged cache [num_pages, page_size, nheads_k, headdim] "
                              f"(block_table given), got shape {list(t.shape)}")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, qv)):
         raise NotImplementedError(
             "block_table: the paged path (block_table) is inference-only: it has no backward, and an input requires "
             "grad; call it under torch.no_grad() / torch.inference_mode(), or pass detached tensors")
@@ -288,7 +288,7 @@ def _run_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
         q, k, v, cache_seqlens=lengths, block_table=block_table, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
         softmax_scale=softmax_scale, causal=causal, window_left=left, window_right=right, softcap=_softcap(softcap),
         alibi_slopes=alibi_slopes, backend=backend, num_threads=num_threads,
-        names=_paged_names(lengths_name), attention_chunk=attention_chunk)
+        names=_paged_names(lengths_name), attention_chunk=attention_chunk, qv=qv)
     return _result(out, lse, return_attn_probs)
 
 

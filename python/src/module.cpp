@@ -189,9 +189,10 @@ std::string forward(const In& q, const In& k, const In& v, const Out& out, const
                     bool causal, int64_t window_left, int64_t window_right, int64_t attention_chunk, double softcap,
                     const OptIn& alibi_slopes, double dropout_p, uint64_t dropout_seed, uint64_t dropout_offset,
                     const OptIn& dropout_rng, const OptIn& q_descale, const OptIn& k_descale, const OptIn& v_descale,
-                    const std::string& backend, int num_threads, uintptr_t stream) {
+                    const std::string& backend, int num_threads, uintptr_t stream, const OptIn& qv) {
   flashattn::ForwardArgs a = forward_args(q, k, v, to_view("out", out), to_view("lse", lse), cu_seqlens_q,
                                           cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes);
+  a.qv = to_view("qv", qv);
   a.dropout_rng = to_view("dropout_rng", dropout_rng, /*int64_ok=*/true);
   a.q_descale = to_view("q_descale", q_descale);
   a.k_descale = to_view("k_descale", k_descale);
@@ -243,8 +244,10 @@ std::string attention_with_kvcache(
     int64_t max_seqlen_q, double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
     int64_t attention_chunk, double softcap, bool rotary_interleaved, int num_splits, bool check_index_values,
     const OptIn& alibi_slopes, const OptIn& cu_seqlens_k_new, const OptIn& rotary_seqlens, const std::string& backend,
-    int num_threads, uintptr_t stream, const OptIn& q_descale, const OptIn& k_descale, const OptIn& v_descale) {
+    int num_threads, uintptr_t stream, const OptIn& q_descale, const OptIn& k_descale, const OptIn& v_descale,
+    const OptIn& qv) {
   flashattn::KVCacheArgs a;
+  a.qv = to_view("qv", qv);
   a.q = to_view("q", q);
   a.k_cache = to_view("k_cache", k_cache);
   a.v_cache = to_view("v_cache", v_cache);
@@ -349,13 +352,14 @@ NB_MODULE(_C, m) {
         "window_right"_a = -1, "attention_chunk"_a = 0, "softcap"_a = 0.0, "alibi_slopes"_a.none() = nb::none(),
         "dropout_p"_a = 0.0, "dropout_seed"_a = 0, "dropout_offset"_a = 0, "dropout_rng"_a.none() = nb::none(),
         "q_descale"_a.none() = nb::none(), "k_descale"_a.none() = nb::none(), "v_descale"_a.none() = nb::none(),
-        "backend"_a = "auto", "num_threads"_a = 0, "stream"_a = 0,
+        "backend"_a = "auto", "num_threads"_a = 0, "stream"_a = 0, "qv"_a.none() = nb::none(),
         "Attention forward into caller-allocated out [b, s_q, h_q, d_v] and optional lse [b, h_q, s_q] (fp32);\n"
         "varlen: [total, h, d] tensors with int32 cu_seqlens_q/k. softmax_scale <= 0 means 1/sqrt(d). stream is a\n"
         "cudaStream_t as an integer (CUDA tensors). alibi_slopes: fp32 [h_q] or [b, h_q] (ALiBi). dropout_p in\n"
         "[0, 1) with its seed and offset, or dropout_rng (int64 [2] {seed, offset} on q's device, read by the\n"
         "kernels: the CUDA-graph-safe form); the backward must get the same. float8_e4m3fn q, k, v: out bfloat16 or\n"
-        "float16, optional fp32 [b, h_kv] q/k/v_descale (CPU backends). Returns the name of the backend that ran.");
+        "float16, optional fp32 [b, h_kv] q/k/v_descale (CPU backends). qv (FA3's, like q with d_v): scores\n"
+        "scale * (q.k + qv.v), CPU backends, default scale 1/sqrt(d + d_v). Returns the name of the backend that ran.");
 
   m.def("backward", &backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "dq"_a, "dk"_a, "dv"_a,
         "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
@@ -379,6 +383,7 @@ NB_MODULE(_C, m) {
         "check_index_values"_a = true, "alibi_slopes"_a.none() = nb::none(), "cu_seqlens_k_new"_a.none() = nb::none(),
         "rotary_seqlens"_a.none() = nb::none(), "backend"_a = "auto", "num_threads"_a = 0, "stream"_a = 0,
         "q_descale"_a.none() = nb::none(), "k_descale"_a.none() = nb::none(), "v_descale"_a.none() = nb::none(),
+        "qv"_a.none() = nb::none(),
         "Attention over a key/value cache (flash_attn_with_kvcache), forward only. k_cache / v_cache: dense\n"
         "[b_cache, s_cache, h_kv, d] or, with block_table (int32 [entries, max_pages]), paged [num_pages, page_size,\n"
         "h_kv, d]; written in place when k_new / v_new [b, s_new, h_kv, d] (or [total_new, h_kv, d] with\n"
@@ -388,8 +393,8 @@ NB_MODULE(_C, m) {
         "[b, s_q, h_q, d], or [total_q, h_q, d] with cu_seqlens_q; out like q with d_v, lse [b, h_q, s_q] or\n"
         "[h_q, total_q] (fp32). check_index_values=False skips the host copy and check of the index values (CUDA\n"
         "graph capture; the kernels then clamp). float8_e4m3fn q, caches and new rows (no rotary) with optional fp32\n"
-        "[b, h_kv] q_descale / k_descale / v_descale write a bfloat16 or float16 out (CPU backends). Returns the\n"
-        "name of the backend that ran.");
+        "[b, h_kv] q_descale / k_descale / v_descale write a bfloat16 or float16 out (CPU backends). qv: as in\n"
+        "forward (not rotated). Returns the name of the backend that ran.");
 
   m.def("merge_attention_states", &merge_attention_states, "out_a"_a, "lse_a"_a, "out_b"_a, "lse_b"_a, "out"_a,
         "lse"_a.none() = nb::none(), nb::kw_only(), "num_threads"_a = 0, "stream"_a = 0,

@@ -150,6 +150,10 @@ struct BackwardScratch {
   // (dQ's), and a tile's P and dS, rounded to bf16: Pᵀ and dSᵀ in pairs of queries, dS in pairs of keys.
   AlignedBuffer<uint32_t> q_pairs, dout_pairs, k_pairs, v_pairs;
   AlignedBuffer<uint32_t> q_row_pairs, dout_row_pairs, k_row_pairs, pt_pairs, dst_pairs, ds_pairs;
+  // D of kVec rows at a time (row_sums_of_products): their O rows transposed (in pairs for bf16 pair products),
+  // and the kVec x kVec products.
+  AlignedBuffer<uint32_t> o_pairs;
+  AlignedBuffer<Acc> ot, d_tile;
   // Row strides of Q, dO and the K rows: micro-kernel B operands, padded (tile_config.h); of the pairs.
   int64_t ldq, lddo, ldk, ldq_pairs, lddo_pairs;
 
@@ -183,9 +187,37 @@ struct BackwardScratch {
       dout_row_pairs.resize((rows + 1) / 2 * dvp);
       k_row_pairs.resize(C::kBlockK / 2 * dp);
       for (auto* b : {&pt_pairs, &dst_pairs, &ds_pairs}) b->resize(C::kBlockQ * C::kBlockK / 2);
+      o_pairs.resize(lddo_pairs * C::kVec);
     }
+    ot.resize(p.head_dim_v * C::kVec);
+    d_tile.resize(C::kVec * C::kVec);
   }
 };
+
+// D = rowsum(dO ∘ O) of `rows` rows (dO from the task's buffers w.dout / w.dout_pairs, O from the output), by the
+// very product routine and operands dP = dO · Vᵀ takes, so that D equals dP_j bitwise where O = V_j (a row whose
+// probability sits on one key, the first row under causal among them): its dS is then exactly 0, as the softmax's
+// derivative says, not a rounding difference of two summation orders. kVec rows at a time: their O rows
+// transposed as a B operand, the diagonal of dO · Oᵀ kept (the rest of the small product is discarded; it costs
+// what a row-by-row dot product would).
+template <typename T, typename Acc>
+void row_sums_of_products(const T* o, int64_t o_rs, int64_t rows, int64_t dv, BackwardScratch<Acc>& w, Acc* dsum) {
+  constexpr int64_t kV = CpuTiles<Acc>::kVec;
+  constexpr bool kPairs = std::is_same_v<T, bfloat16_t> && kBf16PairProducts;
+  Acc* d_tile = w.d_tile.data();
+  for (int64_t i0 = 0; i0 < rows; i0 += kV) {
+    const int64_t n = std::min(kV, rows - i0);
+    if constexpr (kPairs) {
+      load_transposed_pairs(o + i0 * o_rs, o_rs, n, dv, w.o_pairs.data(), kV, kV);
+      gemm_bf16_pairs(n, kV, w.lddo_pairs, w.dout_pairs.data() + i0 * w.lddo_pairs, w.lddo_pairs, 1,
+                      w.o_pairs.data(), kV, d_tile, kV, GemmMode::overwrite);
+    } else {
+      load_transposed(o + i0 * o_rs, o_rs, n, dv, w.ot.data(), kV, kV);
+      gemm<Acc>(n, kV, dv, w.dout.data() + i0 * w.lddo, w.lddo, 1, w.ot.data(), kV, d_tile, kV, GemmMode::overwrite);
+    }
+    for (int64_t r = 0; r < n; ++r) dsum[i0 + r] = d_tile[r * kV + r];
+  }
+}
 
 // The scores' transforms after the product: softcap, then the mask on partial tiles (masked entries -inf).
 template <typename Acc>
@@ -303,13 +335,7 @@ void backward_task(const BwdParams& p, const BackwardPlan& plan, const BackwardT
       pack_row_pairs(q, ldq, rows, dp, w.q_row_pairs.data());
       pack_row_pairs(dout, lddo, rows, dvp, w.dout_row_pairs.data());
     }
-    for (int64_t i = 0; i < rows; ++i) {
-      const T* o_row = ov.row(qlo + i);
-      const Acc* do_row = dout + i * lddo;
-      Acc acc = Acc(0);
-      for (int64_t c = 0; c < dv; ++c) acc += do_row[c] * widen(o_row[c]);
-      dsum[i] = acc;
-    }
+    row_sums_of_products<T, Acc>(ov.row(qlo), ov.row_stride, rows, dv, w, dsum);
     if constexpr (std::is_same_v<Acc, double>) {
       recompute_lse2(p, mask, score, alibi, k, qlo, qhi, w);
     } else {

@@ -10,6 +10,7 @@
 // Per key block, in the task's fp32 (fp64 for fp64 inputs) buffers:
 //   Sᵀ = K · Qᵀ                     (micro_gemm: K broadcast, Qᵀ rows as vectors; Qᵀ transposed once per task
 //                                    and pre-multiplied by scale·log2(e), so that exp is one exp2)
+//        (+ V · QVᵀ with FA3's qv, QVᵀ transposed and scaled the same way)
 //   softcap, ALiBi, then mask       (the mask per element only on tiles MaskSpec::tile_fully_visible says are
 //                                    partial)
 //   m' = max(m, column max of Sᵀ),  P = exp2(Sᵀ - m'),  l = l·exp2(m - m') + column sums of P
@@ -58,7 +59,7 @@ namespace {
 // Per-thread buffers of one forward task, sized once per call.
 template <typename Acc>
 struct ForwardScratch {
-  AlignedBuffer<Acc> qt, k, v, s, o;
+  AlignedBuffer<Acc> qt, qvt, k, v, s, o;
   AlignedBuffer<Acc> m, l, alpha, offset, tile_max;
 
   // bf16 with pair products (kBf16PairProducts): Qᵀ of the task and K of a tile, in pairs.
@@ -66,11 +67,12 @@ struct ForwardScratch {
   // Row strides: Qᵀ, V and the score tile (read as P) are micro-kernel B / A operands, padded (tile_config.h).
   int64_t ldq, ldv, lds;
 
-  ForwardScratch(int64_t block_q, int64_t d, int64_t dvp, bool pairs) {
+  ForwardScratch(int64_t block_q, int64_t d, int64_t dvp, bool pairs, bool with_qv) {
     using C = CpuTiles<Acc>;
     ldq = lds = b_operand_ld(block_q, sizeof(Acc));
     ldv = b_operand_ld(dvp, sizeof(Acc));
     qt.resize(d * ldq);
+    if (with_qv) qvt.resize(dvp * ldq);
     k.resize(C::kBlockK * d);
     v.resize(C::kBlockK * ldv);
     s.resize(C::kBlockK * lds);
@@ -114,6 +116,11 @@ void forward_task(const FwdParams& p, int64_t block_q, const QueryBlockTask& t, 
     load_transposed_pairs(q.row(i0), q.row_stride, nq, d, w.qt_pairs.data(), ldq, nqp);
   else
     load_transposed(q.row(i0), q.row_stride, nq, d, w.qt.data(), ldq, nqp, score.qk_scale);
+  // FA3's qv term: QVᵀ scaled like Qᵀ, so that V · QVᵀ adds to the same log2-unit scores.
+  if (p.qv) {
+    const auto qv = query_value_view<const T>(p, ext, t.batch, t.head);
+    load_transposed(qv.row(i0), qv.row_stride, nq, dv, w.qvt.data(), ldq, nqp, score.qk_scale);
+  }
   Acc *m = w.m.data(), *l = w.l.data(), *alpha = w.alpha.data(), *off = w.offset.data(), *tmax = w.tile_max.data();
   for (int64_t i = 0; i < nqp; ++i) m[i] = kNegInf, l[i] = Acc(0);
   std::fill(w.o.data(), w.o.data() + nq * dvp, Acc(0));
@@ -147,6 +154,7 @@ void forward_task(const FwdParams& p, int64_t block_q, const QueryBlockTask& t, 
     } else {
       gemm<Acc>(nk, c1 - c0, d, kt.data, kt.ld, 1, w.qt.data() + c0, ldq, sc, lds, GemmMode::overwrite);
     }
+    if (p.qv) gemm<Acc>(nk, c1 - c0, dv, vt.data, vt.ld, 1, w.qvt.data() + c0, ldq, sc, lds, GemmMode::add);
     score.apply_softcap(sc, lds, nk, c1 - c0);
     if (alibi.active()) alibi.add_key_major(sc, lds, j0, nk, i0 + c0, c1 - c0);
     if (!mask.tile_fully_visible(i0 + c0, i0 + c0 + rows, j0, j0 + nk)) mask_key_major(mask, sc, lds, j0, nk, i0 + c0, c1 - c0);
@@ -214,7 +222,8 @@ std::vector<QueryBlockTask> make_tasks(const FwdParams& p, int64_t block_q) {
 template <typename Acc>
 int64_t choose_block_q(const FwdParams& p) {
   using C = CpuTiles<Acc>;
-  const int64_t row_bytes = (p.head_dim + round_up(p.head_dim_v, C::kVec)) * int64_t(sizeof(Acc));
+  // Per query row: Qᵀ, the O accumulator and, with qv, QVᵀ.
+  const int64_t row_bytes = (p.head_dim + round_up(p.head_dim_v, C::kVec) * (p.qv ? 2 : 1)) * int64_t(sizeof(Acc));
   int64_t bq = C::kFwdBlockQMax;
   while (bq > C::kFwdBlockQMin && bq * row_bytes > C::kFwdQueryTileBytes) bq /= 2;
   for (; bq > C::kFwdBlockQMin; bq /= 2) {
@@ -234,7 +243,7 @@ Status forward_typed(const FwdParams& p) {
 #pragma omp parallel num_threads(threads) if (n > 1)
   {
     ForwardScratch<Acc> scratch(block_q, p.head_dim, round_up(p.head_dim_v, CpuTiles<Acc>::kVec),
-                                kBf16PairProducts && std::is_same_v<T, bfloat16_t>);
+                                kBf16PairProducts && std::is_same_v<T, bfloat16_t>, p.qv != nullptr);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < n; ++t) forward_task<T, Acc>(p, block_q, tasks[size_t(t)], scratch);
   }

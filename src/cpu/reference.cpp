@@ -28,6 +28,7 @@ void row_typed(const BwdParams& p, int64_t b, int64_t h, int64_t i, bool with_gr
   const auto q = query_view<const T>(p, p.q, ext, b, h);
   const auto k = key_view<const T>(p, p.k, ext, h / group, false);
   const auto v = key_view<const T>(p, p.v, ext, h / group, true);
+  const auto qv = query_value_view<const T>(p, ext, b, h);
   const MaskSpec mask = sequence_mask(p, ext);
   const Alibi alibi = Alibi::make(p.alibi_slopes, p.alibi_slopes_batch_stride, b, h, ext.len_q, ext.len_k);
   const DropoutSpec dropout = DropoutSpec::make(p.dropout_p, DropoutRng::of(p), b, h);
@@ -40,6 +41,9 @@ void row_typed(const BwdParams& p, int64_t b, int64_t h, int64_t i, bool with_gr
     if (!mask.visible(i, j)) continue;
     double dot = 0;
     for (int64_t c = 0; c < p.head_dim; ++c) dot += double(to_float(q.at(i, c))) * double(to_float(k.at(j, c)));
+    if (p.qv) {
+      for (int64_t c = 0; c < p.head_dim_v; ++c) dot += double(to_float(qv.at(i, c))) * double(to_float(v.at(j, c)));
+    }
     double u = dot * double(p.softmax_scale);
     if (p.softcap > 0) {
       th[size_t(j)] = std::tanh(u / double(p.softcap));

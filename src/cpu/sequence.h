@@ -70,6 +70,13 @@ SequenceView<T> query_view(const FwdParams& p, const void* q, const SequenceExte
   return make_view<T>(const_cast<void*>(q), p.q_batch_stride, p.q_row_stride, p.q_head_stride, b, e.start_q, h, e.len_q);
 }
 
+// FA3's qv rows of query head h (FwdParams::qv, laid out like Q with d_v columns).
+template <typename T>
+SequenceView<T> query_value_view(const FwdParams& p, const SequenceExtent& e, int64_t b, int64_t h) {
+  return make_view<T>(const_cast<void*>(p.qv), p.qv_batch_stride, p.qv_row_stride, p.qv_head_stride, b, e.start_q, h,
+                      e.len_q);
+}
+
 // K (is_value = false) or V (true) of KV head `hk`, in batch entry e.kv_batch (the sequence's, or its cache entry).
 template <typename T>
 SequenceView<T> key_view(const FwdParams& p, const void* kv, const SequenceExtent& e, int64_t hk, bool is_value) {

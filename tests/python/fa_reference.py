@@ -40,17 +40,24 @@ def visible(seq_q: int, seq_k: int, causal: bool, window: Sequence[int], device=
 
 def attention_ref(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, window: Sequence[int] = (-1, -1),
                   softcap: float = 0.0, scale: Optional[float] = None, alibi: Optional[Tensor] = None,
-                  dtype: Optional[torch.dtype] = torch.float64, chunk: int = 0) -> Tuple[Tensor, Tensor]:
+                  dtype: Optional[torch.dtype] = torch.float64, chunk: int = 0, qv: Optional[Tensor] = None
+                  ) -> Tuple[Tensor, Tensor]:
     """out [b, s_q, h_q, d_v] and lse [b, h_q, s_q] computed in `dtype` (None: the inputs' dtype). Differentiable.
-    alibi: slopes [h_q] or [b, h_q]; score (i, j) gains -slope * |i + s_k - s_q - j| after the softcap."""
+    alibi: slopes [h_q] or [b, h_q]; score (i, j) gains -slope * |i + s_k - s_q - j| after the softcap.
+    qv [b, s_q, h_q, d_v] (FA3's): the score adds qv_i · v_j to q_i · k_j before the scale, which defaults to
+    1 / sqrt(d + d_v) then."""
     dtype = dtype or q.dtype
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     seq_q, seq_k, heads_q, heads_kv = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
-    scale = f32(q.shape[-1] ** -0.5 if scale is None else scale)
+    score_dim = q.shape[-1] + (v.shape[-1] if qv is not None else 0)
+    scale = f32(score_dim ** -0.5 if scale is None else scale)
     group = heads_q // heads_kv
     k = k.repeat_interleave(group, dim=2)
     v = v.repeat_interleave(group, dim=2)
-    s = torch.einsum("bihd,bjhd->bhij", q, k) * scale
+    s = torch.einsum("bihd,bjhd->bhij", q, k)
+    if qv is not None:
+        s = s + torch.einsum("bihd,bjhd->bhij", qv.to(dtype), v)
+    s = s * scale
     if softcap > 0:
         cap = f32(softcap)
         s = cap * torch.tanh(s / cap)

@@ -8,6 +8,7 @@ summary, without one).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import replace
 from typing import List, Optional, Sequence
@@ -188,14 +189,15 @@ def cu(lengths: Sequence[int], device="cpu") -> Tensor:
                         device=device)
 
 
-def used_ref(q, k, v, cu_q, cu_k, used_q, used_k, **kw):
-    """out [total_q, h, d_v] and lse [h, total_q] of each sequence's used rows through attention_ref; the other
-    query rows give 0 / -inf (differentiable: built by concatenation)."""
+def used_ref(q, k, v, cu_q, cu_k, used_q, used_k, qv=None, **kw):
+    """out [total_q, h, d_v] and lse [h, total_q] of each sequence's used rows through attention_ref (qv packed
+    like q); the other query rows give 0 / -inf (differentiable: built by concatenation)."""
     outs, lses = [], []
     for b in range(len(cu_q) - 1):
         uq, uk = used_q[b], used_k[b]
+        qv_b = None if qv is None else qv[cu_q[b]:cu_q[b] + uq][None]
         o, l = attention_ref(q[cu_q[b]:cu_q[b] + uq][None], k[cu_k[b]:cu_k[b] + uk][None],
-                             v[cu_k[b]:cu_k[b] + uk][None], **kw)
+                             v[cu_k[b]:cu_k[b] + uk][None], qv=qv_b, **kw)
         pad = cu_q[b + 1] - cu_q[b] - uq
         outs += [o[0], o.new_zeros(pad, *o.shape[2:])]
         lses += [l[0], l.new_full((l.shape[1], pad), NEG_INF)]
@@ -889,6 +891,108 @@ def test_get_scheduler_metadata_is_none_and_accepted():
     assert torch.equal(out, ref)
 
 
+# ---- qv: FA3's query-value term (DeepSeek MLA's absorbed attention) ------------------------------------------------
+
+QV_CASES = [
+    # (b, s_q, s_k, heads q, heads kv, d, d_v, causal, window, softcap, dtype)
+    (2, 5, 9, 4, 1, 64, 512, False, (-1, -1), 0.0, torch.bfloat16),  # MLA decode's shape class: MQA, d 64, d_v 512
+    (1, 7, 7, 2, 2, 16, 32, True, (-1, -1), 3.0, torch.float16),
+    (2, 6, 3, 4, 2, 8, 24, True, (1, 0), 0.0, torch.float32),        # s_q > s_k: rows without keys
+]
+
+
+def qv_like(q: Tensor, d_v: int, seed: int = 13) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*q.shape[:-1], d_v, generator=g).to(q.dtype).to(q.device)
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+@pytest.mark.parametrize("case", QV_CASES, ids=lambda c: f"b{c[0]}q{c[1]}k{c[2]}h{c[3]}-{c[4]}d{c[5]}-{c[6]}")
+def test_qv(case, backend):
+    b, s_q, s_k, hq, hkv, d, dv, causal, window, softcap, dtype = case
+    q, k, v, _ = dense_inputs(b, s_q, s_k, hq, hkv, d, dv, dtype)
+    qv = qv_like(q, dv)
+    outs = {}
+    for scale in (None, 0.3):  # None: FA3's default with qv, 1 / sqrt(d + d_v)
+        out, lse = fa3.flash_attn_func(q, k, v, scale, causal, qv, window_size=window, softcap=softcap,
+                                       return_attn_probs=True, backend=backend)
+        kw = dict(causal=causal, window=window, softcap=softcap, scale=scale, qv=qv)
+        r64, low = attention_ref(q, k, v, **kw), attention_ref(q, k, v, dtype=None, **kw)
+        assert_close("out", out, r64[0], low[0], dtype)
+        assert_close("lse", lse, r64[1], low[1], dtype)
+        outs[scale] = out
+    # the library's own entry takes it too, with the same bits
+    same, _ = flashattn.attention(q, k, v, qv=qv, causal=causal, window_left=window[0], window_right=window[1],
+                                  softcap=softcap, backend=backend)
+    assert torch.equal(same, outs[None])
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_qv_varlen_seqused_q(backend):
+    seg_q, used_q, seg_k = (3, 5), (2, 5), (6, 4)
+    hq, hkv, d, dv, dtype = 4, 2, 16, 48, torch.bfloat16
+    g = torch.Generator().manual_seed(17)
+    make = lambda *shape: torch.randn(*shape, generator=g).to(dtype)  # noqa: E731
+    q, k, v, qv = make(8, hq, d), make(10, hkv, d), make(10, hkv, dv), make(8, hq, dv)
+    out, lse = fa3.flash_attn_varlen_func(q, k, v, cu(seg_q), cu(seg_k), 5, 6, index_tensor(used_q, "cpu"),
+                                          causal=True, qv=qv, return_attn_probs=True, backend=backend)
+    refs = [used_ref(q, k, v, cu(seg_q).tolist(), cu(seg_k).tolist(), used_q, seg_k, qv=qv, causal=True, dtype=dt)
+            for dt in (torch.float64, None)]
+    assert_close("out", out, refs[0][0], refs[1][0], dtype)
+    assert_close("lse", lse, refs[0][1], refs[1][1], dtype)
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+def test_qv_paged_varlen(backend):
+    case = PAGED_CASES[2]
+    inp = paged_varlen_inputs(case)
+    kc, vc = (t.clone() for t in inp.caches())
+    qv = qv_like(inp.q, vc.shape[-1])
+    out, lse = fa3.flash_attn_varlen_func(
+        inp.q, kc, vc, torch.tensor(inp.cu_q, dtype=I32), None, max(case.lengths_q), None,
+        seqused_k=index_tensor(case.lengths_k, "cpu"), causal=case.causal, qv=qv, window_size=case.window,
+        softcap=case.softcap, return_attn_probs=True, page_table=inp.block_table, backend=backend)
+    kw = dict(causal=case.causal, window=case.window, softcap=case.softcap, interleaved=True, qv=qv)
+    check_outputs(out, lse, reference(inp, inp.k_log, inp.v_log, **kw),
+                  reference(inp, inp.k_log, inp.v_log, dtype=None, **kw), case.dtype)
+
+
+@pytest.mark.parametrize("backend", cpu_backends())
+@pytest.mark.parametrize("case", [
+    KVCase(2, 3, 2, (5, 11), page=4, rotary=0.5, interleaved=False, heads=(4, 1), d=32, d_v=64, causal=True,
+           dtype=torch.bfloat16),
+    KVCase(2, 1, 1, (0, 7), rotary=1.0, heads=(2, 2), d=16, d_v=40, softcap=2.0, dtype=torch.float16),
+], ids=str)
+def test_qv_with_kvcache(case, backend):
+    inp = make_inputs(case)
+    k_arg, v_arg = (t.clone() for t in inp.caches())
+    qv = qv_like(inp.q, case.d_v)
+    out, lse, *_ = fa3.flash_attn_with_kvcache(
+        inp.q, k_arg, v_arg, inp.k_new, inp.v_new, qv, inp.cos, inp.sin, index_tensor(inp.lengths, "cpu"), None,
+        None, inp.block_table, causal=case.causal, softcap=case.softcap, rotary_interleaved=case.interleaved,
+        return_softmax_lse=True, backend=backend)
+    k_exp, v_exp = expected_caches(inp, case.interleaved)
+    check_caches(inp, k_arg, v_arg, k_exp, v_exp)
+    # q is rotated, qv is not (FA3)
+    kw = dict(causal=case.causal, window=case.window, softcap=case.softcap, interleaved=case.interleaved, qv=qv)
+    check_outputs(out, lse, reference(inp, k_exp, v_exp, **kw), reference(inp, k_exp, v_exp, dtype=None, **kw),
+                  case.dtype)
+
+
+def test_qv_is_forward_only():
+    q, k, v, _ = dense_inputs(1, 3, 4, 2, 2, 8, 16, torch.float32)
+    qv = qv_like(q, 16)
+    expected = fa3.flash_attn_func(q, k, v, qv=qv)
+    for requires in ("q", "qv"):
+        leaves = {n: t.clone().requires_grad_(n == requires) for n, t in dict(q=q, k=k, v=v, qv=qv).items()}
+        for dispatched in (False, True):  # the eager shortcut and torch's operator (what torch.compile records)
+            with OpSpy() if dispatched else contextlib.nullcontext():
+                out = fa3.flash_attn_func(**leaves)
+            assert out.requires_grad and torch.equal(out.detach(), expected)
+            with pytest.raises(NotImplementedError, match=r"^qv: the backward of attention with qv is not"):
+                out.sum().backward()
+
+
 # ---- unsupported arguments and errors ------------------------------------------------------------------------------
 
 
@@ -926,17 +1030,24 @@ def qkvpacked_call(**change):
 
 
 ONE = torch.ones(1)
+
+
+def _f8(*shape):
+    return torch.randn(*shape).to(torch.float8_e4m3fn)
 CALLS = {"flash_attn_func": dense_call, "flash_attn_varlen_func": varlen_call,
          "flash_attn_with_kvcache": kvcache_call, "get_scheduler_metadata": scheduler_call,
          "flash_attn_qkvpacked_func": qkvpacked_call}
-COMMON_UNSUPPORTED = [("qv", dict(qv=ONE))]
 UNSUPPORTED = (
-    [("flash_attn_func", n, c) for n, c in COMMON_UNSUPPORTED]
-    + [("flash_attn_varlen_func", n, c) for n, c in COMMON_UNSUPPORTED]
-    + [("flash_attn_varlen_func", "cu_seqlens_q", dict(cu_seqlens_q=None)),
-       ("flash_attn_varlen_func", "cu_seqlens_k", dict(cu_seqlens_k=None))]
-    + [("flash_attn_with_kvcache", n, c) for n, c in COMMON_UNSUPPORTED]
+    [("flash_attn_varlen_func", "cu_seqlens_q", dict(cu_seqlens_q=None)),
+     ("flash_attn_varlen_func", "cu_seqlens_k", dict(cu_seqlens_k=None))]
     + [("flash_attn_with_kvcache", "scheduler_metadata", dict(scheduler_metadata=torch.zeros(3, dtype=I32)))]
+    # float8 inputs with qv (FA3 neither)
+    + [("flash_attn_func", "qv", dict(q=_f8(2, 3, 4, 16), k=_f8(2, 5, 2, 16), v=_f8(2, 5, 2, 16),
+                                      qv=_f8(2, 3, 4, 16))),
+       ("flash_attn_varlen_func", "qv", dict(q=_f8(7, 4, 16), k=_f8(9, 2, 16), v=_f8(9, 2, 16), qv=_f8(7, 4, 16))),
+       ("flash_attn_with_kvcache", "qv", dict(q=_f8(2, 1, 4, 16), k_cache=_f8(5, 16, 2, 16),
+                                              v_cache=_f8(5, 16, 2, 16), k=_f8(2, 1, 2, 16), v=_f8(2, 1, 2, 16),
+                                              qv=_f8(2, 1, 4, 16)))]
 )
 
 
@@ -979,6 +1090,17 @@ ERRORS = [
     ("flash_attn_with_kvcache", dict(q=_fp8(torch.randn(2, 1, 4, 16))), TypeError,
      r"^k_cache: dtype torch.float\d+ differs from q's torch.float8_e4m3fn"),
     ("flash_attn_func", dict(pack_gqa="yes"), TypeError, r"^pack_gqa: expected a bool"),
+    # qv: like q with d_v columns, in q's dtype
+    ("flash_attn_func", dict(qv=torch.randn(2, 3, 4, 8)), ValueError, r"^qv: expected shape \[2, 3, 4, 16\]"),
+    ("flash_attn_func", dict(qv=torch.randn(2, 3, 4, 16, dtype=torch.float64)), TypeError,
+     r"^qv: dtype torch.float64 differs from q's torch.float32"),
+    ("flash_attn_func", dict(qv=[1.0]), TypeError, r"^qv: expected a torch.Tensor"),
+    ("flash_attn_varlen_func", dict(qv=torch.randn(6, 4, 16)), ValueError, r"^qv: expected shape \[7, 4, 16\]"),
+    ("flash_attn_varlen_func", dict(qv=torch.randn(6, 4, 16), seqused_q=_bad_cu([1, 1])), ValueError,
+     r"^qv: expected 7 rows"),
+    ("flash_attn_with_kvcache", dict(qv=torch.randn(2, 1, 4, 8)), ValueError,
+     r"^qv: expected shape \[2, 1, 4, 16\]"),
+    ("flash_attn_with_kvcache", dict(qv=torch.randn(2, 1, 4, 16).half()), TypeError, r"^qv: dtype torch.float16"),
     ("flash_attn_func", dict(sm_margin=-1), ValueError, r"^sm_margin: must be in \[0"),
     ("flash_attn_func", dict(num_splits=1.5), TypeError, r"^num_splits: expected an integer"),
     ("flash_attn_func", dict(attention_chunk=1.5), TypeError, r"^attention_chunk: expected an integer"),
@@ -1193,6 +1315,19 @@ def test_fp8_on_cuda_runs_on_hopper_and_is_refused_elsewhere():
     else:
         with pytest.raises(NotImplementedError, match="float8_e4m3fn"):
             fa3.flash_attn_func(q, k, v)
+
+
+@pytest.mark.cuda
+@requires_cuda
+def test_qv_on_cuda_is_refused_naming_it():
+    q, k, v, _ = dense_inputs(1, 3, 4, 2, 2, 64, 64, torch.bfloat16, device="cuda")
+    qv = qv_like(q, 64)
+    with pytest.raises(NotImplementedError, match=r"^qv: .*CPU backends"):
+        fa3.flash_attn_func(q, k, v, qv=qv)
+    kc, vc = k.clone(), v.clone()
+    with pytest.raises(NotImplementedError, match=r"^qv: .*CPU backends"):
+        fa3.flash_attn_with_kvcache(q, kc, vc, k[:, :1], v[:, :1], qv, cache_seqlens=2)
+    assert torch.equal(kc, k) and torch.equal(vc, v)  # nothing appended by the refused call
 
 
 @pytest.mark.cuda

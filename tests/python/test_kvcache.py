@@ -270,15 +270,17 @@ def expected_caches(inp: KVInputs, interleaved: bool) -> Tuple[Tensor, Tensor]:
 
 
 def reference(inp: KVInputs, k_exp: Tensor, v_exp: Tensor, *, causal, window, softcap, interleaved,
-              scale=None, dtype=torch.float64, chunk=0) -> Tuple[Tensor, Tensor]:
+              scale=None, dtype=torch.float64, chunk=0, qv=None) -> Tuple[Tensor, Tensor]:
     """out and lse (padded: [b, s_q, h, d_v] / [b, h, s_q]; varlen: [total_q, h, d_v] / [h, total_q]) of every
     sequence attending over its used keys [leftpad, cache_seqlens + s_new) of the appended cache (chunks counted
-    from leftpad)."""
+    from leftpad). qv: FA3's query-value term, laid out like q (not rotated)."""
     s_new = 0 if inp.k_new is None else inp.k_new.shape[1]
     per_row = causal or window[0] >= 0 or window[1] >= 0 or chunk > 0
     outs, lses = [], []
     for b in range(inp.batch):
-        qb = inp.q[inp.cu_q[b]:inp.cu_q[b + 1]] if inp.cu_q is not None else inp.q[b]
+        rows = slice(inp.cu_q[b], inp.cu_q[b + 1]) if inp.cu_q is not None else b
+        qb = inp.q[rows]
+        qvb = None if qv is None else qv[rows][None]
         end = (inp.lengths[b] if inp.lengths is not None else inp.capacity) + s_new
         begin = inp.leftpad[b] if inp.leftpad is not None else 0
         if inp.cos is not None:
@@ -286,7 +288,7 @@ def reference(inp: KVInputs, k_exp: Tensor, v_exp: Tensor, *, causal, window, so
             qb = rotary_ref(qb, inp.cos, inp.sin, pos, interleaved)
         e = inp.entry(b)
         o, l = attention_ref(qb[None], k_exp[e, begin:end][None], v_exp[e, begin:end][None], causal=causal,
-                             window=window, softcap=softcap, scale=scale, dtype=dtype, chunk=chunk)
+                             window=window, softcap=softcap, scale=scale, dtype=dtype, chunk=chunk, qv=qvb)
         outs.append(o[0])
         lses.append(l[0])
     if inp.cu_q is not None:
