@@ -397,6 +397,11 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   using Scores = float[kSQ / 2];                 // Sᵀ or dPᵀ: 64 keys x kSQ queries, accumulator layout
   using Fragments = uint32_t[kSQ / kWgmmaK][4];  // Pᵀ or dSᵀ as the A operand, 16 queries per fragment
 
+  // A descriptor `bytes` further on, by the add this head dim's kernel compiles best with (kWholeDescriptorSteps).
+  static __device__ __forceinline__ uint64_t step_desc(uint64_t desc, uint32_t bytes) {
+    return Cfg::kWholeDescriptorSteps ? desc_advance_whole(desc, bytes) : desc_advance(desc, bytes);
+  }
+
   const BackwardSmem<Cfg>& sm;
   const KeyBlockWork& w;
   const BackwardKernelArgs& a;
@@ -551,8 +556,8 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
 #pragma unroll
     for (int kk = 0; kk < kD / kWgmmaK; ++kk) {
       const uint32_t step = (kk % 4) * kWgmmaK * 2;
-      wgmma_ss<T, kSQ, 0>(d, desc_advance(key_desc, (kk / 4) * kN * kSwizzleBytes + step),
-                         desc_advance(query_desc, (kk / 4) * kM * kSwizzleBytes + step), kk > 0);
+      wgmma_ss<T, kSQ, 0>(d, step_desc(key_desc, (kk / 4) * kN * kSwizzleBytes + step),
+                         step_desc(query_desc, (kk / 4) * kM * kSwizzleBytes + step), kk > 0);
     }
     wgmma_commit();
   }
@@ -564,7 +569,7 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
     const uint64_t desc = warp_uniform_desc(make_desc_mn_major(addr, kM * kSwizzleBytes));
 #pragma unroll
     for (int kk = 0; kk < kM / kWgmmaK; ++kk)
-      wgmma_rs<T, kOutCols, 1>(acc, f[kk], desc_advance(desc, kk * kWgmmaK * kSwizzleBytes), true);
+      wgmma_rs<T, kOutCols, 1>(acc, f[kk], step_desc(desc, kk * kWgmmaK * kSwizzleBytes), true);
     wgmma_commit();
   }
 
@@ -577,8 +582,8 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
     const uint64_t rows_desc = warp_uniform_desc(make_desc_mn_major(addr, kM * kSwizzleBytes));
 #pragma unroll
     for (int kk = 0; kk < kM / kWgmmaK; ++kk)
-      wgmma_ss<T, kOutCols, 1>(acc, desc_advance(tile_desc, (kk / 4) * kN * kSwizzleBytes + (kk % 4) * kWgmmaK * 2),
-                               desc_advance(rows_desc, kk * kWgmmaK * kSwizzleBytes), true);
+      wgmma_ss<T, kOutCols, 1>(acc, step_desc(tile_desc, (kk / 4) * kN * kSwizzleBytes + (kk % 4) * kWgmmaK * 2),
+                               step_desc(rows_desc, kk * kWgmmaK * kSwizzleBytes), true);
     wgmma_commit();
   }
 
@@ -715,8 +720,8 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
     const uint64_t b_desc = warp_uniform_desc(make_desc_mn_major(b_addr, kN * kSwizzleBytes));
 #pragma unroll
     for (int kk = 0; kk < kN / kWgmmaK; ++kk)
-      wgmma_ss<T, Cfg::kDqTileCols, 1, 1>(dq, desc_advance(a_desc, kk * kWgmmaK * kSwizzleBytes),
-                                          desc_advance(b_desc, kk * kWgmmaK * kSwizzleBytes), kk > 0);
+      wgmma_ss<T, Cfg::kDqTileCols, 1, 1>(dq, step_desc(a_desc, kk * kWgmmaK * kSwizzleBytes),
+                                          step_desc(b_desc, kk * kWgmmaK * kSwizzleBytes), kk > 0);
     wgmma_commit();
   }
 

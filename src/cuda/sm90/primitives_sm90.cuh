@@ -74,6 +74,14 @@ __host__ __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_
   return (desc & 0xFFFFFFFF00000000ull) | lo;
 }
 
+// The same value as desc_advance, as one 64-bit add (the address field never carries). ptxas then steps the
+// descriptor as a whole pair (UIADD3.64) instead of rebuilding its constant high word with a UMOV before every
+// wgmma, which saves two uniform instructions per wgmma but keeps more descriptor pairs live: a choice per kernel
+// (BackwardConfig::kWholeDescriptorSteps), by its SASS.
+__host__ __device__ __forceinline__ uint64_t desc_advance_whole(uint64_t desc, uint32_t bytes) {
+  return desc + (bytes >> 4);
+}
+
 // This thread's warpgroup, broadcast from lane 0 so the compiler knows it is warp-uniform: values derived from it
 // (shared-memory addresses, descriptors) then live in uniform registers instead of being moved there (R2UR)
 // before every wgmma.
