@@ -16,8 +16,7 @@ import flashattn
 from conftest import cpu_backends, requires_cuda
 from fa_reference import assert_close, attention_ref, dequantised_fp8, varlen_ref
 from flashattn import fa3
-from test_kvcache import (KVCase, check_caches, check_outputs, expected_caches, index_tensor, make_inputs,
-                          reference, to_device)
+from test_kvcache import KVCase, check_call, index_tensor, make_inputs, to_device
 
 I32 = torch.int32
 
@@ -150,11 +149,7 @@ def test_with_kvcache(case, backend, chunk):
         index_tensor(inp.batch_idx, "cpu"), index_tensor(inp.leftpad, "cpu"), to_device(inp.block_table, "cpu"),
         causal=case.causal, window_size=case.window, attention_chunk=chunk, rotary_interleaved=case.interleaved,
         num_splits=case.num_splits, return_softmax_lse=True, backend=backend)
-    k_exp, v_exp = expected_caches(inp, case.interleaved)
-    check_caches(inp, k_arg, v_arg, k_exp, v_exp)
-    kw = dict(causal=case.causal, window=case.window, softcap=case.softcap, interleaved=case.interleaved, chunk=chunk)
-    check_outputs(out, lse, reference(inp, k_exp, v_exp, **kw), reference(inp, k_exp, v_exp, dtype=None, **kw),
-                  case.dtype)
+    check_call(inp, case, k_arg, v_arg, out, lse, chunk=chunk)
 
 
 def test_fa3_test_suite_draw():
@@ -241,11 +236,7 @@ def test_cuda_varlen_and_kvcache():
             index_tensor(inp.batch_idx, "cuda"), index_tensor(inp.leftpad, "cuda"), to_device(inp.block_table, "cuda"),
             causal=case.causal, window_size=case.window, attention_chunk=7, rotary_interleaved=case.interleaved,
             num_splits=case.num_splits, return_softmax_lse=True)
-        k_exp, v_exp = expected_caches(inp, case.interleaved)
-        check_caches(inp, k_arg.cpu(), v_arg.cpu(), k_exp, v_exp)
-        kw = dict(causal=case.causal, window=case.window, softcap=case.softcap, interleaved=case.interleaved, chunk=7)
-        check_outputs(out.cpu(), lse.cpu(), reference(inp, k_exp, v_exp, **kw),
-                      reference(inp, k_exp, v_exp, dtype=None, **kw), case.dtype)
+        check_call(inp, case, k_arg, v_arg, out, lse, chunk=7)
 
 
 @requires_cuda

@@ -22,8 +22,9 @@ import flashattn
 from conftest import cpu_backends, requires_cuda
 from fa_reference import assert_close, attention_ref, dequantised_fp8
 from flashattn import fa3
-from test_kvcache import (GRID, SPECIAL, KVCase, PagedVarlenCase, check_caches, check_outputs, expected_caches,
-                          index_tensor, make_inputs, paged_varlen_inputs, reference, rotary_ref, to_device)
+from test_kvcache import (GRID, SPECIAL, KVCase, PagedVarlenCase, check_call, check_caches, check_outputs,
+                          expected_caches, index_tensor, make_inputs, paged_varlen_inputs, reference, rotary_ref,
+                          to_device)
 
 I32 = torch.int32
 NEG_INF = float("-inf")
@@ -363,11 +364,7 @@ def run_kvcache(case: KVCase, backend: str, device: str = "cpu", num_splits: Opt
         assert t.shape == (0,) and t.dtype == torch.float32 and t.device == out.device
     assert out.shape == (case.batch, case.s_q, case.heads[0], case.d_v or case.d) and not out.requires_grad
     assert lse.shape == (case.batch, case.heads[0], case.s_q)
-    k_exp, v_exp = expected_caches(inp, case.interleaved)
-    check_caches(inp, k_arg, v_arg, k_exp, v_exp)
-    kw = dict(causal=case.causal, window=case.window, softcap=case.softcap, interleaved=case.interleaved)
-    check_outputs(out, lse, reference(inp, k_exp, v_exp, **kw), reference(inp, k_exp, v_exp, dtype=None, **kw),
-                  case.dtype)
+    check_call(inp, case, k_arg, v_arg, out, lse)
     return inp, out, k_arg, v_arg
 
 
@@ -971,12 +968,7 @@ def test_qv_with_kvcache(case, backend):
         inp.q, k_arg, v_arg, inp.k_new, inp.v_new, qv, inp.cos, inp.sin, index_tensor(inp.lengths, "cpu"), None,
         None, inp.block_table, causal=case.causal, softcap=case.softcap, rotary_interleaved=case.interleaved,
         return_softmax_lse=True, backend=backend)
-    k_exp, v_exp = expected_caches(inp, case.interleaved)
-    check_caches(inp, k_arg, v_arg, k_exp, v_exp)
-    # q is rotated, qv is not (FA3)
-    kw = dict(causal=case.causal, window=case.window, softcap=case.softcap, interleaved=case.interleaved, qv=qv)
-    check_outputs(out, lse, reference(inp, k_exp, v_exp, **kw), reference(inp, k_exp, v_exp, dtype=None, **kw),
-                  case.dtype)
+    check_call(inp, case, k_arg, v_arg, out, lse, qv=qv)  # the reference rotates q, not qv (FA3)
 
 
 def test_qv_is_forward_only():

@@ -322,6 +322,16 @@ def check_outputs(out: Tensor, lse: Tensor, r64: Tuple[Tensor, Tensor], low: Tup
     assert torch.equal(out[empty_rows], torch.zeros_like(out[empty_rows])), "out: rows without keys are not 0"
 
 
+def check_call(inp: KVInputs, case: KVCase, k_arg: Tensor, v_arg: Tensor, out: Tensor, lse: Tensor, **extra):
+    """A call on `case`'s inputs after the fact: the caches hold the expected append, and out / lse match the
+    float64 and same-dtype references (`extra`: reference's further keywords, e.g. chunk, qv)."""
+    k_exp, v_exp = expected_caches(inp, case.interleaved)
+    check_caches(inp, k_arg, v_arg, k_exp, v_exp)
+    kw = dict(causal=case.causal, window=case.window, softcap=case.softcap, interleaved=case.interleaved, **extra)
+    check_outputs(out, lse, reference(inp, k_exp, v_exp, **kw), reference(inp, k_exp, v_exp, dtype=None, **kw),
+                  case.dtype)
+
+
 # ---- running a case ------------------------------------------------------------------------------------------------
 
 
@@ -346,12 +356,7 @@ def run_with_kvcache(case: KVCase, backend: str, device: str = "cpu", dtype=None
     assert out.shape == (case.batch, case.s_q, case.heads[0], case.d_v or case.d)
     assert lse.shape == (case.batch, case.heads[0], case.s_q)
     assert out.device == inp.q.to(device).device and not out.requires_grad
-    k_exp, v_exp = expected_caches(inp, case.interleaved)
-    check_caches(inp, k_arg, v_arg, k_exp, v_exp)
-    kw = dict(causal=case.causal, window=case.window, softcap=case.softcap, interleaved=case.interleaved)
-    r64 = reference(inp, k_exp, v_exp, **kw)
-    low = reference(inp, k_exp, v_exp, dtype=None, **kw)
-    check_outputs(out, lse, r64, low, case.dtype)
+    check_call(inp, case, k_arg, v_arg, out, lse)
     return out, lse
 
 
