@@ -397,9 +397,12 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   using Scores = float[kSQ / 2];                 // Sᵀ or dPᵀ: 64 keys x kSQ queries, accumulator layout
   using Fragments = uint32_t[kSQ / kWgmmaK][4];  // Pᵀ or dSᵀ as the A operand, 16 queries per fragment
 
-  // A descriptor `bytes` further on, by the add this head dim's kernel compiles best with (kWholeDescriptorSteps).
+  // A descriptor `bytes` further on: one 64-bit add (the constant high word is not rebuilt before each wgmma),
+  // except in the dQ product where the head dim's kernel compiles better with the 32-bit one
+  // (kWholeDqDescriptorSteps).
+  template <bool kWhole = true>
   static __device__ __forceinline__ uint64_t step_desc(uint64_t desc, uint32_t bytes) {
-    return Cfg::kWholeDescriptorSteps ? desc_advance_whole(desc, bytes) : desc_advance(desc, bytes);
+    return kWhole ? desc_advance_whole(desc, bytes) : desc_advance(desc, bytes);
   }
 
   const BackwardSmem<Cfg>& sm;
@@ -720,8 +723,9 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
     const uint64_t b_desc = warp_uniform_desc(make_desc_mn_major(b_addr, kN * kSwizzleBytes));
 #pragma unroll
     for (int kk = 0; kk < kN / kWgmmaK; ++kk)
-      wgmma_ss<T, Cfg::kDqTileCols, 1, 1>(dq, step_desc(a_desc, kk * kWgmmaK * kSwizzleBytes),
-                                          step_desc(b_desc, kk * kWgmmaK * kSwizzleBytes), kk > 0);
+      wgmma_ss<T, Cfg::kDqTileCols, 1, 1>(
+          dq, step_desc<Cfg::kWholeDqDescriptorSteps>(a_desc, kk * kWgmmaK * kSwizzleBytes),
+          step_desc<Cfg::kWholeDqDescriptorSteps>(b_desc, kk * kWgmmaK * kSwizzleBytes), kk > 0);
     wgmma_commit();
   }
 
