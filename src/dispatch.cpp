@@ -37,29 +37,19 @@ bool on_cpu(const FwdParams& p) { return p.device.type == DeviceType::cpu; }
 // bwd: the backward's params when choosing for the backward (they say more than the forward's: dout's layout,
 // the deterministic mode); null for the forward.
 Status supports(Backend b, const FwdParams& p, const BwdParams* bwd) {
+  const bool cpu = b == Backend::cpu_reference || b == Backend::cpu_flash;
+  if (!cpu && b != Backend::cuda_sm80 && b != Backend::cuda_sm90) {
+    return Status::invalid("backend: not a concrete backend");
+  }
   if (bwd && p.qv) return Status::unsupported("qv: the backward of attention with qv is not supported (forward only)");
-  switch (b) {
-    case Backend::cpu_reference:
-    case Backend::cpu_flash:
-      return on_cpu(p) ? Status::success()
-                       : Status::unsupported(std::string(backend_name(b)) + " runs on CPU tensors; these are on CUDA");
-    case Backend::cuda_sm80:
-    case Backend::cuda_sm90:
-      if (on_cpu(p)) {
-        return Status::unsupported(std::string(backend_name(b)) + " runs on CUDA tensors; these are on the CPU");
-      }
-      if (p.qv) return Status::unsupported("qv: the query-value term runs on the CPU backends only so far");
-      break;
-    case Backend::automatic: return Status::invalid("backend: not a concrete backend");
+  if (cpu) {
+    return on_cpu(p) ? Status::success()
+                     : Status::unsupported(std::string(backend_name(b)) + " runs on CPU tensors; these are on CUDA");
   }
-  switch (b) {
-    case Backend::cuda_sm80:
-      return detail::cuda_sm80_supports(p, bwd != nullptr);
-    case Backend::cuda_sm90:
-      return bwd ? detail::cuda_sm90_backward_supports(*bwd) : detail::cuda_sm90_supports(p);
-    default: break;
-  }
-  return Status::invalid("backend: not a concrete backend");
+  if (on_cpu(p)) return Status::unsupported(std::string(backend_name(b)) + " runs on CUDA tensors; these are on the CPU");
+  if (p.qv) return Status::unsupported("qv: the query-value term runs on the CPU backends only so far");
+  if (b == Backend::cuda_sm80) return detail::cuda_sm80_supports(p, bwd != nullptr);
+  return bwd ? detail::cuda_sm90_backward_supports(*bwd) : detail::cuda_sm90_supports(p);
 }
 
 BackendChoice choose(const FwdParams& p, Backend requested, const BwdParams* bwd) {
