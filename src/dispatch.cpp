@@ -41,7 +41,9 @@ Status supports(Backend b, const FwdParams& p, const BwdParams* bwd) {
   if (!cpu && b != Backend::cuda_sm80 && b != Backend::cuda_sm90) {
     return Status::invalid("backend: not a concrete backend");
   }
-  if (bwd && p.qv) return Status::unsupported("qv: the backward of attention with qv is not supported (forward only)");
+  if (bwd && p.qv) {
+    return Status::unsupported("qv: the backward of attention with qv is not supported (forward only, as in FA3)");
+  }
   if (cpu) {
     return on_cpu(p) ? Status::success()
                      : Status::unsupported(std::string(backend_name(b)) + " runs on CPU tensors; these are on CUDA");
@@ -69,17 +71,15 @@ BackendChoice choose(const FwdParams& p, Backend requested, const BwdParams* bwd
   }
   if (on_cpu(p)) {
     c.backend = Backend::cpu_flash;
-    c.reason = std::string("CPU tensors: tiled online-softmax CPU path (") + detail::cpu_flash_level() + " kernels)";
-    return c;
-  }
-  if (p.qv) {  // no CUDA backend has it: say so in its own terms rather than once per backend
-    c.backend = Backend::cuda_sm80;
-    c.status = supports(Backend::cuda_sm80, p, bwd);
-    c.reason = c.status.message;
+    c.status = supports(c.backend, p, bwd);
+    c.reason = c.status.ok() ? std::string("CPU tensors: tiled online-softmax CPU path (") +
+                                   detail::cpu_flash_level() + " kernels)"
+                             : c.status.message;
     return c;
   }
   // CUDA: fastest first; record why each faster backend was passed over.
-  std::string passed_over;
+  std::string passed_over, reason;
+  bool one_reason = true;  // every backend refused with the same message (qv, say): reported once, as it is
   for (Backend b : {Backend::cuda_sm90, Backend::cuda_sm80}) {
     Status s = supports(b, p, bwd);
     if (s.ok()) {
@@ -89,10 +89,12 @@ BackendChoice choose(const FwdParams& p, Backend requested, const BwdParams* bwd
                  (passed_over.empty() ? std::string() : " (" + passed_over + ")");
       return c;
     }
+    one_reason = one_reason && (passed_over.empty() || s.message == reason);
+    reason = s.message;
     passed_over += (passed_over.empty() ? "" : "; ") + std::string(backend_name(b)) + " passed over: " + s.message;
   }
   c.backend = Backend::cuda_sm80;
-  c.status = Status::unsupported("no CUDA backend can run this call: " + passed_over);
+  c.status = Status::unsupported(one_reason ? reason : "no CUDA backend can run this call: " + passed_over);
   c.reason = c.status.message;
   return c;
 }

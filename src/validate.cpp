@@ -433,9 +433,6 @@ Status make_forward_params(const ForwardArgs& a, const AttentionOptions& o, FwdP
 Status make_backward_params(const BackwardArgs& a, const AttentionOptions& o, BwdParams* out) {
   if (out == nullptr) return Status::invalid("params: null output pointer");
   if (!a.lse.defined()) return Status::invalid("lse: required by the backward (the forward's log-sum-exp)");
-  if (a.qv.defined()) {
-    return Status::unsupported("qv: the backward of attention with qv is not supported (forward only, as in FA3)");
-  }
   FwdParams f;
   Status st = make_forward_params(a, o, &f);
   if (!st.ok()) return st;

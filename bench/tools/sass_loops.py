@@ -34,7 +34,8 @@ GUARD = re.compile(r"^@!?U?P\w+\s+")
 
 def tool(name: str) -> str:
     """cuobjdump / nvdisasm from PATH, the CUDA toolkit, or Triton's bundled copies."""
-    found = shutil.which(name) or next((p for p in (f"/usr/local/cuda/bin/{name}",) if os.path.exists(p)), None)
+    toolkit = f"/usr/local/cuda/bin/{name}"
+    found = shutil.which(name) or (toolkit if os.path.exists(toolkit) else None)
     if found:
         return found
     try:

@@ -789,10 +789,9 @@ def attention(
     _check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, paired=True)
     if qv is not None:
         _check_qv(qv, q)
-        softmax_scale = resolve_scale(softmax_scale, q.shape[-1] + v.shape[-1])
     max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap, deterministic, num_threads = (
         _call_options(q, k, softmax_scale, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap,
-                      deterministic, num_threads))
+                      deterministic, num_threads, qv_dim=0 if qv is None else v.shape[-1]))
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     dropout_p = _check_dropout_p(dropout_p)
     seed, offset, rng = _dropout_key(q, generator) if dropout_p > 0 else (0, 0, None)
@@ -918,10 +917,10 @@ def fp8_attention_backward(
 
 
 def _call_options(q, k, softmax_scale, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap,
-                  deterministic, num_threads):
+                  deterministic, num_threads, qv_dim: int = 0):
     """(scale, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, deterministic,
-    num_threads), checked: op_options' leading arguments."""
-    scale = resolve_scale(softmax_scale, q.shape[-1])
+    num_threads), checked: op_options' leading arguments. qv_dim: qv's columns, which the default scale counts."""
+    scale = resolve_scale(softmax_scale, q.shape[-1] + qv_dim)
     checked = _check_options(q, k, max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap,
                              deterministic)
     max_q, max_k, causal, left, right, softcap, deterministic = checked

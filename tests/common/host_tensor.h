@@ -163,7 +163,9 @@ inline double relative_error(const std::vector<double>& a, const std::vector<dou
   return l2_distance(a, b) / std::max(l2_norm(b), 1e-30);
 }
 
-inline double max_abs_error(const std::vector<double>& a, const std::vector<double>& b) {
+// max |a − b| / scale(b) over the finite entries, with the NaN / infinity rules of l2_distance.
+template <typename Scale>
+double max_scaled_error(const std::vector<double>& a, const std::vector<double>& b, Scale scale) {
   double m = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
@@ -171,9 +173,18 @@ inline double max_abs_error(const std::vector<double>& a, const std::vector<doub
       if (a[i] != b[i]) return INFINITY;
       continue;
     }
-    m = std::max(m, std::fabs(a[i] - b[i]));
+    m = std::max(m, std::fabs(a[i] - b[i]) / scale(b[i]));
   }
   return m;
+}
+
+inline double max_abs_error(const std::vector<double>& a, const std::vector<double>& b) {
+  return max_scaled_error(a, b, [](double) { return 1.0; });
+}
+
+// Absolute below 1, relative above.
+inline double max_error_relative_above_one(const std::vector<double>& a, const std::vector<double>& b) {
+  return max_scaled_error(a, b, [](double y) { return std::max(1.0, std::fabs(y)); });
 }
 
 // Unit roundoff of a storage type: the scale of error any kernel storing in it must be allowed.

@@ -39,16 +39,7 @@ HostTensor concat_last(const HostTensor& a, const HostTensor& b) {
 }
 
 double max_rel_diff(const HostTensor& x, const HostTensor& y) {
-  const std::vector<double> a = x.values(), b = y.values();
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isinf(a[i]) || std::isinf(b[i])) {
-      if (a[i] != b[i]) return INFINITY;
-      continue;
-    }
-    worst = std::max(worst, std::fabs(a[i] - b[i]) / std::max(1.0, std::fabs(b[i])));
-  }
-  return worst;
+  return max_error_relative_above_one(x.values(), y.values());
 }
 
 double tolerance(DType dt) { return dt == DType::f64 ? 1e-12 : 2e-5; }
