@@ -16,17 +16,17 @@
 
 namespace flashattn::detail {
 
-// Slice starts stay aligned to this many elements (16 bytes of 16-bit values), so that a slice's V and O keep the
-// whole tensor's alignment for vector loads and TMA.
-constexpr int64_t kValueSliceAlign = 8;
+// Slice starts stay 16-byte aligned (8 16-bit values, 16 float8 ones), so that a slice's V and O keep the whole
+// tensor's alignment for vector loads and TMA.
+constexpr int64_t kValueSliceAlignBytes = 16;
 
-// The widest slice: as few slices as cover d_v, of equal width rounded up to kValueSliceAlign (the last takes what
-// remains); d_v itself when it fits in max_width.
-inline int64_t value_slice_width(int64_t head_dim_v, int64_t max_width) {
+// The widest slice: as few slices as cover d_v, of equal width rounded up to `align` columns (the last takes what
+// remains); d_v itself when it fits in max_width (a multiple of align).
+inline int64_t value_slice_width(int64_t head_dim_v, int64_t max_width, int64_t align) {
   if (head_dim_v <= max_width) return head_dim_v;
   const int64_t slices = (head_dim_v + max_width - 1) / max_width;
   const int64_t even = (head_dim_v + slices - 1) / slices;
-  return std::min(max_width, (even + kValueSliceAlign - 1) / kValueSliceAlign * kValueSliceAlign);
+  return std::min(max_width, (even + align - 1) / align * align);
 }
 
 // Calls fn(slice) for each slice of p's value columns, in order, stopping at the first failure. A slice is p with
@@ -34,17 +34,18 @@ inline int64_t value_slice_width(int64_t head_dim_v, int64_t max_width) {
 // first (a failure after the first slice would leave O partly written).
 template <typename Fn>
 Status for_each_value_slice(const FwdParams& p, int64_t max_width, Fn&& fn) {
-  const int64_t width = value_slice_width(p.head_dim_v, max_width);
+  const int64_t v_size = int64_t(dtype_size(p.dtype));
+  const int64_t o_size = int64_t(dtype_size(p.dtype == DType::e4m3 ? p.out_dtype : p.dtype));
+  const int64_t align = std::max<int64_t>(1, kValueSliceAlignBytes / std::max<int64_t>(1, std::min(v_size, o_size)));
+  const int64_t width = value_slice_width(p.head_dim_v, max_width, align);
   if (width == p.head_dim_v || width <= 0) return fn(p);
   // qv's scores read every column of V: no slice has them all.
   if (p.qv) return Status::unsupported("qv: a forward with qv cannot run in slices of V's columns");
-  const size_t v_size = dtype_size(p.dtype);
-  const size_t o_size = dtype_size(p.dtype == DType::e4m3 ? p.out_dtype : p.dtype);
   for (int64_t c = 0; c < p.head_dim_v; c += width) {
     FwdParams slice = p;
     slice.head_dim_v = std::min(width, p.head_dim_v - c);
-    slice.v = static_cast<const char*>(p.v) + c * int64_t(v_size);
-    slice.o = static_cast<char*>(p.o) + c * int64_t(o_size);
+    slice.v = static_cast<const char*>(p.v) + c * v_size;
+    slice.o = static_cast<char*>(p.o) + c * o_size;
     const Status st = fn(static_cast<const FwdParams&>(slice));
     if (!st.ok()) return st;
   }

@@ -17,21 +17,24 @@ namespace flashattn::test {
 namespace {
 
 TEST(ValueSlices, WidthCoversTheColumnsInAlignedSlices) {
-  EXPECT_EQ(detail::value_slice_width(512, 256), 256);
-  EXPECT_EQ(detail::value_slice_width(256, 256), 256);
-  EXPECT_EQ(detail::value_slice_width(300, 256), 152);  // 152 + 148, not 256 + 44
-  EXPECT_EQ(detail::value_slice_width(59, 256), 59);
-  for (int64_t max_width : {64, 104, 256}) {
-    for (int64_t dv = 1; dv <= 512; ++dv) {
-      const int64_t w = detail::value_slice_width(dv, max_width);
-      ASSERT_LE(w, max_width) << dv;
-      if (dv <= max_width) {
-        ASSERT_EQ(w, dv);
-        continue;
+  EXPECT_EQ(detail::value_slice_width(512, 256, 8), 256);
+  EXPECT_EQ(detail::value_slice_width(256, 256, 8), 256);
+  EXPECT_EQ(detail::value_slice_width(300, 256, 8), 152);  // 152 + 148, not 256 + 44
+  EXPECT_EQ(detail::value_slice_width(264, 256, 16), 144);  // float8: 16-byte slice starts
+  EXPECT_EQ(detail::value_slice_width(59, 256, 8), 59);
+  for (int64_t align : {1, 8, 16}) {
+    for (int64_t max_width : {64, 112, 256}) {
+      for (int64_t dv = 1; dv <= 512; ++dv) {
+        const int64_t w = detail::value_slice_width(dv, max_width, align);
+        ASSERT_LE(w, max_width) << dv;
+        if (dv <= max_width) {
+          ASSERT_EQ(w, dv);
+          continue;
+        }
+        // As few slices as any split into max_width columns needs, each starting on an aligned column.
+        ASSERT_EQ(w % align, 0) << dv;
+        ASSERT_EQ((dv + w - 1) / w, (dv + max_width - 1) / max_width) << dv << " " << max_width;
       }
-      // As few slices as any split into max_width columns needs, each starting on an aligned column.
-      ASSERT_EQ(w % detail::kValueSliceAlign, 0) << dv;
-      ASSERT_EQ((dv + w - 1) / w, (dv + max_width - 1) / max_width) << dv << " " << max_width;
     }
   }
 }
@@ -85,7 +88,7 @@ TEST_P(ValueSlices, SlicesTogetherWriteTheWholeForward) {
     return detail::cpu_flash_forward(slice);
   });
   ASSERT_TRUE(st.ok()) << st.message;
-  EXPECT_EQ(slices, (c.dv + c.max_width - 1) / c.max_width);
+  EXPECT_EQ(slices, (c.dv + c.max_width - 1) / c.max_width);  // as few as max_width allows
   // Each slice is a forward of its own (its own tile plan for its width), so the sums may round differently.
   const double tol = c.dtype == DType::f64 ? 1e-13 : 1e-5;
   EXPECT_LE(max_error_relative_above_one(out.values(), whole_out.values()), tol);
