@@ -641,9 +641,9 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
           if constexpr (kAlibi) lse_e = fmaf(alibi_slope2, fabsf(alibi_base[r] + float(8 * j + e)), lse_e);
           float dscale = 1.f;
           if constexpr (kSoftcap) {
-            const float t = tanhf(x * tanh_scale());  // as the forward computes it
-            p[e] = exp2_approx(t * a.softcap_log2 - lse_e);
-            dscale = 1.f - t * t;
+            const TanhParts t = tanh_parts(x * (tanh_scale() * kTanhExp2));  // as the forward computes it
+            p[e] = exp2_approx(scaled_tanh(t, 1.f) * a.softcap_log2 - lse_e);
+            dscale = tanh_slope(t);
           } else {
             p[e] = exp2_approx(x * scale_log2() - lse_e);
           }
