@@ -29,23 +29,39 @@ inline int64_t value_slice_width(int64_t head_dim_v, int64_t max_width, int64_t 
   return std::min(max_width, (even + align - 1) / align * align);
 }
 
+// Bytes per element of V and of O (float8 inputs write the 16-bit out_dtype).
+inline int64_t value_element_bytes(const FwdParams& p) { return int64_t(dtype_size(p.dtype)); }
+inline int64_t out_element_bytes(const FwdParams& p) {
+  return int64_t(dtype_size(p.dtype == DType::e4m3 ? p.out_dtype : p.dtype));
+}
+
+// The widest slice of p's value columns: V's and O's slice starts 16-byte aligned for their element sizes.
+inline int64_t value_slice_width(const FwdParams& p, int64_t max_width) {
+  const int64_t v_size = value_element_bytes(p), o_size = out_element_bytes(p);
+  const int64_t align = std::max<int64_t>(1, kValueSliceAlignBytes / std::max<int64_t>(1, std::min(v_size, o_size)));
+  return value_slice_width(p.head_dim_v, max_width, align);
+}
+
+// How many forwards p runs as (1: unsliced).
+inline int64_t value_slice_count(const FwdParams& p, int64_t max_width) {
+  const int64_t width = value_slice_width(p, max_width);
+  return width > 0 ? (p.head_dim_v + width - 1) / width : 1;
+}
+
 // Calls fn(slice) for each slice of p's value columns, in order, stopping at the first failure. A slice is p with
 // head_dim_v its width and v / o moved to its first column (strides unchanged). Callers check every slice's support
 // first (a failure after the first slice would leave O partly written).
 template <typename Fn>
 Status for_each_value_slice(const FwdParams& p, int64_t max_width, Fn&& fn) {
-  const int64_t v_size = int64_t(dtype_size(p.dtype));
-  const int64_t o_size = int64_t(dtype_size(p.dtype == DType::e4m3 ? p.out_dtype : p.dtype));
-  const int64_t align = std::max<int64_t>(1, kValueSliceAlignBytes / std::max<int64_t>(1, std::min(v_size, o_size)));
-  const int64_t width = value_slice_width(p.head_dim_v, max_width, align);
+  const int64_t width = value_slice_width(p, max_width);
   if (width == p.head_dim_v || width <= 0) return fn(p);
   // qv's scores read every column of V: no slice has them all.
   if (p.qv) return Status::unsupported("qv: a forward with qv cannot run in slices of V's columns");
   for (int64_t c = 0; c < p.head_dim_v; c += width) {
     FwdParams slice = p;
     slice.head_dim_v = std::min(width, p.head_dim_v - c);
-    slice.v = static_cast<const char*>(p.v) + c * v_size;
-    slice.o = static_cast<char*>(p.o) + c * o_size;
+    slice.v = static_cast<const char*>(p.v) + c * value_element_bytes(p);
+    slice.o = static_cast<char*>(p.o) + c * out_element_bytes(p);
     const Status st = fn(static_cast<const FwdParams&>(slice));
     if (!st.ok()) return st;
   }
