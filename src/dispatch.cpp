@@ -5,6 +5,7 @@
 #include "cpu/fp8.h"
 #include "cpu/kv_cache.h"
 #include "flashattn/flashattn.h"
+#include "value_slices.h"
 
 namespace flashattn {
 
@@ -34,6 +35,16 @@ namespace {
 
 bool on_cpu(const FwdParams& p) { return p.device.type == DeviceType::cpu; }
 
+// The widest V the CUDA kernels take; wider ones (up to kMaxHeadDimV) run forwards over slices of V's columns
+// (value_slices.h).
+constexpr int64_t kCudaKernelHeadDimV = kMaxHeadDim;
+
+// A CUDA backend's forward (KV-cache params included) over slices of V's columns where d_v needs them.
+template <detail::ForwardFn kForward>
+Status run_cuda_forward(const FwdParams& p) {
+  return detail::for_each_value_slice(p, kCudaKernelHeadDimV, kForward);
+}
+
 // bwd: the backward's params when choosing for the backward (they say more than the forward's: dout's layout,
 // the deterministic mode); null for the forward.
 Status supports(Backend b, const FwdParams& p, const BwdParams* bwd) {
@@ -50,8 +61,18 @@ Status supports(Backend b, const FwdParams& p, const BwdParams* bwd) {
   }
   if (on_cpu(p)) return Status::unsupported(std::string(backend_name(b)) + " runs on CUDA tensors; these are on the CPU");
   if (p.qv) return Status::unsupported("qv: the query-value term runs on the CPU backends only so far");
-  if (b == Backend::cuda_sm80) return detail::cuda_sm80_supports(p, bwd != nullptr);
-  return bwd ? detail::cuda_sm90_backward_supports(*bwd) : detail::cuda_sm90_supports(p);
+  if (bwd) {
+    if (p.head_dim_v > kCudaKernelHeadDimV) {
+      return Status::unsupported("v: head dim " + std::to_string(p.head_dim_v) + ": the CUDA backward takes d_v up to " +
+                                 std::to_string(kCudaKernelHeadDimV) + " (the CPU backends up to " +
+                                 std::to_string(kMaxHeadDimV) + ")");
+    }
+    return b == Backend::cuda_sm80 ? detail::cuda_sm80_supports(p, true) : detail::cuda_sm90_backward_supports(*bwd);
+  }
+  // Wider values run in slices of V's columns (run_cuda_forward): every slice must be supported.
+  return detail::for_each_value_slice(p, kCudaKernelHeadDimV, [b](const FwdParams& slice) {
+    return b == Backend::cuda_sm80 ? detail::cuda_sm80_supports(slice, false) : detail::cuda_sm90_supports(slice);
+  });
 }
 
 BackendChoice choose(const FwdParams& p, Backend requested, const BwdParams* bwd) {
@@ -86,6 +107,11 @@ BackendChoice choose(const FwdParams& p, Backend requested, const BwdParams* bwd
       c.backend = b;
       c.reason = std::string(backend_name(b)) + " supports this call" +
                  (p.has_kv_cache() ? std::string(" (KV cache: the split-KV decode kernel)") : std::string()) +
+                 (!bwd && detail::value_slice_count(p, kCudaKernelHeadDimV) > 1
+                      ? " (d_v " + std::to_string(p.head_dim_v) + " as " +
+                            std::to_string(detail::value_slice_count(p, kCudaKernelHeadDimV)) +
+                            " forwards over slices of V's columns)"
+                      : std::string()) +
                  (passed_over.empty() ? std::string() : " (" + passed_over + ")");
       return c;
     }
@@ -134,8 +160,8 @@ Status run_forward(const FwdParams& p, Backend requested) {
   switch (c.backend) {
     case Backend::cpu_reference: return cpu_forward(p, detail::cpu_reference_forward);
     case Backend::cpu_flash: return cpu_forward(p, detail::cpu_flash_forward);
-    case Backend::cuda_sm80: return detail::cuda_sm80_forward(p);
-    case Backend::cuda_sm90: return detail::cuda_sm90_forward(p);
+    case Backend::cuda_sm80: return run_cuda_forward<detail::cuda_sm80_forward>(p);
+    case Backend::cuda_sm90: return run_cuda_forward<detail::cuda_sm90_forward>(p);
     case Backend::automatic: break;
   }
   return Status::invalid("backend: not a concrete backend");
@@ -160,8 +186,8 @@ Status run_kvcache(const KVCacheParams& kp, Backend requested) {
   switch (c.backend) {
     case Backend::cpu_reference: return detail::cpu_kvcache(kp, detail::cpu_reference_forward);
     case Backend::cpu_flash: return detail::cpu_kvcache(kp, detail::cpu_flash_forward);
-    case Backend::cuda_sm80: return detail::cuda_kvcache(kp, detail::cuda_sm80_forward);
-    case Backend::cuda_sm90: return detail::cuda_kvcache(kp, detail::cuda_sm90_forward);
+    case Backend::cuda_sm80: return detail::cuda_kvcache(kp, run_cuda_forward<detail::cuda_sm80_forward>);
+    case Backend::cuda_sm90: return detail::cuda_kvcache(kp, run_cuda_forward<detail::cuda_sm90_forward>);
     case Backend::automatic: break;
   }
   return Status::invalid("backend: not a concrete backend");

@@ -1,10 +1,11 @@
-"""What ALiBi (or dropout) costs: flashattn's forward and backward with alibi_slopes (--feature dropout:
-dropout_p = 0.1) against the same calls without, in alternating bursts in one process (recheck_cell.py's burst
-timing), and PyTorch SDPA with the equivalent (a materialised [1, h, s, s] bias as attn_mask, the efficient
-backend; or dropout_p, its flash backend) for reference. bf16, B·S = 16k tokens, H·D = 2048, slopes
+"""What ALiBi (or dropout, or softcap) costs: flashattn's forward and backward with alibi_slopes (--feature dropout:
+dropout_p = 0.1; --feature softcap: softcap = 30, Grok's and about Gemma 2's) against the same calls without, in
+alternating bursts in one process (recheck_cell.py's burst timing), and PyTorch SDPA with the equivalent (a
+materialised [1, h, s, s] bias as attn_mask, the efficient backend; or dropout_p, its flash backend; SDPA has no
+softcap) for reference. bf16, B·S = 16k tokens, H·D = 2048, slopes
 2^(-8 (h + 1) / H) (the ALiBi paper's).
 
-    PYTHONPATH=<build>/python python3 bench/gpu/alibi_bench.py [--feature alibi|dropout] [--hd 64 128 256]
+    PYTHONPATH=<build>/python python3 bench/gpu/alibi_bench.py [--feature alibi|dropout|softcap] [--hd 64 128 256]
         [--seqlens 2048 8192] [--causal 0 1] [--repeats 3] [--seconds 0.3] [--sdpa-max 4096]
 
 Prints one markdown row per cell: TFLOP/s of each (forward, backward), and the ranges over the repeats of the
@@ -36,6 +37,14 @@ def sdpa_bias(slopes, s, causal):
     return bias[None].to(torch.bfloat16)
 
 
+# The keyword arguments that turn each feature on (slopes: the ALiBi slopes of the call's heads).
+FEATURES = {
+    "alibi": lambda slopes: dict(alibi_slopes=slopes),
+    "dropout": lambda slopes: dict(dropout_p=0.1),
+    "softcap": lambda slopes: dict(softcap=30.0),
+}
+
+
 def cell(d, s, causal, repeats, seconds, sdpa_max, feature):
     b, h = 16384 // s, 2048 // d
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -45,7 +54,7 @@ def cell(d, s, causal, repeats, seconds, sdpa_max, feature):
     def timed(on):
         kw = dict(causal=causal)
         if on:
-            kw.update(dict(alibi_slopes=slopes) if feature == "alibi" else dict(dropout_p=0.1))
+            kw.update(FEATURES[feature](slopes))
         out = flashattn.flash_attn_func(q, k, v, **kw)
         fwd = burst(lambda: flashattn.flash_attn_func(q, k, v, **kw), seconds)
         bwd = burst(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), seconds)
@@ -56,7 +65,7 @@ def cell(d, s, causal, repeats, seconds, sdpa_max, feature):
         plain, biased = (timed(False), timed(True)) if i % 2 == 0 else tuple(reversed((timed(True), timed(False))))
         readings.append((plain, biased))
     sdpa = None
-    if s <= sdpa_max:
+    if s <= sdpa_max and feature != "softcap":
         qt, kt, vt = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
         kw = dict(attn_mask=sdpa_bias(slopes, s, causal)) if feature == "alibi" else dict(dropout_p=0.1, is_causal=causal)
         out = F.scaled_dot_product_attention(qt, kt, vt, **kw)
@@ -70,9 +79,9 @@ def main():
     ap = argparse.ArgumentParser()
     add_grid_options(ap, hd=[64, 128, 256], seqlens=[2048, 8192], repeats=3, seconds=0.3)
     ap.add_argument("--sdpa-max", type=int, default=4096)
-    ap.add_argument("--feature", choices=["alibi", "dropout"], default="alibi")
+    ap.add_argument("--feature", choices=sorted(FEATURES), default="alibi")
     a = ap.parse_args()
-    name = "ALiBi" if a.feature == "alibi" else "dropout 0.1"
+    name = {"alibi": "ALiBi", "dropout": "dropout 0.1", "softcap": "softcap 30"}[a.feature]
     print(f"{name} cost, bf16, bursts of ~{a.seconds:g} s, {a.repeats} alternating repeats ({torch.cuda.get_device_name()})")
     print(f"| hd | S | causal | fwd TFLOP/s plain / {name} | bwd TFLOP/s plain / {name} | fwd time {name}/plain | "
           f"bwd time {name}/plain | SDPA with it fwd / bwd TFLOP/s |")

@@ -19,8 +19,9 @@
 namespace flashattn {
 
 constexpr int64_t kMaxHeadDim = 256;
-// d_v may be larger (FA3's MLA shapes: d 64 with d_v 512); the CUDA kernels take d_v up to kMaxHeadDim, the CPU
-// backends every d_v up to this.
+// d_v may be larger (FA3's MLA shapes: d 64 with d_v 512): the CPU backends take every d_v up to this; the CUDA
+// kernels take d_v up to kMaxHeadDim, so the CUDA forward runs wider values in slices of V's columns and the CUDA
+// backward declines them.
 constexpr int64_t kMaxHeadDimV = 512;
 
 enum class Backend : int {

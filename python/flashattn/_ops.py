@@ -1060,8 +1060,8 @@ def kvcache_attention(
     float8_e4m3fn q, caches and new rows (FA3's FP8 KV cache): q_descale / k_descale / v_descale fp32 [b, h_kv] as
     in fp8_attention (k / v descales for every row of sequence b's cache), out in out_dtype (bfloat16 by default, or
     float16). With rotary_cos / rotary_sin (e4m3 tables, as FA3 takes them) the e4m3 k_new rows and q are rotated in
-    fp32 and stored back in e4m3 (to nearest even, saturating at +-448, as FA3's kernels do): CPU backends only so
-    far (CUDA says so). Other dtypes: out in q's dtype.
+    fp32 and stored back in e4m3 (to nearest even, saturating at +-448, as FA3's kernels do). Other dtypes: out in
+    q's dtype.
     attention_chunk > 0: chunked attention over the cache's keys (after cache_leftpad; q rotated per row as with a
     window). qv: like q with d_v columns, as in `attention` (scale defaulting to 1/sqrt(d + d_v); not rotated).
     """

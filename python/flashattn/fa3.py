@@ -39,8 +39,8 @@ Arguments, supported or not (nothing that could change a result is ever ignored)
   backward through autograd raises NotImplementedError naming flashattn.fp8_attention_backward, which gives 16-bit
   gradients. flash_attn_varlen_func takes seqused_q / seqused_k with them. Descales with other dtypes raise
   ValueError (FA3 ignores them there). FP8 KV caches (flash_attn_with_kvcache) run on the CPU backends and on the
-  CUDA decode kernel; rotary on float8 rows (e4m3 tables, rows rotated in fp32 and stored back in e4m3 as FA3's
-  kernels do) runs on the CPU backends, CUDA raises NotImplementedError.
+  CUDA decode kernel, with rotary too (e4m3 tables; rows rotated in fp32 and stored back in e4m3 as FA3's kernels
+  do).
 * Scheduling hints, validated and then not used, because they cannot change flashattn's results: ``pack_gqa``
   (None / True / False; flashattn's decode kernel always packs a KV head's query heads into the rows of one tile,
   the other kernels choose their own tiling), ``sm_margin`` (an int >= 0: FA3 leaves that many SMs idle for
@@ -460,8 +460,8 @@ def flash_attn_with_kvcache(
     headdim_v) (varlen: (total_q, nheads, headdim_v)), not rotated: module docstring. attention_chunk > 0:
     chunked attention over the cache's keys (counted from cache_leftpad), q rotated per row as under a window.
     FP8: float8_e4m3fn q, k_cache, v_cache (and k, v) with q_descale / k_descale / v_descale fp32 (batch, nheads_k)
-    give a bfloat16 out; the CPU backends and the CUDA decode kernel run it; rotary with them (e4m3 tables) on the
-    CPU backends only (CUDA raises NotImplementedError). The descales with any other dtype raise ValueError.
+    give a bfloat16 out; the CPU backends and the CUDA decode kernel run it, rotary too (e4m3 tables). The descales
+    with any other dtype raise ValueError.
     check_index_values: as in flashattn.flash_attn_with_kvcache.
     """
     fp8 = _is_fp8(q)

@@ -149,6 +149,31 @@ struct BasicMaskSpec : mask_detail::ChunkField<Index, kChunks> {
     *hi = b < a ? a : b;
   }
 
+  // Rows that see every key of [key_begin, key_end) (a non-empty range): half-open [*lo, *hi), empty when none does.
+  // With both edges monotonic in the row they are one run of rows, so a kernel walking blocks of rows against one
+  // block of keys can tell the blocks that need no mask by two compares (tile_fully_visible for each block is the
+  // same answer).
+  FA_HD void rows_seeing_all_keys(Index key_begin, Index key_end, Index* lo, Index* hi) const {
+    const Index shift = seqlen_k - seqlen_q;  // diag = i + shift
+    Index a = 0, b = seqlen_q;
+    // right edge: key_end - 1 <= diag + right  <=>  i >= key_end - 1 - shift - right
+    if (right >= 0 && key_end - 1 - shift - right > a) a = key_end - 1 - shift - right;
+    // left edge: key_begin >= diag - left  <=>  i <= key_begin - shift + left
+    if (left >= 0 && key_begin - shift + left + 1 < b) b = key_begin - shift + left + 1;
+    if (key_begin < 0 || key_end > seqlen_k) b = a;  // keys outside the sequence: nobody sees them
+    if constexpr (kChunks) {
+      if (chunk > 0) {
+        // Only the rows whose diagonal lies in the chunk of key_begin, and only if key_end - 1 is in it too.
+        const Index first = key_begin - offset_in_chunk(key_begin);
+        if (key_end - 1 - first >= chunk) b = a;
+        if (first - shift > a) a = first - shift;
+        if (chunk < b - (first - shift)) b = (first - shift) + chunk;
+      }
+    }
+    *lo = a;
+    *hi = b < a ? a : b;
+  }
+
   // True when every (row, key) of the tile is visible, so the kernel may skip per-element masking.
   FA_HD bool tile_fully_visible(Index row_begin, Index row_end, Index key_begin, Index key_end) const {
     const Index shift = seqlen_k - seqlen_q;

@@ -4,11 +4,11 @@
 // device, so the whole call is CUDA-graph capturable. Rows whose cache row or page is out of range are skipped.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "backend.h"
 #include "common/kv_cache.h"
@@ -27,6 +27,26 @@ struct RotaryArgs {
   bool interleaved;
 };
 
+// Storage access for the rotation: 16-bit rows through cuda::to_float / from_float; float8_e4m3fn rows (bytes)
+// widened exactly and stored to the nearest e4m3, saturating at +-448 (common/half.h to_e4m3 on the CPU backends:
+// the same bits).
+template <typename T>
+__device__ __forceinline__ float widen(T x) {
+  return cuda::to_float(x);
+}
+template <>
+__device__ __forceinline__ float widen<uint8_t>(uint8_t x) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(x), __NV_E4M3)));
+}
+template <typename T>
+__device__ __forceinline__ T narrow(float x) {
+  return cuda::from_float<T>(x);
+}
+template <>
+__device__ __forceinline__ uint8_t narrow<uint8_t>(float x) {
+  return uint8_t(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+}
+
 // Column c of `row` rotated by position pos (or copied when c is past the rotary prefix), as cpu/kv_cache.cpp.
 template <typename T>
 __device__ __forceinline__ T rotated(const T* row, int c, const RotaryArgs& r, int64_t pos) {
@@ -36,12 +56,12 @@ __device__ __forceinline__ T rotated(const T* row, int c, const RotaryArgs& r, i
   rotary_pair_of(c, r.rotary_dim, r.interleaved, &partner, &first, &freq);
   pos = pos < 0 ? 0 : (pos >= r.rotary_rows ? r.rotary_rows - 1 : pos);
   const int64_t at = pos * (r.rotary_dim / 2) + freq;
-  const float cs = cuda::to_float(static_cast<const T*>(r.cos)[at]);
-  const float sn = cuda::to_float(static_cast<const T*>(r.sin)[at]);
-  const float x0 = cuda::to_float(row[first ? c : partner]), x1 = cuda::to_float(row[first ? partner : c]);
+  const float cs = widen(static_cast<const T*>(r.cos)[at]);
+  const float sn = widen(static_cast<const T*>(r.sin)[at]);
+  const float x0 = widen(row[first ? c : partner]), x1 = widen(row[first ? partner : c]);
   float y0, y1;
   rotate_pair(x0, x1, cs, sn, &y0, &y1);
-  return cuda::from_float<T>(first ? y0 : y1);
+  return narrow<T>(first ? y0 : y1);
 }
 
 struct AppendArgs {
@@ -82,12 +102,8 @@ __global__ void append_kernel(const __grid_constant__ AppendArgs a) {
   const T* vn = static_cast<const T*>(a.v_new) + vn_row + hk * a.vn_head_stride;
   T* kc = static_cast<T*>(a.k_cache) + k_off + hk * a.k_head_stride;
   T* vc = static_cast<T*>(a.v_cache) + v_off + hk * a.v_head_stride;
-  if constexpr (std::is_same_v<T, uint8_t>) {  // float8_e4m3fn rows: bytes (validation refuses rotary with them)
-    for (int c = int(threadIdx.x); c < a.head_dim; c += int(blockDim.x)) kc[c] = kn[c];
-  } else {
-    const int64_t pos = rotary_base(a.rotary_seqlens, a.cache_seqlens, b) + i;
-    for (int c = int(threadIdx.x); c < a.head_dim; c += int(blockDim.x)) kc[c] = rotated(kn, c, a.rotary, pos);
-  }
+  const int64_t pos = rotary_base(a.rotary_seqlens, a.cache_seqlens, b) + i;
+  for (int c = int(threadIdx.x); c < a.head_dim; c += int(blockDim.x)) kc[c] = rotated(kn, c, a.rotary, pos);
   for (int c = int(threadIdx.x); c < a.head_dim_v; c += int(blockDim.x)) vc[c] = vn[c];
 }
 
@@ -165,12 +181,6 @@ Status kvcache_typed(const KVCacheParams& kp, ForwardFn forward) {
   FA_CUDA_TRY(guard.status());
   auto stream = static_cast<cudaStream_t>(p.stream);
   RotaryArgs rot{kp.rotary_cos, kp.rotary_sin, int(kp.rotary_dim), int(kp.rotary_rows), kp.rotary_interleaved};
-  if constexpr (std::is_same_v<T, uint8_t>) {
-    if (kp.rotary_cos) {  // refused before anything is written
-      return Status::unsupported("rotary_cos: rotary embedding of float8_e4m3fn rows runs on the CPU backends only "
-                                 "so far (rotate before quantising on CUDA)");
-    }
-  }
   if (kp.k_new && kp.seqlen_new > 0 && p.batch > 0) {
     if (kp.seqlen_new > INT32_MAX || p.heads_kv > 65535 || p.batch > 65535)
       return Status::unsupported("cuda: appending more than 2^31 rows, 65535 heads or 65535 sequences");
@@ -193,12 +203,8 @@ Status kvcache_typed(const KVCacheParams& kp, ForwardFn forward) {
     append_kernel<T><<<grid, column_threads(std::max(p.head_dim, p.head_dim_v)), 0, stream>>>(a);
     FA_CUDA_TRY(cudaGetLastError());
   }
-  if constexpr (std::is_same_v<T, uint8_t>) {
-    return forward(p);  // rotary refused above
-  } else {
-    if (!kp.rotary_cos) return forward(p);
-    return rotate_queries_and_run<T>(kp, rot, forward, stream);
-  }
+  if (!kp.rotary_cos) return forward(p);
+  return rotate_queries_and_run<T>(kp, rot, forward, stream);
 }
 
 }  // namespace
@@ -207,7 +213,7 @@ Status cuda_kvcache(const KVCacheParams& kp, ForwardFn forward) {
   switch (kp.attn.dtype) {
     case DType::f16: return kvcache_typed<__half>(kp, forward);
     case DType::bf16: return kvcache_typed<__nv_bfloat16>(kp, forward);
-    case DType::e4m3: return kvcache_typed<uint8_t>(kp, forward);  // appends copy bytes
+    case DType::e4m3: return kvcache_typed<uint8_t>(kp, forward);
     default:
       return Status::unsupported(std::string("cuda: the KV-cache path runs float16, bfloat16 and float8_e4m3fn; got ") +
                                  dtype_name(kp.attn.dtype));

@@ -218,6 +218,35 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// ---- softcap's tanh ----
+// tanh on the special-function unit for softcap, whose score softcap · tanh(s · scale / softcap) needs tanh only to
+// an absolute error (the softmax sees the score, not its digits): with e = 2^-|z| in (0, 1] for z = 2·log2(e)·x,
+// tanh|x| = (1 - e) / (1 + e) and 1 - tanh²x = 4e / (1 + e)², one ex2.approx and one rcp.approx, absolute error
+// below 2^-21 on the whole line, ±1 at the ends and NaN kept. tanhf's relative accuracy near 0 cost about 20
+// instructions per score (two range tests, a polynomial besides the same ex2 and rcp); this costs 6, and the slope
+// from e keeps its relative accuracy where 1 - t² would cancel. Callers fold 2·log2(e) into their scale
+// (kTanhExp2): z = s · (scale · kTanhExp2).
+constexpr float kTanhExp2 = 2.88539008177792681f;  // 2·log2(e)
+
+struct TanhParts {
+  float e, r;  // 2^-|z| and 1 / (1 + e)
+  float z;     // the argument, for the sign
+};
+__device__ __forceinline__ TanhParts tanh_parts(float z) {
+  TanhParts t;
+  t.z = z;
+  t.e = fast_exp2(-fabsf(z));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(t.r) : "f"(1.f + t.e));
+  return t;
+}
+// c · tanh(x).
+__device__ __forceinline__ float scaled_tanh(const TanhParts& t, float c) {
+  const float cr = c * t.r;
+  return copysignf(fmaf(-t.e, cr, cr), t.z);
+}
+// 1 - tanh²(x), tanh's derivative.
+__device__ __forceinline__ float tanh_slope(const TanhParts& t) { return 4.f * t.e * (t.r * t.r); }
+
 // ---- fp32 reductions into global memory ----
 // dQ accumulation into fp32 global memory: dst[0] += x, dst[1] += y where `pred`, as one vector reduction
 // where the hardware has it (sm_90: red.global.add.v2.f32), else two scalar ones. The test is a predicate on the

@@ -214,6 +214,17 @@ TEST(Oracle, MaskSpecAgreesWithTheDefinition) {
                           << where << " tile " << rb << "-" << re << " x " << kb << "-" << ke;
                     }
                 }
+              // The rows that see every key of a key block: exactly those whose row sees each of them.
+              for (int64_t kb = 0; kb < sk; ++kb)
+                for (int64_t ke = kb + 1; ke <= sk; ++ke) {
+                  int64_t lo, hi;
+                  mask.rows_seeing_all_keys(kb, ke, &lo, &hi);
+                  for (int64_t i = 0; i < sq; ++i) {
+                    bool all = true;
+                    for (int64_t j = kb; j < ke; ++j) all = all && spec.sees(i, j, sq, sk);
+                    ASSERT_EQ(i >= lo && i < hi, all) << where << " keys " << kb << "-" << ke << " row " << i;
+                  }
+                }
               for (int64_t kb = 0; kb < sk; ++kb)
                 for (int64_t ke = kb + 1; ke <= sk; ++ke) {
                   int64_t lo, hi, first = -1, last = -1;

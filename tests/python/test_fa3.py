@@ -729,22 +729,13 @@ def test_fp8_kvcache(case, descales, backend):
     dev = "cuda" if backend == "cuda" else "cpu"
     to = lambda t: None if t is None else t.to(dev)  # noqa: E731
     kc, vc = (t.clone().to(dev) for t in inp8.caches())
-    call = lambda: fa3.flash_attn_with_kvcache(  # noqa: E731
+    out, lse, *_ = fa3.flash_attn_with_kvcache(
         to(inp8.q), kc, vc, to(inp8.k_new), to(inp8.v_new), rotary_cos=to(inp8.cos), rotary_sin=to(inp8.sin),
         cache_seqlens=index_tensor(inp.lengths, dev), cache_batch_idx=index_tensor(inp.batch_idx, dev),
         cache_leftpad=index_tensor(inp.leftpad, dev), page_table=to(inp.block_table), q_descale=to(qs),
         k_descale=to(ks), v_descale=to(vs), causal=case.causal, window_size=case.window, softcap=case.softcap,
         rotary_interleaved=case.interleaved, num_splits=case.num_splits, return_softmax_lse=True,
         backend="auto" if dev == "cuda" else backend)
-    if case.rotary and dev == "cuda":
-        saved = kc.clone(), vc.clone()
-        with pytest.raises(NotImplementedError, match=r"^rotary_cos: rotary embedding of float8_e4m3fn rows runs on "
-                                                      r"the CPU backends only"):
-            call()
-        assert torch.equal(kc.view(torch.uint8), saved[0].view(torch.uint8)), "refused after writing the cache"
-        assert torch.equal(vc.view(torch.uint8), saved[1].view(torch.uint8)), "refused after writing the cache"
-        return
-    out, lse, *_ = call()
     out, lse, kc, vc = out.cpu(), lse.cpu(), kc.cpu(), vc.cpu()
     assert out.dtype == torch.bfloat16
     # The append: bytes, checked on uint8 views. Rotated k rows: the pair's math in fp32 on the widened values (as
@@ -859,10 +850,10 @@ def test_fp8_kvcache_refusals():
     with pytest.raises(ValueError, match=r"^k_descale: expected shape \[1, 2\]"):
         fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k_descale=torch.ones(2, 2))
     if torch.cuda.is_available() and flashattn.built_with_cuda():
-        cos8 = cos.to(F8).cuda()
-        with pytest.raises(NotImplementedError, match=r"^rotary_cos: rotary embedding of float8_e4m3fn"):
+        with pytest.raises(TypeError, match=r"^rotary_cos: dtype torch.float32 differs from q's"):
             fa3.flash_attn_with_kvcache(q.cuda(), k_cache.cuda(), v_cache.cuda(), q[:, :, :2].cuda(),
-                                        q[:, :, :2].cuda(), rotary_cos=cos8, rotary_sin=cos8, cache_seqlens=3)
+                                        q[:, :, :2].cuda(), rotary_cos=cos.cuda(), rotary_sin=cos.cuda(),
+                                        cache_seqlens=3)
 
 
 def test_fp8_is_forward_only_and_packed_qkv_runs():
@@ -1316,6 +1307,66 @@ def test_fp8_on_cuda_runs_on_hopper_and_is_refused_elsewhere():
     else:
         with pytest.raises(NotImplementedError, match="float8_e4m3fn"):
             fa3.flash_attn_func(q, k, v)
+
+
+# d_v past the CUDA kernels' 256 (FA3's MLA shapes: d 64 with d_v 512): forwards over slices of V's columns
+# (src/value_slices.h), on each CUDA backend; the backward declines naming d_v.
+WIDE_V_CASES = [
+    # (b, s_q, s_k, heads q, heads kv, d, d_v, causal, window, softcap, dtype)
+    (2, 70, 300, 8, 1, 64, 512, True, (-1, -1), 0.0, torch.bfloat16),    # MQA, d 64, d_v 512: two slices of 256
+    (1, 129, 200, 4, 2, 64, 320, False, (30, 5), 0.0, torch.float16),   # 160 + 160
+    (2, 33, 77, 2, 2, 128, 264, False, (-1, -1), 5.0, torch.bfloat16),  # 136 + 128
+]
+
+
+@pytest.mark.parametrize("backend", ["auto", "cuda_sm80", "cuda_sm90"])
+@pytest.mark.parametrize("case", WIDE_V_CASES, ids=lambda c: f"d{c[5]}-{c[6]}")
+@pytest.mark.cuda
+@requires_cuda
+def test_wide_values_cuda(case, backend):
+    if backend == "cuda_sm90" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("cuda_sm90 runs on compute capability 9.0")
+    b, s_q, s_k, hq, hkv, d, dv, causal, window, softcap, dtype = case
+    q, k, v, _ = dense_inputs(b, s_q, s_k, hq, hkv, d, dv, dtype, device="cuda")
+    out, lse = fa3.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
+                                   return_attn_probs=True, backend=backend)
+    host = [t.cpu() for t in (q, k, v)]
+    kw = dict(causal=causal, window=window, softcap=softcap)
+    r64, low = attention_ref(*host, **kw), attention_ref(*host, dtype=None, **kw)
+    assert_close("out", out.cpu(), r64[0], low[0], dtype)
+    assert_close("lse", lse.cpu(), r64[1], low[1], dtype)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = fa3.flash_attn_func(*leaves, causal=causal, window_size=window, softcap=softcap, backend=backend)
+    with pytest.raises(NotImplementedError, match=rf"v: head dim {dv}: the CUDA backward takes d_v up to 256"):
+        out.sum().backward()
+
+
+@pytest.mark.cuda
+@requires_cuda
+def test_wide_values_varlen_cuda():
+    seg_q, used_q, seg_k = (3, 40, 1), (3, 17, 1), (50, 90, 7)
+    hq, hkv, d, dv, dtype = 4, 1, 64, 512, torch.bfloat16
+    g = torch.Generator().manual_seed(23)
+    make = lambda *shape: torch.randn(*shape, generator=g).to(dtype)  # noqa: E731
+    q, k, v = make(sum(seg_q), hq, d), make(sum(seg_k), hkv, d), make(sum(seg_k), hkv, dv)
+    out, lse = fa3.flash_attn_varlen_func(q.cuda(), k.cuda(), v.cuda(), cu(seg_q, "cuda"), cu(seg_k, "cuda"),
+                                          max(seg_q), max(seg_k), index_tensor(used_q, "cuda"), causal=True,
+                                          return_attn_probs=True)
+    refs = [used_ref(q, k, v, cu(seg_q).tolist(), cu(seg_k).tolist(), used_q, seg_k, causal=True, dtype=dt)
+            for dt in (torch.float64, None)]
+    assert_close("out", out.cpu(), refs[0][0], refs[1][0], dtype)
+    assert_close("lse", lse.cpu(), refs[0][1], refs[1][1], dtype)
+
+
+@pytest.mark.parametrize("num_splits", [0, 1, 3])
+@pytest.mark.parametrize("case", [
+    KVCase(2, 1, 1, (37, 300), page=16, heads=(16, 1), d=64, d_v=512, causal=True, dtype=torch.bfloat16),
+    KVCase(2, 4, 2, (0, 130), rotary=0.5, interleaved=False, heads=(8, 2), d=64, d_v=320, dtype=torch.float16),
+], ids=str)
+@pytest.mark.cuda
+@requires_cuda
+def test_wide_values_with_kvcache_cuda(case, num_splits):
+    run_kvcache(case, "auto", device="cuda", num_splits=num_splits)
 
 
 @pytest.mark.cuda

@@ -10,6 +10,8 @@ cuda_sm90 on Hopper.
 """
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 
@@ -26,6 +28,12 @@ pytestmark = [pytest.mark.cuda, requires_cuda,
 RMSE_BOUND = 2.5e-2
 LSE_TOL = 1e-2
 LSE_REL = 1e-3
+
+
+def case_seed(name: str) -> int:
+    """A seed of the case's name that every process computes alike (str hashes are salted per process, so
+    hash(name) drew new inputs on every run and a failure could not be reproduced)."""
+    return zlib.crc32(name.encode())
 
 
 def rel_rmse(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -76,7 +84,7 @@ DENSE = [
 @pytest.mark.parametrize("backend", ["auto", "cuda_sm90"])
 def test_fp8_forward_cuda(case, backend):
     name, b, sq, sk, hq, hkv, d, dv, causal, window, softcap, kind, out_dtype, spread = case
-    g = torch.Generator().manual_seed(hash(name) % 2**31)
+    g = torch.Generator().manual_seed(case_seed(name))
     q8, k8, v8 = (torch.randn(*s, generator=g).mul(spread).to(F8).cuda()
                   for s in ((b, sq, hq, d), (b, sk, hkv, d), (b, sk, hkv, dv)))
     qs, ks, vs = descales_for(kind, b, hkv, g)
@@ -103,7 +111,7 @@ VARLEN = [
 @pytest.mark.parametrize("case", VARLEN, ids=lambda c: c[0])
 def test_fp8_varlen_forward_cuda(case):
     name, lens_q, lens_k, hq, hkv, d, dv, causal, window, kind = case
-    g = torch.Generator().manual_seed(hash(name) % 2**31)
+    g = torch.Generator().manual_seed(case_seed(name))
     b = len(lens_q)
     q8, k8, v8 = (torch.randn(*s, generator=g).mul(2).to(F8).cuda()
                   for s in ((sum(lens_q), hq, d), (sum(lens_k), hkv, d), (sum(lens_k), hkv, dv)))
@@ -211,7 +219,7 @@ def check_grads(got, want, out_dtype, name, bound):
 @pytest.mark.parametrize("case", BACKWARD, ids=lambda c: c[0])
 def test_fp8_backward_cuda(case):
     name, b, sq, sk, hq, hkv, d, dv, causal, window, softcap, kind, out_dtype, deterministic = case
-    g = torch.Generator().manual_seed(hash(name) % 2**31)
+    g = torch.Generator().manual_seed(case_seed(name))
     q8, k8, v8, do8 = (torch.randn(*s, generator=g).mul(2).to(F8).cuda()
                        for s in ((b, sq, hq, d), (b, sk, hkv, d), (b, sk, hkv, dv), (b, sq, hq, dv)))
     scales = descales_for(kind, b, hkv, g) + descales_for(kind, b, hkv, g)[:1]

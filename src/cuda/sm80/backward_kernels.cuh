@@ -126,9 +126,9 @@ __device__ __forceinline__ void scores_to_grads_impl(const T* sq, const T* sdo, 
           float lse = lse_l2[mi][half];
           if constexpr (kMask && kExtras) lse = fmaf(alibi.slope2, fabsf(alibi_base - float(ni * 8 + e)), lse);
           if constexpr (kSoftcap) {
-            const float t = tanhf(x * a.tanh_scale);
-            p[e] = fast_exp2(t * a.softcap_log2 - lse);
-            dscale = 1.f - t * t;
+            const TanhParts t = tanh_parts(x * (a.tanh_scale * kTanhExp2));
+            p[e] = fast_exp2(scaled_tanh(t, 1.f) * a.softcap_log2 - lse);
+            dscale = tanh_slope(t);
           } else {
             p[e] = fast_exp2(x * a.scale_log2 - lse);
           }

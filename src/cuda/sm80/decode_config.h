@@ -78,14 +78,17 @@ constexpr int kClusterExtraTiles = 12;
 // 1. FA2's wave rule over the block slots: among the split counts that keep at least two key tiles per split, the
 //    smallest whose wave efficiency (blocks / (waves x slots)) reaches 85% of the best.
 // 2. Rounded up to an even share of the key tiles (16 tiles: 8 splits of 2, not 7 of up to 3: 13.5 vs 15.0 µs).
-// 3. At most kDecodeCombineSplits, or one block per SM if that is more: the combine kernel's warp walks a row's
-//    splits one after the other, so past that count its latency outgrows what a second block per SM adds
+// 3. Dense caches: at most kDecodeCombineSplits, or one block per SM if that is more: the combine kernel's warp walks
+//    a row's splits one after the other, so past that count its latency outgrows what a second block per SM adds
 //    (b = 1, 128k keys: 16 splits 135 µs, the wave rule's 33 splits 153 µs; at b = 8, 4 and 8 splits run level).
+//    Paged caches may fill every block slot: their blocks spend longer per tile on addresses, so the second block
+//    per SM pays (b = 1, 128k keys, pages of 16: the wave rule's 33 splits 165.7 µs on 2026-12-02, 16 splits
+//    219.9 µs on 2026-12-05).
 // 4. kMaxClusterSplits instead where those merge in clusters and each reads at most kClusterExtraTiles tiles more
 //    than the splits above would: the one launch saves about that much (b = 1: 4k keys, 8 splits in clusters
 //    14.2 µs, 16 through the combine kernel 19.9; 16k keys, 16 tiles more, 34.6 against 33.3).
 template <typename ClusterFits>
-int decode_num_splits(int64_t tiles, int64_t key_blocks, int sms, int per_sm, ClusterFits cluster_fits) {
+int decode_num_splits(int64_t tiles, int64_t key_blocks, int sms, int per_sm, bool paged, ClusterFits cluster_fits) {
   sms = std::max(sms, 1);
   const int slots = sms * std::max(per_sm, 1);
   if (tiles <= 0 || tiles >= int64_t(slots) * 8 / 10) return 1;
@@ -105,7 +108,7 @@ int decode_num_splits(int64_t tiles, int64_t key_blocks, int sms, int per_sm, Cl
     }
   }
   splits = int(std::min<int64_t>(most, (key_blocks + key_blocks / splits - 1) / (key_blocks / splits)));
-  splits = int(std::min<int64_t>(splits, std::max<int64_t>(kDecodeCombineSplits, sms / tiles)));
+  splits = int(std::min<int64_t>(splits, std::max<int64_t>(kDecodeCombineSplits, (paged ? slots : sms) / tiles)));
   const int64_t extra_tiles = (key_blocks + kMaxClusterSplits - 1) / kMaxClusterSplits -
                               (key_blocks + splits - 1) / splits;  // per split, in clusters
   if (splits > kMaxClusterSplits && extra_tiles <= kClusterExtraTiles && cluster_fits(kMaxClusterSplits)) {

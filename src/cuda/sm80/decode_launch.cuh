@@ -120,7 +120,7 @@ Status launch_decode_plan(const FwdParams& p) {
       }
     }
     splits = decode_num_splits(tiles, (p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN, sms, per_sm,
-                               cluster_fits);
+                               p.is_paged(), cluster_fits);
   }
   a.num_splits = splits;
   if (m_blocks > 65535) {

@@ -10,6 +10,7 @@
 
 #include "common/dropout.h"
 #include "common/mask.h"
+#include "cuda/primitives.cuh"
 
 namespace flashattn::cuda::sm80 {
 
@@ -119,7 +120,7 @@ __device__ __forceinline__ void apply_softcap(float (&s)[kMTiles][kNTiles][4], f
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[mt][nt][e] = tanhf(s[mt][nt][e] * pre);
+      for (int e = 0; e < 4; ++e) s[mt][nt][e] = scaled_tanh(tanh_parts(s[mt][nt][e] * (pre * kTanhExp2)), 1.f);
     }
   }
 }

@@ -67,6 +67,11 @@ struct BackwardConfig {
   static constexpr bool kScoresBeforeDv = kBlockM > kWgmmaRows;
   // The queries of a block whose Sᵀ and dPᵀ one warpgroup computes (the wgmma N of those products).
   static constexpr int kScoreQueries = kColumnSplit ? kBlockM / kConsumerWarpgroups : kBlockM;
+  // Descriptor steps as one 64-bit add (desc_advance_whole) rather than desc_advance's 32-bit one: hd 256's loop
+  // 670 -> 584 instructions per block, hd 64's about 17 fewer, hd 128's 705 -> 666, without new spills; but hd
+  // 128's dQ product stepped so kept more descriptor pairs live and the plain kernel spilled 60 / 132 bytes (was 4 /
+  // 4), so there the dQ product keeps the 32-bit step (offline SASS, bf16).
+  static constexpr bool kWholeDqDescriptorSteps = kHeadDim != 128;
   static constexpr int kStages = 2;
   // dO's ring: Q's stages (one ring, one set of barriers), or at hd 256 one stage with barriers of its own.
   static constexpr int kDoStages = kColumnSplit ? 1 : kStages;

@@ -60,6 +60,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "backend.h"
 #include "common/alibi.h"
@@ -293,6 +294,9 @@ __device__ void produce(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, int 
   }
 }
 
+// What consume knows of a query block's mask when it calls gradients (consume's two copies of the iteration).
+constexpr int kMaskUnknown = 0, kMaskKnownNo = 1, kMaskKnownYes = 2;
+
 // The query blocks a CTA visits, in the order every role walks them: each query head of the KV group, then its
 // blocks [m_begin, m_end).
 struct QueryBlockOrder {
@@ -339,10 +343,12 @@ __device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, con
     const int head = order.head(w, a.heads_per_kv, i), m = order.block(w, i);
     float* tile = dq_accum_tile<Cfg>(a, w, head, m);
     int* turns = a.dq_turns ? a.dq_turns + (int64_t(head) * a.ws_head_stride + w.ws_row0) / Cfg::kBlockM + m : nullptr;
+    // Piece by piece, the warpgroups in turn: a warpgroup's second hand-off waits behind one of the other's, not
+    // behind all of them (hd 256: 2 pieces per warpgroup and block).
 #pragma unroll
-    for (int wg = 0; wg < Cfg::kConsumerWarpgroups; ++wg) {
+    for (int piece = 0; piece < Cfg::kDqStagePieces; ++piece) {
 #pragma unroll
-      for (int piece = 0; piece < Cfg::kDqStagePieces; ++piece) {
+      for (int wg = 0; wg < Cfg::kConsumerWarpgroups; ++wg) {
         named_barrier_sync(kDqFullBarrier + wg, kDqHandoffThreads);
         const bool last_piece = wg + 1 == Cfg::kConsumerWarpgroups && piece + 1 == Cfg::kDqStagePieces;
         if (leader) {
@@ -390,6 +396,14 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   static constexpr int kSQ = Cfg::kScoreQueries;
   using Scores = float[kSQ / 2];                 // Sᵀ or dPᵀ: 64 keys x kSQ queries, accumulator layout
   using Fragments = uint32_t[kSQ / kWgmmaK][4];  // Pᵀ or dSᵀ as the A operand, 16 queries per fragment
+
+  // A descriptor `bytes` further on: one 64-bit add (the constant high word is not rebuilt before each wgmma),
+  // except in the dQ product where the head dim's kernel compiles better with the 32-bit one
+  // (kWholeDqDescriptorSteps).
+  template <bool kWhole = true>
+  static __device__ __forceinline__ uint64_t step_desc(uint64_t desc, uint32_t bytes) {
+    return kWhole ? desc_advance_whole(desc, bytes) : desc_advance(desc, bytes);
+  }
 
   const BackwardSmem<Cfg>& sm;
   const KeyBlockWork& w;
@@ -540,13 +554,13 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   __device__ void issue_transposed_scores(Scores& d, const uint8_t* keys, const uint8_t* queries) {
     const uint32_t key_addr = smem_address(keys) + key_row0 * kSwizzleBytes;
     const uint32_t query_addr = smem_address(queries) + score_q0() * kSwizzleBytes;
-    const uint64_t key_desc = opaque_desc(make_desc_k_major(key_addr));
-    const uint64_t query_desc = opaque_desc(make_desc_k_major(query_addr));
+    const uint64_t key_desc = warp_uniform_desc(make_desc_k_major(key_addr));
+    const uint64_t query_desc = warp_uniform_desc(make_desc_k_major(query_addr));
 #pragma unroll
     for (int kk = 0; kk < kD / kWgmmaK; ++kk) {
       const uint32_t step = (kk % 4) * kWgmmaK * 2;
-      wgmma_ss<T, kSQ, 0>(d, desc_advance(key_desc, (kk / 4) * kN * kSwizzleBytes + step),
-                         desc_advance(query_desc, (kk / 4) * kM * kSwizzleBytes + step), kk > 0);
+      wgmma_ss<T, kSQ, 0>(d, step_desc(key_desc, (kk / 4) * kN * kSwizzleBytes + step),
+                         step_desc(query_desc, (kk / 4) * kM * kSwizzleBytes + step), kk > 0);
     }
     wgmma_commit();
   }
@@ -555,10 +569,10 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   // staged Q or dO tile.
   __device__ void issue_accumulate(float (&acc)[kOutCols / 2], const Fragments& f, const uint8_t* rows) const {
     const uint32_t addr = smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes;
-    const uint64_t desc = opaque_desc(make_desc_mn_major(addr, kM * kSwizzleBytes));
+    const uint64_t desc = warp_uniform_desc(make_desc_mn_major(addr, kM * kSwizzleBytes));
 #pragma unroll
     for (int kk = 0; kk < kM / kWgmmaK; ++kk)
-      wgmma_rs<T, kOutCols, 1>(acc, f[kk], desc_advance(desc, kk * kWgmmaK * kSwizzleBytes), true);
+      wgmma_rs<T, kOutCols, 1>(acc, f[kk], step_desc(desc, kk * kWgmmaK * kSwizzleBytes), true);
     wgmma_commit();
   }
 
@@ -567,12 +581,12 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   __device__ void issue_accumulate_shared(float (&acc)[kOutCols / 2], const uint8_t* tile, const uint8_t* rows) const {
     const uint32_t tile_addr = smem_address(tile);
     const uint32_t addr = smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes;
-    const uint64_t tile_desc = opaque_desc(make_desc_k_major(tile_addr));
-    const uint64_t rows_desc = opaque_desc(make_desc_mn_major(addr, kM * kSwizzleBytes));
+    const uint64_t tile_desc = warp_uniform_desc(make_desc_k_major(tile_addr));
+    const uint64_t rows_desc = warp_uniform_desc(make_desc_mn_major(addr, kM * kSwizzleBytes));
 #pragma unroll
     for (int kk = 0; kk < kM / kWgmmaK; ++kk)
-      wgmma_ss<T, kOutCols, 1>(acc, desc_advance(tile_desc, (kk / 4) * kN * kSwizzleBytes + (kk % 4) * kWgmmaK * 2),
-                               desc_advance(rows_desc, kk * kWgmmaK * kSwizzleBytes), true);
+      wgmma_ss<T, kOutCols, 1>(acc, step_desc(tile_desc, (kk / 4) * kN * kSwizzleBytes + (kk % 4) * kWgmmaK * 2),
+                               step_desc(rows_desc, kk * kWgmmaK * kSwizzleBytes), true);
     wgmma_commit();
   }
 
@@ -589,19 +603,21 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   // effect). Reading the bits again there instead spilled at hd 64 and 128.
   // The masked and the unmasked block as two copies: as one, the compiler computes every element's query range
   // test on every block and selects (about 140 instructions per block and thread at hd 128). Not with 128-row
-  // blocks (hd 64), where the second copy makes ptxas serialise the wgmmas (C7512).
-  template <bool kSoftcap, bool kAlibi, bool kPack>
+  // blocks (hd 64), where the second copy here makes ptxas serialise the wgmmas (C7512): consume copies the whole
+  // iteration there instead.
+  // kMask: as gradients takes it; kMaskKnownNo takes the unmasked copy at every block size.
+  template <bool kSoftcap, bool kAlibi, bool kPack, int kMask = kMaskUnknown>
   __device__ void probabilities(Scores& s, Fragments& pf, const float* lse_log2, int m, bool masked,
                                 float alibi_slope2, uint8_t* pt_tile = nullptr) const {
-    if (!Cfg::kScoresBeforeDv && !masked)
-      probabilities<kSoftcap, kAlibi, kPack, false>(s, pf, lse_log2, m, false, alibi_slope2, pt_tile);
+    if (kMask == kMaskKnownNo || (!Cfg::kScoresBeforeDv && !masked))
+      probabilities_copy<kSoftcap, kAlibi, kPack, false>(s, pf, lse_log2, m, false, alibi_slope2, pt_tile);
     else
-      probabilities<kSoftcap, kAlibi, kPack, true>(s, pf, lse_log2, m, masked, alibi_slope2, pt_tile);
+      probabilities_copy<kSoftcap, kAlibi, kPack, true>(s, pf, lse_log2, m, masked, alibi_slope2, pt_tile);
   }
-  // kMaybeMasked false: `masked` is known false.
+  // One copy of probabilities; kMaybeMasked false: `masked` is known false.
   template <bool kSoftcap, bool kAlibi, bool kPack, bool kMaybeMasked>
-  __device__ void probabilities(Scores& s, Fragments& pf, const float* lse_log2, int m, bool masked,
-                                float alibi_slope2, uint8_t* pt_tile) const {
+  __device__ void probabilities_copy(Scores& s, Fragments& pf, const float* lse_log2, int m, bool masked,
+                                     float alibi_slope2, uint8_t* pt_tile) const {
     // Row r's distance from query score_q0() + 8j + 2·quad + e of the block is alibi_base[r] + 8j + e
     // (common/alibi.h).
     float alibi_base[2] = {0.f, 0.f};
@@ -625,9 +641,9 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
           if constexpr (kAlibi) lse_e = fmaf(alibi_slope2, fabsf(alibi_base[r] + float(8 * j + e)), lse_e);
           float dscale = 1.f;
           if constexpr (kSoftcap) {
-            const float t = tanhf(x * tanh_scale());  // as the forward computes it
-            p[e] = exp2_approx(t * a.softcap_log2 - lse_e);
-            dscale = 1.f - t * t;
+            const TanhParts t = tanh_parts(x * (tanh_scale() * kTanhExp2));  // as the forward computes it
+            p[e] = exp2_approx(scaled_tanh(t, 1.f) * a.softcap_log2 - lse_e);
+            dscale = tanh_slope(t);
           } else {
             p[e] = exp2_approx(x * scale_log2() - lse_e);
           }
@@ -703,12 +719,13 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
     const uint32_t a_addr = smem_address(ds_tile) + (dq_row0() / kPanelCols) * kN * kSwizzleBytes;
     const uint32_t b_addr = smem_address(sm.k()) + (dq_col0() / kPanelCols) * kN * kSwizzleBytes +
                             (dq_col0() % kPanelCols) * Cfg::kElemBytes;
-    const uint64_t a_desc = opaque_desc(make_desc_mn_major(a_addr, kN * kSwizzleBytes));
-    const uint64_t b_desc = opaque_desc(make_desc_mn_major(b_addr, kN * kSwizzleBytes));
+    const uint64_t a_desc = warp_uniform_desc(make_desc_mn_major(a_addr, kN * kSwizzleBytes));
+    const uint64_t b_desc = warp_uniform_desc(make_desc_mn_major(b_addr, kN * kSwizzleBytes));
 #pragma unroll
     for (int kk = 0; kk < kN / kWgmmaK; ++kk)
-      wgmma_ss<T, Cfg::kDqTileCols, 1, 1>(dq, desc_advance(a_desc, kk * kWgmmaK * kSwizzleBytes),
-                                          desc_advance(b_desc, kk * kWgmmaK * kSwizzleBytes), kk > 0);
+      wgmma_ss<T, Cfg::kDqTileCols, 1, 1>(
+          dq, step_desc<Cfg::kWholeDqDescriptorSteps>(a_desc, kk * kWgmmaK * kSwizzleBytes),
+          step_desc<Cfg::kWholeDqDescriptorSteps>(b_desc, kk * kWgmmaK * kSwizzleBytes), kk > 0);
     wgmma_commit();
   }
 
@@ -757,7 +774,9 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   // for). On return the wgmma groups in flight are dV, dQ and dK, in that order: dQ lands while dK still runs, so
   // the consumer hands dQ to the writer under dK's products instead of with the tensor pipe idle
   // (FlashAttention-3's order; bench/results/hopper-backward.md).
-  template <bool kSoftcap, bool kAlibi>
+  // kMask: whether the block needs a mask, as consume knows it (kMaskKnownNo / kMaskKnownYes: its two copies of the
+  // iteration) or not yet (kMaskUnknown: needs_mask decides here).
+  template <bool kSoftcap, bool kAlibi, int kMask = kMaskUnknown>
   __device__ void gradients(Scores& s, Scores& dp, float (&dq)[Cfg::kDqTileCols / 2], int m, int stage,
                             int do_stage, int ds_buffer, float alibi_slope2) {
     const uint8_t* q_tile = sm.q(stage);
@@ -783,7 +802,9 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
       issue_accumulate_shared(dk, ds_tile, q_tile);
     } else {
       if constexpr (Cfg::kScoresBeforeDv) {
-        probabilities<kSoftcap, kAlibi, kSoftcap>(s, pf, sm.lse_log2(stage), m, needs_mask(m), alibi_slope2);
+        probabilities<kSoftcap, kAlibi, kSoftcap, kMask>(s, pf, sm.lse_log2(stage), m,
+                                                         kMask == kMaskUnknown ? needs_mask(m) : kMask == kMaskKnownYes,
+                                                         alibi_slope2);
         wgmma_wait<0>();
         fence_registers(dp);
       } else {
@@ -850,8 +871,14 @@ __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int 
   const QueryBlockOrder order(w, heads_per_kv);
   RingPosition<Cfg::kStages> pos;
   RingPosition<Cfg::kDoStages> do_pos;
-  for (int i = 0; i < order.blocks; ++i) {
-    const int head = order.head(w, heads_per_kv, i), m = order.block(w, i);
+  // hd 64 (kScoresBeforeDv) runs the whole iteration in two copies, one for blocks that need no mask, chosen before
+  // any wgmma of the block is issued: there the per-element mask tests are a quarter of the loop's instructions
+  // (FA3 separates its masking iterations at hd <= 64 likewise). Choosing inside probabilities instead, with dPᵀ in
+  // flight, made ptxas serialise the wgmmas (C7512). Softcap, ALiBi and dropout keep one copy.
+  constexpr bool kUnmaskedCopy = Cfg::kScoresBeforeDv && !kSoftcap && !kAlibi && !Cfg::kDropout;
+  // Query block i (query head `head`, block m): its Sᵀ and dPᵀ issued once its stage is full, then gradients, dQ
+  // handed to the writer and the stage released. `mask`: what is known of its mask (gradients' kMask).
+  const auto block = [&](int i, int head, int m, auto mask) {
     typename BackwardConsumer<T, Cfg>::Scores s, dp;
     mbarrier_wait(&c.sm.full()[pos.index], pos.phase);
     const int do_stage = Cfg::kSeparateDoRing ? do_pos.index : pos.index;
@@ -865,7 +892,8 @@ __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int 
         kAlibi ? Alibi32::make(c.a.alibi_slopes, c.a.alibi_batch_stride, w.batch, head, w.seqlen_q, w.seqlen_k)
                      .slope_log2()
                : 0.f;
-    c.template gradients<kSoftcap, kAlibi>(s, dp, dq, m, pos.index, do_stage, i % 2, alibi_slope2);
+    c.template gradients<kSoftcap, kAlibi, decltype(mask)::value>(s, dp, dq, m, pos.index, do_stage, i % 2,
+                                                                  alibi_slope2);
     if constexpr (Cfg::kSeparateDoRing) {
       wgmma_wait<2>();  // dV has landed: dO is no longer read
       fence_registers(c.dv);
@@ -880,6 +908,26 @@ __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int 
     fence_registers(c.dk);
     c.release(pos.index);
     pos.advance();
+  };
+  if constexpr (kUnmaskedCopy) {
+    // The blocks that need no mask are one run, [unmasked_begin, unmasked_end), found once (the same answer as
+    // needs_mask for each block); the walk steps (head, m) instead of dividing i, so that a block's choice and
+    // position cost a few uniform instructions (offline SASS, hd 64: the block's setup was 100 instructions).
+    int64_t row_lo, row_hi;
+    w.mask.rows_seeing_all_keys(w.key0, int64_t(w.key0) + Cfg::kBlockN, &row_lo, &row_hi);
+    const int unmasked_begin = int((row_lo + Cfg::kBlockM - 1) / Cfg::kBlockM);
+    const int unmasked_end = int(min(row_hi, int64_t(w.seqlen_q)) / Cfg::kBlockM);
+    int head = order.head(w, heads_per_kv, 0), m = w.m_begin;
+    for (int i = 0; i < order.blocks; ++i) {
+      if (m >= unmasked_begin && m < unmasked_end)
+        block(i, head, m, std::integral_constant<int, kMaskKnownNo>{});
+      else
+        block(i, head, m, std::integral_constant<int, kMaskKnownYes>{});
+      if (++m == w.m_end) m = w.m_begin, ++head;
+    }
+  } else {
+    for (int i = 0; i < order.blocks; ++i)
+      block(i, order.head(w, heads_per_kv, i), order.block(w, i), std::integral_constant<int, kMaskUnknown>{});
   }
 }
 

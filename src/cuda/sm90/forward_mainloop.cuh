@@ -254,7 +254,8 @@ struct Consumer {
   __device__ void transform_scores(Scores& s, int n, float (&shift)[2]) {
     if (a.softcap > 0.f) {
 #pragma unroll
-      for (int i = 0; i < kN / 2; ++i) s[i] = a.softcap * tanhf(s[i] * softcap_in_scale());
+      for (int i = 0; i < kN / 2; ++i)
+        s[i] = scaled_tanh(tanh_parts(s[i] * (softcap_in_scale() * kTanhExp2)), a.softcap);
     }
     if (has_alibi()) {
       float base[2];

@@ -74,6 +74,14 @@ __host__ __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_
   return (desc & 0xFFFFFFFF00000000ull) | lo;
 }
 
+// The same value as desc_advance, as one 64-bit add (the address field never carries). ptxas then steps the
+// descriptor as a whole pair (UIADD3.64) instead of rebuilding its constant high word with a UMOV before every
+// wgmma, which saves two uniform instructions per wgmma but keeps more descriptor pairs live: a choice per kernel
+// (BackwardConfig::kWholeDescriptorSteps), by its SASS.
+__host__ __device__ __forceinline__ uint64_t desc_advance_whole(uint64_t desc, uint32_t bytes) {
+  return desc + (bytes >> 4);
+}
+
 // This thread's warpgroup, broadcast from lane 0 so the compiler knows it is warp-uniform: values derived from it
 // (shared-memory addresses, descriptors) then live in uniform registers instead of being moved there (R2UR)
 // before every wgmma.
@@ -447,6 +455,15 @@ struct RingPosition {
 __device__ __forceinline__ uint64_t opaque_desc(uint64_t desc) {
   asm volatile("" : "+l"(desc));
   return desc;
+}
+
+// opaque_desc of a descriptor that every lane of the warp computes alike, read from lane 0 so that the compiler
+// sees it is warp-uniform: ptxas then keeps it, and the steps desc_advance takes from it, in uniform registers
+// instead of moving it there (R2UR) before every wgmma.
+__device__ __forceinline__ uint64_t warp_uniform_desc(uint64_t desc) {
+  const uint32_t lo = __shfl_sync(0xffffffffu, uint32_t(desc), 0);
+  const uint32_t hi = __shfl_sync(0xffffffffu, uint32_t(desc >> 32), 0);
+  return opaque_desc(uint64_t(hi) << 32 | lo);
 }
 
 // ---- stmatrix ----
