@@ -104,14 +104,13 @@ BackendChoice choose(const FwdParams& p, Backend requested, const BwdParams* bwd
   for (Backend b : {Backend::cuda_sm90, Backend::cuda_sm80}) {
     Status s = supports(b, p, bwd);
     if (s.ok()) {
+      const int64_t slices = bwd ? 1 : detail::value_slice_count(p, kCudaKernelHeadDimV);
       c.backend = b;
       c.reason = std::string(backend_name(b)) + " supports this call" +
                  (p.has_kv_cache() ? std::string(" (KV cache: the split-KV decode kernel)") : std::string()) +
-                 (!bwd && detail::value_slice_count(p, kCudaKernelHeadDimV) > 1
-                      ? " (d_v " + std::to_string(p.head_dim_v) + " as " +
-                            std::to_string(detail::value_slice_count(p, kCudaKernelHeadDimV)) +
-                            " forwards over slices of V's columns)"
-                      : std::string()) +
+                 (slices > 1 ? " (d_v " + std::to_string(p.head_dim_v) + " as " + std::to_string(slices) +
+                                   " forwards over slices of V's columns)"
+                             : std::string()) +
                  (passed_over.empty() ? std::string() : " (" + passed_over + ")");
       return c;
     }

@@ -57,11 +57,12 @@ Status for_each_value_slice(const FwdParams& p, int64_t max_width, Fn&& fn) {
   if (width == p.head_dim_v || width <= 0) return fn(p);
   // qv's scores read every column of V: no slice has them all.
   if (p.qv) return Status::unsupported("qv: a forward with qv cannot run in slices of V's columns");
+  const int64_t v_size = value_element_bytes(p), o_size = out_element_bytes(p);
   for (int64_t c = 0; c < p.head_dim_v; c += width) {
     FwdParams slice = p;
     slice.head_dim_v = std::min(width, p.head_dim_v - c);
-    slice.v = static_cast<const char*>(p.v) + c * value_element_bytes(p);
-    slice.o = static_cast<char*>(p.o) + c * out_element_bytes(p);
+    slice.v = static_cast<const char*>(p.v) + c * v_size;
+    slice.o = static_cast<char*>(p.o) + c * o_size;
     const Status st = fn(static_cast<const FwdParams&>(slice));
     if (!st.ok()) return st;
   }

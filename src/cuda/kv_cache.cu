@@ -4,7 +4,6 @@
 // device, so the whole call is CUDA-graph capturable. Rows whose cache row or page is out of range are skipped.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,26 +26,6 @@ struct RotaryArgs {
   bool interleaved;
 };
 
-// Storage access for the rotation: 16-bit rows through cuda::to_float / from_float; float8_e4m3fn rows (bytes)
-// widened exactly and stored to the nearest e4m3, saturating at +-448 (common/half.h to_e4m3 on the CPU backends:
-// the same bits).
-template <typename T>
-__device__ __forceinline__ float widen(T x) {
-  return cuda::to_float(x);
-}
-template <>
-__device__ __forceinline__ float widen<uint8_t>(uint8_t x) {
-  return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(x), __NV_E4M3)));
-}
-template <typename T>
-__device__ __forceinline__ T narrow(float x) {
-  return cuda::from_float<T>(x);
-}
-template <>
-__device__ __forceinline__ uint8_t narrow<uint8_t>(float x) {
-  return uint8_t(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
-}
-
 // Column c of `row` rotated by position pos (or copied when c is past the rotary prefix), as cpu/kv_cache.cpp.
 template <typename T>
 __device__ __forceinline__ T rotated(const T* row, int c, const RotaryArgs& r, int64_t pos) {
@@ -56,12 +35,12 @@ __device__ __forceinline__ T rotated(const T* row, int c, const RotaryArgs& r, i
   rotary_pair_of(c, r.rotary_dim, r.interleaved, &partner, &first, &freq);
   pos = pos < 0 ? 0 : (pos >= r.rotary_rows ? r.rotary_rows - 1 : pos);
   const int64_t at = pos * (r.rotary_dim / 2) + freq;
-  const float cs = widen(static_cast<const T*>(r.cos)[at]);
-  const float sn = widen(static_cast<const T*>(r.sin)[at]);
-  const float x0 = widen(row[first ? c : partner]), x1 = widen(row[first ? partner : c]);
+  const float cs = cuda::to_float(static_cast<const T*>(r.cos)[at]);
+  const float sn = cuda::to_float(static_cast<const T*>(r.sin)[at]);
+  const float x0 = cuda::to_float(row[first ? c : partner]), x1 = cuda::to_float(row[first ? partner : c]);
   float y0, y1;
   rotate_pair(x0, x1, cs, sn, &y0, &y1);
-  return narrow<T>(first ? y0 : y1);
+  return cuda::from_float<T>(first ? y0 : y1);
 }
 
 struct AppendArgs {

@@ -46,6 +46,16 @@ struct ElementTraits<float> {
   __device__ static float to(float x) { return x; }
 };
 
+// float8_e4m3fn storage (the kernels hold e4m3 values as bytes): widened exactly (every e4m3 value is a float16),
+// rounded to the nearest e4m3 and saturated at +-448 (common/half.h to_e4m3 on the CPU backends: the same bits).
+template <>
+struct ElementTraits<uint8_t> {
+  __device__ static uint8_t from(float x) { return uint8_t(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)); }
+  __device__ static float to(uint8_t x) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(x), __NV_E4M3)));
+  }
+};
+
 // Two floats rounded into one 32-bit register of two 16-bit elements (low half = first).
 template <typename T>
 __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {

@@ -77,7 +77,7 @@ __host__ __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_
 // The same value as desc_advance, as one 64-bit add (the address field never carries). ptxas then steps the
 // descriptor as a whole pair (UIADD3.64) instead of rebuilding its constant high word with a UMOV before every
 // wgmma, which saves two uniform instructions per wgmma but keeps more descriptor pairs live: a choice per kernel
-// (BackwardConfig::kWholeDescriptorSteps), by its SASS.
+// (BackwardConfig::kWholeDqDescriptorSteps), by its SASS.
 __host__ __device__ __forceinline__ uint64_t desc_advance_whole(uint64_t desc, uint32_t bytes) {
   return desc + (bytes >> 4);
 }
