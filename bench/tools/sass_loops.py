@@ -6,7 +6,9 @@ labels) or an already disassembled text (`nvdisasm -c` output), picks the kernel
 --match string, and for each loop (a label that a later branch jumps back to) with at least --min-hgmma HGMMAs
 prints its instruction count and the opcode families in it, most frequent first. A loop body that holds two copies
 of an iteration (a masked and an unmasked one, chosen by a branch) shows up as one loop: --split prints the
-stretches between the loop's HGMMA groups too, so the copies can be told apart.
+stretches between the loop's HGMMA groups too, so the copies can be told apart. --stalls adds the cycles that the
+compiler's control codes hold each warp after each instruction (the 4-bit stall count of the encoding), summed over
+the loop and each stretch: the fixed-latency waits that Nsight Compute samples as "Stall Wait".
 
   python3 bench/tools/sass_loops.py build/CMakeFiles/flashattn_sm90a.dir/src/cuda/sm90/backward_sm90.cu.o \\
       --match backward_kernel --match 13__nv_bfloat16 --match ILi64ELb0ELb0ELb0E
@@ -27,6 +29,7 @@ import sys
 import tempfile
 
 INSTRUCTION = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;?\s*$")
+ENCODING = re.compile(r"/\*\s*0x([0-9a-f]{16})\s*\*/")
 LABEL = re.compile(r"^(\.L_x_\d+):")
 SECTION = re.compile(r"^\.text\.(\S+):")
 GUARD = re.compile(r"^@!?U?P\w+\s+")
@@ -48,8 +51,9 @@ def tool(name: str) -> str:
     sys.exit(f"{name}: not found (PATH, /usr/local/cuda/bin, triton's bundled tools)")
 
 
-def disassemble(path: str) -> str:
-    """nvdisasm -c text of every cubin in `path` (an object, a cubin, or already SASS text)."""
+def disassemble(path: str, encodings: bool = False) -> str:
+    """nvdisasm -c text of every cubin in `path` (an object, a cubin, or already SASS text); with each instruction's
+    two encoding words where `encodings`."""
     with open(path, "rb") as f:
         head = f.read(4)
     if head != b"\x7fELF":
@@ -60,7 +64,8 @@ def disassemble(path: str) -> str:
             subprocess.run([tool("cuobjdump"), "-xelf", "all", os.path.abspath(path)], cwd=tmp, check=True,
                            stdout=subprocess.DEVNULL)
             cubins = [os.path.join(tmp, n) for n in sorted(os.listdir(tmp)) if n.endswith(".cubin")]
-        return "".join(subprocess.run([tool("nvdisasm"), "-c", c], check=True, capture_output=True,
+        flags = ["-c", "-hex"] if encodings else ["-c"]
+        return "".join(subprocess.run([tool("nvdisasm"), *flags, c], check=True, capture_output=True,
                                       text=True).stdout for c in cubins)
 
 
@@ -77,22 +82,31 @@ def functions(text: str) -> dict[str, list[str]]:
 
 
 def parse(lines: list[str]):
-    """(instructions as (opcode, text), label -> index of the next instruction)."""
+    """(instructions as (opcode, text, stall cycles or 0 without encodings), label -> index of the next
+    instruction)."""
     ins, labels = [], {}
     for line in lines:
         m = LABEL.match(line.strip())
         if m:
             labels[m.group(1)] = len(ins)
             continue
-        m = INSTRUCTION.match(line)
-        if m:
+        words = ENCODING.findall(line)
+        m = INSTRUCTION.match(ENCODING.sub("", line))
+        if m and m.group(2):
             body = GUARD.sub("", m.group(2))
-            ins.append((body.split()[0] if body else "", m.group(2)))
+            ins.append([body.split()[0] if body else "", m.group(2), 0])
+        elif words and ins:
+            # The second word of the previous instruction: its control code's stall count is bits 41-44.
+            ins[-1][2] = (int(words[-1], 16) >> 41) & 0xF
     return ins, labels
 
 
 def families(ins, lo: int, hi: int) -> collections.Counter:
-    return collections.Counter(op.split(".")[0] for op, _ in ins[lo:hi])
+    return collections.Counter(op.split(".")[0] for op, _, _ in ins[lo:hi])
+
+
+def stall_note(ins, lo: int, hi: int, enabled: bool) -> str:
+    return f", {sum(stall for _, _, stall in ins[lo:hi])} stall cycles" if enabled else ""
 
 
 def describe(c: collections.Counter) -> str:
@@ -105,13 +119,14 @@ def main() -> None:
     ap.add_argument("--match", action="append", default=[], help="substring of the mangled kernel name (repeatable)")
     ap.add_argument("--min-hgmma", type=int, default=8, help="report loops with at least this many HGMMA")
     ap.add_argument("--split", action="store_true", help="also the stretches between a loop's HGMMA groups")
+    ap.add_argument("--stalls", action="store_true", help="also the control codes' stall cycles")
     args = ap.parse_args()
-    for name, lines in functions(disassemble(args.path)).items():
+    for name, lines in functions(disassemble(args.path, args.stalls)).items():
         if not all(m in name for m in args.match):
             continue
         ins, labels = parse(lines)
         print(f"== {name}\n   whole kernel: {len(ins)} instructions: {describe(families(ins, 0, len(ins)))}")
-        for i, (op, text) in enumerate(ins):
+        for i, (op, text, _) in enumerate(ins):
             m = re.search(r"`\((\.L_x_\d+)\)", text)
             if not (op.startswith("BRA") and m and m.group(1) in labels and labels[m.group(1)] <= i):
                 continue
@@ -119,14 +134,16 @@ def main() -> None:
             c = families(ins, lo, hi)
             if c["HGMMA"] < args.min_hgmma:
                 continue
-            print(f"   loop {m.group(1)} ({hi - lo} instructions, back edge '{text}'): {describe(c)}")
+            print(f"   loop {m.group(1)} ({hi - lo} instructions{stall_note(ins, lo, hi, args.stalls)}, back edge "
+                  f"'{text}'): {describe(c)}")
             if args.split:
                 # Stretches separated by the instruction before each run of HGMMAs that follows non-HGMMA work.
                 cuts = [lo] + [k for k in range(lo + 1, hi) if ins[k][0].startswith("HGMMA")
                                and not ins[k - 1][0].startswith("HGMMA")
                                and not any(ins[j][0].startswith("HGMMA") for j in range(max(lo, k - 12), k))] + [hi]
                 for a, b in zip(cuts, cuts[1:]):
-                    print(f"      [{a - lo:5d}, {b - lo:5d}) {b - a:4d}: {describe(families(ins, a, b))}")
+                    print(f"      [{a - lo:5d}, {b - lo:5d}) {b - a:4d}{stall_note(ins, a, b, args.stalls)}: "
+                          f"{describe(families(ins, a, b))}")
 
 
 if __name__ == "__main__":
