@@ -102,6 +102,7 @@ struct BackwardConfig {
   // Rows of the workspace arrays at which every sequence starts: a whole query block for the fragment-ordered
   // tiles of dq_accum (a multiple of 4, as TMA's 16-byte aligned boxes of LSE and D need).
   static constexpr int kWsAlign = kBlockM;
+  static_assert((kWsAlign & (kWsAlign - 1)) == 0, "sm80::ws_sequence_start rounds with a mask");
 
   static constexpr int kElemBytes = 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * kElemBytes;   // K or V
