@@ -268,9 +268,9 @@ __device__ __forceinline__ bool row_group(const BwdKernelArgs& a, int group_log2
   w->lane = threadIdx.x & (group - 1);
   w->mask = group == 32 ? 0xffffffffu : ((1u << group) - 1) << ((threadIdx.x & 31) & ~(group - 1));
   if (groups <= int64_t(UINT32_MAX)) {
-    // 32-bit quotients wherever the (row, head) pairs fit (the same for every thread of the launch): a 64-bit
-    // division by a runtime divisor is a call of about 70 instructions, and with three of them per group the
-    // preprocess issued 80 instructions per row, issue-bound below the bandwidth (ncu, hd 64, B·S = 16k).
+    // 32-bit quotients wherever the (row, head) pairs fit (the same for every thread of the launch): each 64-bit
+    // division by a runtime divisor tests both operands and branches to a 32-bit path or a call, three per group,
+    // in a kernel that ncu found issue-bound (the preprocess at hd 64, B·S = 16k: 76% of issue slots, DRAM 63%).
     const uint32_t g = uint32_t(group_id), heads = uint32_t(a.heads_q), seqlen = uint32_t(max(a.seqlen_q, 1));
     const uint32_t r = g / heads;
     w->h = int(g - r * heads);
