@@ -59,3 +59,18 @@ build_python_tree() {
     >> "$log" 2>&1
   echo "build rc=$? in $(( $(date +%s) - start )) s" >> "$log"
 }
+
+# unpack_prebuilt: the programs that bench/tools/prebuild_for_device.sh packed into .devbin (carried) into
+# /tmp/prebuilt, and PYTHONPATH to its Python package where one was packed. Prints the commit they were built from.
+unpack_prebuilt() {
+  mkdir -p /tmp/prebuilt
+  local f
+  for f in .devbin/flashattn_gpu_tests.xz .devbin/backward_bench.xz; do
+    [ -f "$f" ] || continue
+    xz -T0 -dc "$f" > "/tmp/prebuilt/$(basename "$f" .xz)" && chmod +x "/tmp/prebuilt/$(basename "$f" .xz)"
+  done
+  if [ -f .devbin/python.tar.xz ]; then
+    tar -C /tmp/prebuilt -xJf .devbin/python.tar.xz && export PYTHONPATH=/tmp/prebuilt/python
+  fi
+  echo "prebuilt from $(cat .devbin/COMMIT 2>/dev/null || echo '?')"
+}
