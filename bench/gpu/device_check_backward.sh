@@ -17,8 +17,7 @@ prefix=$(gtest_prefix_flag)
 t0=$(date +%s)
 build_tree . /tmp/build-bwd -DFLASHATTN_BUILD_CLI=OFF $prefix -- flashattn_gpu_tests >> "$log" 2>&1
 echo "build rc=$? in $(( $(date +%s) - t0 )) s" >> "$log"
-nvcc -O2 -std=c++17 -arch=sm_90 -Iinclude bench/gpu/backward_bench.cu /tmp/build-bwd/libflashattn.a \
-  -Xcompiler -fopenmp -o /tmp/backward_bench >> "$log" 2>&1 &
+link_bench_program bench/gpu/backward_bench.cu /tmp/build-bwd/libflashattn.a /tmp/backward_bench >> "$log" 2>&1 &
 bench_pid=$!
 cuobjdump --dump-resource-usage /tmp/build-bwd/CMakeFiles/flashattn_sm90a.dir/src/cuda/sm90/backward_sm90.cu.o \
   > "$OUT/resources.txt" 2>&1

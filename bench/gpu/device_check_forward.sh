@@ -13,8 +13,7 @@ prefix=$(gtest_prefix_flag)
 t0=$(date +%s)
 build_tree . /tmp/build-fwd -DFLASHATTN_BUILD_CLI=OFF $prefix -- flashattn_gpu_tests >> "$log" 2>&1
 echo "build rc=$? in $(( $(date +%s) - t0 )) s" >> "$log"
-nvcc -O2 -std=c++17 -arch=sm_90 -Iinclude bench/gpu/forward_bench.cu /tmp/build-fwd/libflashattn.a -Xcompiler -fopenmp \
-  -o /tmp/forward_bench >> "$log" 2>&1 &
+link_bench_program bench/gpu/forward_bench.cu /tmp/build-fwd/libflashattn.a /tmp/forward_bench >> "$log" 2>&1 &
 bench_pid=$!
 for f in /tmp/build-fwd/CMakeFiles/flashattn.dir/src/cuda/sm80/forward_hd*.o; do
   echo "== $f"; cuobjdump --dump-resource-usage "$f" | grep -E "Function|REG"
@@ -33,8 +32,7 @@ if [ -f bench/gpu/forward_variant.sed ]; then
   copy_tree /tmp/fwdsrc2
   sed -i -f bench/gpu/forward_variant.sed /tmp/fwdsrc2/src/cuda/sm80/forward_config.h
   { build_tree /tmp/fwdsrc2 /tmp/build-fwd2 -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_TESTS=OFF -- flashattn &&
-    nvcc -O2 -std=c++17 -arch=sm_90 -Iinclude bench/gpu/forward_bench.cu /tmp/build-fwd2/libflashattn.a \
-      -Xcompiler -fopenmp -o /tmp/forward_bench2; } >> "$log" 2>&1
+    link_bench_program bench/gpu/forward_bench.cu /tmp/build-fwd2/libflashattn.a /tmp/forward_bench2; } >> "$log" 2>&1
   { grep -v "^#" bench/gpu/forward_variant.sed; timeout 90 /tmp/forward_bench2 4096 16384; } > "$OUT/variant.txt" 2>&1
 fi
 echo "==== summary"; head -2 "$log"; grep "build rc" "$log"

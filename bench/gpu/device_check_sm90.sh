@@ -19,8 +19,7 @@ python=OFF
 [ "${SM90_TORCH:-0}" != 0 ] && python=ON
 build_tree . /tmp/build-sm90 -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_PYTHON=$python $prefix >> "$log" 2>&1
 echo "build rc=$? in $(( $(date +%s) - t0 )) s" >> "$log"
-nvcc -O2 -std=c++17 -arch=sm_90 -Iinclude -Isrc bench/gpu/bench_sm90_forward.cu /tmp/build-sm90/libflashattn.a \
-  -Xcompiler -fopenmp -o /tmp/bench_sm90_forward >> "$log" 2>&1 &
+link_bench_program bench/gpu/bench_sm90_forward.cu /tmp/build-sm90/libflashattn.a /tmp/bench_sm90_forward >> "$log" 2>&1 &
 bench_pid=$!
 cuobjdump --dump-resource-usage /tmp/build-sm90/CMakeFiles/flashattn_sm90a.dir/src/cuda/sm90/forward_sm90.cu.o \
   > "$OUT/resources.txt" 2>&1

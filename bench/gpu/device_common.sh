@@ -22,6 +22,14 @@ build_tree() {
     -DCMAKE_CUDA_ARCHITECTURES=90 "${flags[@]}" && ninja -C "$build" -j"$(nproc)" "$@"
 }
 
+# link_bench_program SRC LIB OUT [nvcc flags...]: a timing program of bench/gpu (SRC) linked against the static
+# library LIB (a build of this tree), for sm_90.
+link_bench_program() {
+  local src=$1 lib=$2 out=$3
+  shift 3
+  nvcc -O2 -std=c++17 -arch=sm_90 "$@" -Iinclude -Isrc "$src" "$lib" -Xcompiler -fopenmp -o "$out"
+}
+
 # copy_tree DST: the working tree without build outputs, for a variant build beside the main one.
 copy_tree() {
   rm -rf "$1" && mkdir -p "$1"
@@ -64,10 +72,10 @@ build_python_tree() {
 # /tmp/prebuilt, and PYTHONPATH to its Python package where one was packed. Prints the commit they were built from.
 unpack_prebuilt() {
   mkdir -p /tmp/prebuilt
-  local f
-  for f in .devbin/flashattn_gpu_tests.xz .devbin/backward_bench.xz; do
-    [ -f "$f" ] || continue
-    xz -T0 -dc "$f" > "/tmp/prebuilt/$(basename "$f" .xz)" && chmod +x "/tmp/prebuilt/$(basename "$f" .xz)"
+  local program
+  for program in flashattn_gpu_tests backward_bench; do
+    [ -f ".devbin/$program.xz" ] || continue
+    xz -T0 -dc ".devbin/$program.xz" > "/tmp/prebuilt/$program" && chmod +x "/tmp/prebuilt/$program"
   done
   if [ -f .devbin/python.tar.xz ]; then
     tar -C /tmp/prebuilt -xJf .devbin/python.tar.xz && export PYTHONPATH=/tmp/prebuilt/python

@@ -16,8 +16,7 @@ fi
 build_python_tree /tmp/build-fa4 -- _C
 grep -q "build rc=0" "$log" || { grep -E "error" "$log" | head -20; exit 1; }
 grid() {  # burst_grid.py with FA4 importable
-  PYTHONPATH=/tmp/build-fa4/python python3 -c "import site, sys, runpy; site.addsitedir('/tmp/fa4site'); \
-sys.argv = ['burst_grid.py'] + sys.argv[1:]; runpy.run_path('bench/gpu/burst_grid.py', run_name='__main__')" \
+  PYTHONPATH=/tmp/build-fa4/python python3 bench/gpu/with_fa4.py bench/gpu/burst_grid.py \
     --hd ${FA4_HD:-64 128 256} --seqlens ${FA4_SEQLENS:-2048 16384} --causal 0 1 --repeats ${FA4_REPEATS:-2} \
     --seconds ${FA4_SECONDS:-0.3} "$@"
 }

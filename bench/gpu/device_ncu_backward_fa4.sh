@@ -19,9 +19,8 @@ profile() {  # profile LIB D S CAUSAL METRICS > report
   local causal_flag=()
   [ "$4" = 1 ] && causal_flag=(--causal)
   timeout 200 ncu --profile-from-start off "${sections[@]}" --metrics "$5" \
-    env PYTHONPATH="$BUILD/python" python3 -c "import site, sys, runpy; site.addsitedir('/tmp/fa4site'); \
-sys.argv = ['backward_kernel_times.py'] + sys.argv[1:]; runpy.run_path('bench/gpu/backward_kernel_times.py', \
-run_name='__main__')" --lib "$1" --hd "$2" --seqlen "$3" "${causal_flag[@]}"
+    env PYTHONPATH="$BUILD/python" python3 bench/gpu/with_fa4.py bench/gpu/backward_kernel_times.py \
+    --lib "$1" --hd "$2" --seqlen "$3" "${causal_flag[@]}"
 }
 for cell in ${NCU_BWD_CELLS:-64,16384,0 128,16384,0}; do
   IFS=, read -r d s c <<< "$cell"

@@ -13,8 +13,8 @@ targets=(flashattn)
 [ "${NCU_TESTS:-}" ] && targets+=(flashattn_gpu_tests)
 build_tree . /tmp/build-ncu -DFLASHATTN_BUILD_CLI=OFF $(gtest_prefix_flag) -- "${targets[@]}" > "$OUT/ncu/build.log" 2>&1
 echo "build rc=$?"
-nvcc -O2 -std=c++17 -arch=sm_90 -lineinfo -Iinclude -Isrc bench/gpu/bench_sm90_forward.cu /tmp/build-ncu/libflashattn.a \
-  -Xcompiler -fopenmp -o /tmp/ncu_bench >> "$OUT/ncu/build.log" 2>&1
+link_bench_program bench/gpu/bench_sm90_forward.cu /tmp/build-ncu/libflashattn.a /tmp/ncu_bench -lineinfo \
+  >> "$OUT/ncu/build.log" 2>&1
 echo "bench build rc=$?"
 if [ "${NCU_TESTS:-}" ]; then
   timeout 200 /tmp/build-ncu/tests/flashattn_gpu_tests --gtest_filter="$NCU_TESTS" > "$OUT/ncu/tests.log" 2>&1

@@ -37,14 +37,12 @@ torch.cuda.synchronize()")
   kernel=forward_kernel
   skip=${PROF_SKIP:-3}
 elif [ "${PROF_TARGET:-backward}" = forward ]; then
-  nvcc -O2 -std=c++17 -arch=sm_90 -lineinfo -Iinclude -Isrc bench/gpu/bench_sm90_forward.cu "$lib" \
-    -Xcompiler -fopenmp -o /tmp/prof_program >> "$OUT/build.log" 2>&1
+  link_bench_program bench/gpu/bench_sm90_forward.cu "$lib" /tmp/prof_program -lineinfo >> "$OUT/build.log" 2>&1
   program=(/tmp/prof_program --iters 3 --only "${PROF_CELL:-persistent,128,2048,0}")
   kernel=forward_kernel
   skip=${PROF_SKIP:-3}
 else
-  nvcc -O2 -std=c++17 -arch=sm_90 -lineinfo -Iinclude bench/gpu/backward_bench.cu "$lib" \
-    -Xcompiler -fopenmp -o /tmp/prof_program >> "$OUT/build.log" 2>&1
+  link_bench_program bench/gpu/backward_bench.cu "$lib" /tmp/prof_program -lineinfo >> "$OUT/build.log" 2>&1
   export FA_BWD_BACKEND=cuda_sm90
   program=(/tmp/prof_program "${PROF_SEQ:-4096}")
   kernel=backward_kernel

@@ -21,7 +21,7 @@ echo "build rc=$? in $(( $(date +%s) - t0 )) s" >> "$log"
 tail -5 /tmp/build.txt >> "$log"
 lib=/tmp/build-bwd/libflashattn.a
 bench_src=bench/gpu/backward_bench.cu
-link_bench() { nvcc -O2 -std=c++17 -arch=sm_90 -Iinclude "$bench_src" "$1" -Xcompiler -fopenmp -o "$2"; }
+link_bench() { link_bench_program "$bench_src" "$1" "$2"; }
 
 # Variants, compiled (all at once) while the GPU runs the tests.
 variants() {

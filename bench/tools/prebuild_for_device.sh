@@ -24,8 +24,8 @@ fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_BENCH=OFF "${python_flags[@]}" > "$build.configure.log"
 ninja -C "$build" -j"$(nproc)" "${targets[@]}"
-nvcc -O2 -std=c++17 -arch=sm_90 -Iinclude bench/gpu/backward_bench.cu "$build/libflashattn.a" -Xcompiler -fopenmp \
-  -o "$build/backward_bench"
+source bench/gpu/device_common.sh
+link_bench_program bench/gpu/backward_bench.cu "$build/libflashattn.a" "$build/backward_bench"
 rm -rf .devbin && mkdir -p .devbin
 xz -T0 -3 -c "$build/tests/flashattn_gpu_tests" > .devbin/flashattn_gpu_tests.xz
 xz -T0 -3 -c "$build/backward_bench" > .devbin/backward_bench.xz
