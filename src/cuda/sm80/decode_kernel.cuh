@@ -557,10 +557,22 @@ struct DecodeCombineArgs {
   int seqlen_q, rows_total, batch, heads_q, head_dim_v, num_splits;
 };
 
-template <typename T>
-__global__ void decode_combine_kernel(const __grid_constant__ DecodeCombineArgs a) {
-  const int lane = int(threadIdx.x) & 31;
-  const int64_t item = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);  // (row, head)
+// The split combine: one warp per (row, head), lane l holding the columns l, l + 32, ... (kCols per lane:
+// head_dim_v <= 32 kCols). Every split's LSE is loaded before any arithmetic (kMaxDecodeSplits / 32 per lane), the
+// splits' weights go through shared memory, and the partial O rows are read kCombineUnroll splits at a time with
+// all their loads in flight together: the loop that read one split after the other waited a full L2 round trip
+// per split and column step (16 splits x 4 steps at d 128).
+constexpr int kCombineWarps = 4;
+constexpr int kCombineUnroll = 4;
+
+template <typename T, int kCols>
+__global__ void __launch_bounds__(kCombineWarps * 32)
+    decode_combine_kernel(const __grid_constant__ DecodeCombineArgs a) {
+  static_assert(kMaxDecodeSplits % 32 == 0, "whole LSE slots per lane");
+  constexpr int kLseSlots = kMaxDecodeSplits / 32;
+  __shared__ float s_weight[kCombineWarps][kMaxDecodeSplits];
+  const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
+  const int64_t item = int64_t(blockIdx.x) * kCombineWarps + warp;  // (row, head)
   if (item >= int64_t(a.rows_total) * a.heads_q) return;
   const int64_t prow = item / a.heads_q;
   const int h = int(item % a.heads_q);
@@ -574,29 +586,61 @@ __global__ void decode_combine_kernel(const __grid_constant__ DecodeCombineArgs 
     i = int(prow - a.cu_seqlens_q[b]);
   }
   const int64_t split_stride = int64_t(a.rows_total) * a.heads_q;
+  const int splits = a.num_splits;
+  float split_lse[kLseSlots];
+#pragma unroll
+  for (int j = 0; j < kLseSlots; ++j) {
+    const int s = lane + 32 * j;
+    split_lse[j] = s < splits ? a.partial_lse[s * split_stride + item] : -INFINITY;
+  }
   float m = -INFINITY;
-  for (int s = lane; s < a.num_splits; s += 32) m = fmaxf(m, a.partial_lse[s * split_stride + item]);
+#pragma unroll
+  for (int j = 0; j < kLseSlots; ++j) m = fmaxf(m, split_lse[j]);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
   float sum = 0.f;
   if (m != -INFINITY) {
-    for (int s = lane; s < a.num_splits; s += 32) sum += expf(a.partial_lse[s * split_stride + item] - m);
+#pragma unroll
+    for (int j = 0; j < kLseSlots; ++j) sum += expf(split_lse[j] - m);  // exp(-inf) = 0 past the splits
   }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   const float lse = sum > 0.f ? m + logf(sum) : -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kLseSlots; ++j) {
+    const int s = lane + 32 * j;
+    if (s < splits) s_weight[warp][s] = sum > 0.f ? expf(split_lse[j] - lse) : 0.f;
+  }
+  __syncwarp();
+
+  float o[kCols];
+#pragma unroll
+  for (int k = 0; k < kCols; ++k) o[k] = 0.f;
+  const float* rows = a.partial_o + item * a.head_dim_v;
+  for (int s0 = 0; s0 < splits; s0 += kCombineUnroll) {
+    float x[kCombineUnroll][kCols];
+#pragma unroll
+    for (int u = 0; u < kCombineUnroll; ++u) {
+#pragma unroll
+      for (int k = 0; k < kCols; ++k) {
+        const int c = lane + 32 * k;
+        x[u][k] = s0 + u < splits && c < a.head_dim_v ? rows[(s0 + u) * split_stride * a.head_dim_v + c] : 0.f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kCombineUnroll; ++u) {
+      const float w = s0 + u < splits ? s_weight[warp][s0 + u] : 0.f;
+#pragma unroll
+      for (int k = 0; k < kCols; ++k) o[k] += w > 0.f ? w * x[u][k] : 0.f;  // a weight-0 split adds nothing
+    }
+  }
   // As in the main kernel: varlen tensors have no batch stride (0) and rows start at cu_seqlens_q[b].
   const int64_t row = (a.cu_seqlens_q == nullptr ? 0 : a.cu_seqlens_q[b]) + i;
   T* go = static_cast<T*>(a.o) + b * a.o_batch_stride + row * a.o_row_stride + h * a.o_head_stride;
-  for (int c = lane; c < a.head_dim_v; c += 32) {
-    float o = 0.f;
-    if (sum > 0.f) {
-      for (int s = 0; s < a.num_splits; ++s) {
-        const float w = expf(a.partial_lse[s * split_stride + item] - lse);
-        if (w > 0.f) o += w * a.partial_o[(s * split_stride + item) * a.head_dim_v + c];
-      }
-    }
-    go[c] = from_float<T>(o);
+#pragma unroll
+  for (int k = 0; k < kCols; ++k) {
+    const int c = lane + 32 * k;
+    if (c < a.head_dim_v) go[c] = from_float<T>(o[k]);
   }
   if (lane == 0 && a.lse != nullptr) a.lse[b * a.lse_batch_stride + h * a.lse_head_stride + row] = lse;
 }

@@ -159,9 +159,9 @@ Status launch_decode_plan(const FwdParams& p) {
     c.cu_seqlens_q = p.cu_seqlens_q;
     c.seqlen_q = a.seqlen_q, c.rows_total = a.rows_total, c.batch = int(p.batch);
     c.heads_q = a.heads_q, c.head_dim_v = a.head_dim_v, c.num_splits = splits;
-    constexpr int kCombineWarps = 4;
+    static_assert(kD % 32 == 0, "whole columns per lane in the combine");
     const unsigned blocks = unsigned((slots + kCombineWarps - 1) / kCombineWarps);
-    decode_combine_kernel<T><<<blocks, kCombineWarps * 32, 0, stream>>>(c);
+    decode_combine_kernel<T, kD / 32><<<blocks, kCombineWarps * 32, 0, stream>>>(c);
     err = cudaGetLastError();
   }
   st = detail::workspace_free(ws, stream);
