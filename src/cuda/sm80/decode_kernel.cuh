@@ -540,6 +540,11 @@ __global__ void __launch_bounds__(DecodeKernel<T, kD, kRowsPlan, kFp8>::kThreads
                                   decode_tile(kD, kRowsPlan).min_blocks_sm)
     decode_kernel(const __grid_constant__ DecodeKernelArgs args) {
   extern __shared__ __align__(128) unsigned char smem[];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The combine kernel that follows (launched as a programmatic dependent, decode_launch.cuh) may take its block
+  // slots now and wait there for this grid's partials: its launch overlaps the decode instead of following it.
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
   DecodeKernel<T, kD, kRowsPlan, kFp8>::run(args, smem);
 }
 
@@ -571,6 +576,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   static_assert(kMaxDecodeSplits % 32 == 0, "whole LSE slots per lane");
   constexpr int kLseSlots = kMaxDecodeSplits / 32;
   __shared__ float s_weight[kCombineWarps][kMaxDecodeSplits];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();  // launched before the decode grid ended: its partials are complete past here
+#endif
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
   const int64_t item = int64_t(blockIdx.x) * kCombineWarps + warp;  // (row, head)
   if (item >= int64_t(a.rows_total) * a.heads_q) return;

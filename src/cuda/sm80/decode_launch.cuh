@@ -59,6 +59,23 @@ int decode_cluster_capacity(int device, int splits) {
   return capacity;
 }
 
+// Whether decode_combine_kernel<T, kCols> as it runs on `device` was compiled for sm_90 or later: only that binary
+// waits for the decode grid (griddepcontrol), so only it may be launched as a programmatic dependent, ahead of the
+// decode grid's end. Asked once per device (static storage: 0 = not asked, 1 = no, 2 = yes).
+template <typename T, int kCols>
+bool combine_waits_for_decode(int device) {
+  static std::atomic<int> asked[kMaxDevices];
+  const bool cached = device >= 0 && device < kMaxDevices;
+  const int known = cached ? asked[device].load(std::memory_order_relaxed) : 0;
+  if (known != 0) return known == 2;
+  cudaFuncAttributes attributes{};
+  const bool waits = cudaFuncGetAttributes(&attributes, decode_combine_kernel<T, kCols>) == cudaSuccess &&
+                     attributes.binaryVersion >= 90;
+  cudaGetLastError();  // a refusal above is an answer, not an error of the launch that follows
+  if (cached) asked[device].store(waits ? 2 : 1, std::memory_order_relaxed);
+  return waits;
+}
+
 template <typename T, int kD, int kRowsPlan, bool kFp8>
 Status launch_decode_plan(const FwdParams& p) {
   using Kernel = DecodeKernel<T, kD, kRowsPlan, kFp8>;
@@ -160,9 +177,20 @@ Status launch_decode_plan(const FwdParams& p) {
     c.seqlen_q = a.seqlen_q, c.rows_total = a.rows_total, c.batch = int(p.batch);
     c.heads_q = a.heads_q, c.head_dim_v = a.head_dim_v, c.num_splits = splits;
     static_assert(kD % 32 == 0, "whole columns per lane in the combine");
-    const unsigned blocks = unsigned((slots + kCombineWarps - 1) / kCombineWarps);
-    decode_combine_kernel<T, kD / 32><<<blocks, kCombineWarps * 32, 0, stream>>>(c);
-    err = cudaGetLastError();
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(unsigned((slots + kCombineWarps - 1) / kCombineWarps));
+    config.blockDim = dim3(unsigned(kCombineWarps * 32));
+    config.stream = stream;
+    // Programmatic dependent launch (sm_90): the combine's blocks start while the decode grid finishes and wait
+    // for it on the device, instead of the launch gap after it; captured into CUDA graphs as such an edge.
+    cudaLaunchAttribute early{};
+    early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    early.val.programmaticStreamSerializationAllowed = 1;
+    if (combine_waits_for_decode<T, kD / 32>(p.device.index)) {
+      config.attrs = &early;
+      config.numAttrs = 1;
+    }
+    err = cudaLaunchKernelEx(&config, decode_combine_kernel<T, kD / 32>, c);
   }
   st = detail::workspace_free(ws, stream);
   if (err != cudaSuccess) return detail::cuda_status(err, "decode kernel launch");
