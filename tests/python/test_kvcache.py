@@ -937,16 +937,20 @@ def test_varlen_paged_cuda(case, lengths_from):
     run_paged_varlen(case, "auto", lengths_from, device="cuda")
 
 
-@pytest.mark.parametrize("num_splits", [0, 1, 4])
+@pytest.mark.parametrize("num_splits", [0, 1, 4, 13, 256])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.cuda
 @requires_cuda
 def test_long_cache_decode_cuda(dtype, num_splits):
-    """Longer caches than the grid's (several key blocks and splits), paged and dense, against the reference."""
+    """Longer caches than the grid's (several key blocks and splits), paged and dense, against the reference. 4
+    splits merge in a thread-block cluster on sm_90, 13 and 256 through the combine kernel (256: more splits than
+    key tiles, so splits without keys, and rows of no key at all in the second case's empty sequence)."""
     for case in (KVCase(3, 1, 1, (900, 0, 2047), page=256, rotary=1.0, causal=True, heads=(16, 2), d=128,
                         num_splits=num_splits, extra_rows=1),
                  KVCase(2, 4, 4, (1500, 333), rotary=0.5, interleaved=False, heads=(8, 8), d=64, window=(700, 0),
-                        num_splits=num_splits, batch_idx=True, leftpad=(100, 0))):
+                        num_splits=num_splits, batch_idx=True, leftpad=(100, 0)),
+                 KVCase(2, 2, 0, (1200, 0), page=16, heads=(4, 2), d=59, causal=True, num_splits=num_splits),
+                 KVCase(1, 3, 1, (1030,), heads=(2, 1), d=256, softcap=6.0, num_splits=num_splits)):
         run_with_kvcache(case, "auto", device="cuda", dtype=dtype)
 
 
