@@ -10,25 +10,42 @@
 #   parallel, and runs the benchmark for baseline, tree, baseline, tree (cuDNN in every run is the common anchor).
 #   DEC_VARIANTS="a b": more builds, each the tree with .ab/<name>'s files laid over it (a copy of the tree's
 #   build directory, so only what those files touch recompiles), timed in the same rotation.
+#   DEC_PREBUILT=1: no build; the tests and the Python module come from .devbin (bench/tools/prebuild_for_device.sh,
+#   carried), the baseline module, if any, from .devbase/python.tar.xz (the same script's package of another tree).
 set -uo pipefail
 source bench/gpu/device_common.sh
 start_device_run /tmp/dec-out
 py=${DEC_PYTHON:-1}
 base=${DEC_BASE:-}
-if [ -n "$base" ]; then
+tree_build=/tmp/build-dec
+base_build=/tmp/build-base
+if [ "${DEC_PREBUILT:-0}" = 1 ]; then
+  unpack_prebuilt >> "$log"
+  tree_build=/tmp/prebuilt
+  base=""
+  if [ -f .devbase/python.tar.xz ]; then
+    mkdir -p /tmp/prebuilt-base && tar -C /tmp/prebuilt-base -xJf .devbase/python.tar.xz
+    base_build=/tmp/prebuilt-base
+    echo "baseline module from $(cat .devbase/COMMIT 2>/dev/null || echo '?')" >> "$log"
+  fi
+elif [ -n "$base" ]; then
   copy_tree /tmp/base-src && cp -r "$base/." /tmp/base-src/
   (build_tree /tmp/base-src /tmp/build-base -DFLASHATTN_BUILD_PYTHON=ON -DFLASHATTN_BUILD_BENCH=OFF \
      -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_CLI=OFF -- _C > "$OUT/build-base.log" 2>&1
    echo "base build rc=$?" >> "$OUT/build-base.log") &
 fi
-build_tree . /tmp/build-dec -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_PYTHON=$([ "$py" = 1 ] && echo ON || echo OFF) \
-  -DFLASHATTN_BUILD_BENCH=OFF $prefix >> "$log" 2>&1
-echo "build rc=$? in $(( $(date +%s) - t0 )) s" >> "$log"
-wait
-[ -n "$base" ] && { grep "base build rc" "$OUT/build-base.log" >> "$log"; grep -E "error" "$OUT/build-base.log" | head -5 >> "$log"; }
-cuobjdump --dump-resource-usage /tmp/build-dec/CMakeFiles/flashattn.dir/src/cuda/sm80/decode_hd128.cu.o \
-  > "$OUT/resources.txt" 2>&1
-t=/tmp/build-dec/tests/flashattn_gpu_tests
+if [ "$tree_build" = /tmp/build-dec ]; then
+  build_tree . /tmp/build-dec -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_BUILD_PYTHON=$([ "$py" = 1 ] && echo ON || echo OFF) \
+    -DFLASHATTN_BUILD_BENCH=OFF $prefix >> "$log" 2>&1
+  echo "build rc=$? in $(( $(date +%s) - t0 )) s" >> "$log"
+  wait
+  [ -n "$base" ] && { grep "base build rc" "$OUT/build-base.log" >> "$log"; grep -E "error" "$OUT/build-base.log" | head -5 >> "$log"; }
+  cuobjdump --dump-resource-usage /tmp/build-dec/CMakeFiles/flashattn.dir/src/cuda/sm80/decode_hd128.cu.o \
+    > "$OUT/resources.txt" 2>&1
+  t=/tmp/build-dec/tests/flashattn_gpu_tests
+else
+  t=/tmp/prebuilt/flashattn_gpu_tests
+fi
 timeout ${DEC_TEST_TIMEOUT:-300} $t --gtest_filter="${DEC_TESTS:-*KVCache*}" > "$OUT/tests.log" 2>&1
 echo "tests rc=$?" >> "$OUT/tests.log"
 san=$OUT/sanitizer.log
@@ -40,7 +57,7 @@ if [ "${DEC_SANITIZE:-1}" = 1 ]; then
     timeout 150 compute-sanitizer --tool $tool $t --gtest_filter="$small" >> "$san" 2>&1
   done
 fi
-export PYTHONPATH=/tmp/build-dec/python
+export PYTHONPATH=$tree_build/python
 [ "$py" = 1 ] && [ "${DEC_PYTEST:-1}" = 1 ] && (cd /tmp && timeout 200 python3 -m pytest -q -p no:cacheprovider "$R/tests/python" -m cuda -k "kvcache or paged or block_table" \
   > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/pytest.log")
 if [ "${DEC_FULL:-0}" = 1 ]; then
@@ -49,10 +66,10 @@ fi
 bench_args=${DEC_BENCH-"--eager"}
 if [ -n "$bench_args" ] && [ "$py" = 1 ]; then
   builds=(); names=()
-  [ -n "$base" ] && { builds+=(/tmp/build-base); names+=(base); }
-  builds+=(/tmp/build-dec); names+=(tree)
+  [ -n "$base" ] || [ "$base_build" = /tmp/prebuilt-base ] && { builds+=("$base_build"); names+=(base); }
+  builds+=("$tree_build"); names+=(tree)
   for v in ${DEC_VARIANTS:-}; do
-    cp -a /tmp/build-dec /tmp/build-$v && cp -a src /tmp/src-orig && cp -r ".ab/$v/." .
+    cp -a "$tree_build" /tmp/build-$v && cp -a src /tmp/src-orig && cp -r ".ab/$v/." .
     ninja -C /tmp/build-$v _C >> "$OUT/build-variants.log" 2>&1
     echo "variant $v build rc=$?" >> "$log"
     rm -rf src && mv /tmp/src-orig src
@@ -77,7 +94,7 @@ echo "==== summary"; head -2 "$log"; grep "build rc" "$log"; grep -E "error" "$l
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|tests rc|^\[==========\]" "$OUT/tests.log" | head -40
 grep -E "Failure|Expected|Which is|out: |lse: |first differing|Value of|Actual" "$OUT/tests.log" | head -20
 grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^\[  (PASSED|FAILED) " "$san"
-grep -E "REG|STACK|LOCAL" "$OUT/resources.txt" | head -8
+grep -E "REG|STACK|LOCAL" "$OUT/resources.txt" 2>/dev/null | head -8
 [ -f "$OUT/pytest.log" ] && { tail -5 "$OUT/pytest.log"; grep -E "FAILED|Error" "$OUT/pytest.log" | head -10; }
 [ -f "$OUT/full.log" ] && grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|full rc" "$OUT/full.log" | head -20
 [ -f "$OUT/bench.log" ] && cat "$OUT/bench.log" | tail -40
