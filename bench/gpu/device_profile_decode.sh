@@ -2,7 +2,9 @@
 # ncu profile of the decode kernel on one cell (GQA 32/8, d 128, bf16, one query row; b = DEC_B (64), DEC_CTX keys
 # (16384), dense and pages of 16 or DEC_PAGES, num_splits DEC_SPLITS or the heuristic's): every kernel of one call
 # (the split combine too), then the tile-plan A/B of device_decode_variants.sh for DEC_PLANS. DEC_BUILD: a build of
-# this tree with the Python module, used instead of building one. Output: $OUT/ncu_<pages>.txt, $OUT/plans.log.
+# this tree with the Python module, used instead of building one. DEC_SOURCE=1: also the decode kernel's stalls per SASS
+# instruction (ncu --set full, bench/gpu/ncu_source_summary.py). Output: $OUT/ncu_<pages>.txt, $OUT/stalls.txt,
+# $OUT/plans.log.
 set -uo pipefail
 OUT=${OUT:-/tmp/decprof-out}
 mkdir -p "$OUT"
@@ -34,5 +36,14 @@ for page in ${DEC_PAGES:-0 16}; do
     --section SchedulerStats --section MemoryWorkloadAnalysis python3 /tmp/one_cell.py $page ${DEC_B:-64} \
     ${DEC_CTX:-16384} ${DEC_SPLITS:-} > "$OUT/ncu_$page.txt" 2>&1
 done
+if [ "${DEC_SOURCE:-0}" = 1 ]; then  # where the decode kernel's warps stall, per SASS instruction (first page size)
+  page=${DEC_PAGES:-0}; page=${page%% *}
+  timeout 200 ncu --kernel-name regex:decode_kernel --launch-skip 2 --launch-count 1 --set full --import-source yes \
+    -o /tmp/decode-src -f python3 /tmp/one_cell.py $page ${DEC_B:-64} ${DEC_CTX:-16384} ${DEC_SPLITS:-} \
+    > "$OUT/ncu_source.log" 2>&1
+  ncu -i /tmp/decode-src.ncu-rep --page source --csv --print-source sass > /tmp/decode-src.csv 2>/dev/null
+  python3 bench/gpu/ncu_source_summary.py /tmp/decode-src.csv --top ${DEC_TOP:-40} > "$OUT/stalls.txt" 2>&1
+fi
 grep -E "^  [a-z_].*\(|Duration|Throughput|Warp Cycles|Issued|Eligible|Stall|Achieved|Registers|Shared Memory|L2 Hit|Mem Busy|Max Bandwidth|No Eligible|One or More|Active Warps|Grid Size|Block Size|Cluster Size" "$OUT"/ncu_*.txt | cut -c1-160 | head -${DEC_LINES:-80}
+[ -f "$OUT/stalls.txt" ] && head -${DEC_TOP_LINES:-60} "$OUT/stalls.txt"
 [ -n "${DEC_PLANS:-}" ] && bash bench/gpu/device_decode_variants.sh
