@@ -548,7 +548,7 @@ __global__ void __launch_bounds__(DecodeKernel<T, kD, kRowsPlan, kFp8>::kThreads
   DecodeKernel<T, kD, kRowsPlan, kFp8>::run(args, smem);
 }
 
-// Merges the splits' partial outputs: per (packed query row, head) one warp reads every split's LSE, weighs the
+// Merges the splits' partial outputs: per (packed query row, head) one block reads every split's LSE, weighs the
 // splits by exp(lse_s - lse), lse = log Σ exp(lse_s), and writes O in T and the LSE. A row no split saw gives
 // O = 0 and LSE = -inf.
 struct DecodeCombineArgs {
@@ -562,11 +562,12 @@ struct DecodeCombineArgs {
   int seqlen_q, rows_total, batch, heads_q, head_dim_v, num_splits;
 };
 
-// The split combine: one warp per (row, head), lane l holding the columns l, l + 32, ... (kCols per lane:
-// head_dim_v <= 32 kCols). Every split's LSE is loaded before any arithmetic (kMaxDecodeSplits / 32 per lane), the
-// splits' weights go through shared memory, and the partial O rows are read kCombineUnroll splits at a time with
-// all their loads in flight together: the loop that read one split after the other waited a full L2 round trip
-// per split and column step (16 splits x 4 steps at d 128).
+// The split combine: one block per (row, head). Warp 0 loads every split's LSE at once (kMaxDecodeSplits / 32 per
+// lane) and puts the splits' weights in shared memory; then each warp takes every kCombineWarps-th split,
+// kCombineUnroll of them at a time with all their loads in flight, lane l holding the columns l, l + 32, ...
+// (kCols per lane: head_dim_v <= 32 kCols); the warps' sums meet in shared memory. A read of a partial waits one
+// L2 round trip, so the time goes by the number of rounds a warp makes: 16 splits at b = 1 is one round per warp
+// (the loop of one warp per row over every split took 16 x 4 rounds at d 128, and only 32 warps ran it).
 constexpr int kCombineWarps = 4;
 constexpr int kCombineUnroll = 4;
 
@@ -575,13 +576,75 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
     decode_combine_kernel(const __grid_constant__ DecodeCombineArgs a) {
   static_assert(kMaxDecodeSplits % 32 == 0, "whole LSE slots per lane");
   constexpr int kLseSlots = kMaxDecodeSplits / 32;
-  __shared__ float s_weight[kCombineWarps][kMaxDecodeSplits];
+  __shared__ float s_weight[kMaxDecodeSplits];
+  __shared__ float s_partial[kCombineWarps - 1][kCols * 32];
+  __shared__ float s_lse;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaGridDependencySynchronize();  // launched before the decode grid ended: its partials are complete past here
 #endif
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
-  const int64_t item = int64_t(blockIdx.x) * kCombineWarps + warp;  // (row, head)
+  const int64_t item = blockIdx.x;  // (row, head)
   if (item >= int64_t(a.rows_total) * a.heads_q) return;
+  const int64_t split_stride = int64_t(a.rows_total) * a.heads_q;
+  const int splits = a.num_splits;
+  if (warp == 0) {
+    float split_lse[kLseSlots];
+#pragma unroll
+    for (int j = 0; j < kLseSlots; ++j) {
+      const int s = lane + 32 * j;
+      split_lse[j] = s < splits ? a.partial_lse[s * split_stride + item] : -INFINITY;
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kLseSlots; ++j) m = fmaxf(m, split_lse[j]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    float sum = 0.f;
+    if (m != -INFINITY) {
+#pragma unroll
+      for (int j = 0; j < kLseSlots; ++j) sum += expf(split_lse[j] - m);  // exp(-inf) = 0 past the splits
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    const float lse = sum > 0.f ? m + logf(sum) : -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kLseSlots; ++j) {
+      const int s = lane + 32 * j;
+      if (s < splits) s_weight[s] = sum > 0.f ? expf(split_lse[j] - lse) : 0.f;
+    }
+    if (lane == 0) s_lse = lse;
+  }
+  __syncthreads();
+
+  float o[kCols];
+#pragma unroll
+  for (int k = 0; k < kCols; ++k) o[k] = 0.f;
+  const float* rows = a.partial_o + item * a.head_dim_v;
+  for (int s0 = warp; s0 < splits; s0 += kCombineWarps * kCombineUnroll) {
+    float x[kCombineUnroll][kCols];
+#pragma unroll
+    for (int u = 0; u < kCombineUnroll; ++u) {
+      const int s = s0 + u * kCombineWarps;
+#pragma unroll
+      for (int k = 0; k < kCols; ++k) {
+        const int c = lane + 32 * k;
+        x[u][k] = s < splits && c < a.head_dim_v ? rows[s * split_stride * a.head_dim_v + c] : 0.f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kCombineUnroll; ++u) {
+      const int s = s0 + u * kCombineWarps;
+      const float w = s < splits ? s_weight[s] : 0.f;
+#pragma unroll
+      for (int k = 0; k < kCols; ++k) o[k] += w > 0.f ? w * x[u][k] : 0.f;  // a weight-0 split adds nothing
+    }
+  }
+  if (warp > 0) {
+#pragma unroll
+    for (int k = 0; k < kCols; ++k) s_partial[warp - 1][lane + 32 * k] = o[k];
+  }
+  __syncthreads();
+  if (warp > 0) return;
   const int64_t prow = item / a.heads_q;
   const int h = int(item % a.heads_q);
   // The row's sequence and position: padded rows are b * seqlen_q + i; varlen rows are found by binary search.
@@ -593,64 +656,18 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
     b = varlen_sequence_of(a.cu_seqlens_q, a.batch, prow);
     i = int(prow - a.cu_seqlens_q[b]);
   }
-  const int64_t split_stride = int64_t(a.rows_total) * a.heads_q;
-  const int splits = a.num_splits;
-  float split_lse[kLseSlots];
-#pragma unroll
-  for (int j = 0; j < kLseSlots; ++j) {
-    const int s = lane + 32 * j;
-    split_lse[j] = s < splits ? a.partial_lse[s * split_stride + item] : -INFINITY;
-  }
-  float m = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < kLseSlots; ++j) m = fmaxf(m, split_lse[j]);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-  float sum = 0.f;
-  if (m != -INFINITY) {
-#pragma unroll
-    for (int j = 0; j < kLseSlots; ++j) sum += expf(split_lse[j] - m);  // exp(-inf) = 0 past the splits
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  const float lse = sum > 0.f ? m + logf(sum) : -INFINITY;
-#pragma unroll
-  for (int j = 0; j < kLseSlots; ++j) {
-    const int s = lane + 32 * j;
-    if (s < splits) s_weight[warp][s] = sum > 0.f ? expf(split_lse[j] - lse) : 0.f;
-  }
-  __syncwarp();
-
-  float o[kCols];
-#pragma unroll
-  for (int k = 0; k < kCols; ++k) o[k] = 0.f;
-  const float* rows = a.partial_o + item * a.head_dim_v;
-  for (int s0 = 0; s0 < splits; s0 += kCombineUnroll) {
-    float x[kCombineUnroll][kCols];
-#pragma unroll
-    for (int u = 0; u < kCombineUnroll; ++u) {
-#pragma unroll
-      for (int k = 0; k < kCols; ++k) {
-        const int c = lane + 32 * k;
-        x[u][k] = s0 + u < splits && c < a.head_dim_v ? rows[(s0 + u) * split_stride * a.head_dim_v + c] : 0.f;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kCombineUnroll; ++u) {
-      const float w = s0 + u < splits ? s_weight[warp][s0 + u] : 0.f;
-#pragma unroll
-      for (int k = 0; k < kCols; ++k) o[k] += w > 0.f ? w * x[u][k] : 0.f;  // a weight-0 split adds nothing
-    }
-  }
   // As in the main kernel: varlen tensors have no batch stride (0) and rows start at cu_seqlens_q[b].
   const int64_t row = (a.cu_seqlens_q == nullptr ? 0 : a.cu_seqlens_q[b]) + i;
   T* go = static_cast<T*>(a.o) + b * a.o_batch_stride + row * a.o_row_stride + h * a.o_head_stride;
 #pragma unroll
   for (int k = 0; k < kCols; ++k) {
     const int c = lane + 32 * k;
-    if (c < a.head_dim_v) go[c] = from_float<T>(o[k]);
+    float sum = o[k];
+#pragma unroll
+    for (int w = 0; w < kCombineWarps - 1; ++w) sum += s_partial[w][c];
+    if (c < a.head_dim_v) go[c] = from_float<T>(sum);
   }
-  if (lane == 0 && a.lse != nullptr) a.lse[b * a.lse_batch_stride + h * a.lse_head_stride + row] = lse;
+  if (lane == 0 && a.lse != nullptr) a.lse[b * a.lse_batch_stride + h * a.lse_head_stride + row] = s_lse;
 }
 
 }  // namespace flashattn::cuda::sm80

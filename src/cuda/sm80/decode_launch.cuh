@@ -159,6 +159,7 @@ Status launch_decode_plan(const FwdParams& p) {
     return Status::success();
   }
   const int64_t slots = int64_t(a.rows_total) * p.heads_q;
+  if (slots > INT32_MAX) return Status::unsupported("cuda decode: query rows x heads_q above 2^31 with split keys");
   void* ws = nullptr;
   const size_t bytes = size_t(splits) * size_t(slots) * size_t(p.head_dim_v + 1) * sizeof(float);
   Status st = detail::workspace_alloc(&ws, bytes, p.device.index, stream);
@@ -178,7 +179,7 @@ Status launch_decode_plan(const FwdParams& p) {
     c.heads_q = a.heads_q, c.head_dim_v = a.head_dim_v, c.num_splits = splits;
     static_assert(kD % 32 == 0, "whole columns per lane in the combine");
     cudaLaunchConfig_t config{};
-    config.gridDim = dim3(unsigned((slots + kCombineWarps - 1) / kCombineWarps));
+    config.gridDim = dim3(unsigned(slots));  // one block per (row, head)
     config.blockDim = dim3(unsigned(kCombineWarps * 32));
     config.stream = stream;
     // Programmatic dependent launch (sm_90): the combine's blocks start while the decode grid finishes and wait
