@@ -312,6 +312,9 @@ struct DecodeKernel {
       }
     };
     if (paged) paged_load(-1);
+    // Dense 16-bit rows the full head dim wide and 16-byte aligned: the tiles before the last whole one copy
+    // without per-row checks (load_whole_tile).
+    const bool whole_rows = a.k_vec && a.v_vec && a.head_dim == kD && a.head_dim_v == kD;
     auto load_kv = [&](int it) {
       if (it < n_iters) {
         const int n0 = (split_begin + it) * kBlockN;
@@ -325,6 +328,9 @@ struct DecodeKernel {
                                                   a.k_vec);
             load_e4m3_tile<kBlockN, kD, kThreads>(sV + offset, v_tile, a.v_row_stride, len_k - n0, a.head_dim_v,
                                                   a.v_vec);
+          } else if (whole_rows && n0 + kBlockN <= len_k) {
+            load_whole_tile<kBlockN, kD, kThreads>(sK + offset, k_tile, a.k_row_stride);
+            load_whole_tile<kBlockN, kD, kThreads>(sV + offset, v_tile, a.v_row_stride);
           } else {
             load_tile<kBlockN, kD, kThreads>(sK + offset, k_tile, a.k_row_stride, len_k - n0, a.head_dim, a.k_vec);
             load_tile<kBlockN, kD, kThreads>(sV + offset, v_tile, a.v_row_stride, len_k - n0, a.head_dim_v, a.v_vec);
@@ -366,6 +372,16 @@ struct DecodeKernel {
       gather_tile<kBlockM, kD, kThreads>(sQ, q_row, static_cast<const In*>(a.q), a.head_dim, a.q_vec);
     }
     for (int s = 0; s < kLoadStages - 1; ++s) load_kv(s);  // the first group also carries Q
+    // Q's fragments in registers for the whole loop where they fit beside O (16-bit, d <= 128: 32 registers at
+    // d 128): the tile is the same for every key tile, and reading it from shared memory cost 8 ldmatrix and their
+    // swizzled addresses per tile.
+    constexpr bool kHoldQ = !kFp8 && kD <= 128;
+    uint32_t q_held[kHoldQ ? kD / 16 : 1][1][4];
+    if constexpr (kHoldQ) {
+      cp_async_wait<kLoadStages - 2>();  // Q arrived with the first copy group
+      __syncthreads();
+      q_fragments_all<T, kD, 1>(q_held, sQ + row_warp * 16 * kD, lane);
+    }
     for (int it = 0; it < n_iters; ++it) {
       cp_async_wait<kLoadStages - 2>();
       __syncthreads();  // tile it visible to all; every warp is done with the buffer refilled next
@@ -385,6 +401,8 @@ struct DecodeKernel {
         for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[0][nt][e] *= qk_descale;
+      } else if constexpr (kHoldQ) {
+        warp_gemm_qk_held<T, kD, 1, kNTiles>(s, q_held, sK + stage * kBlockN * kD + key_warp * kWarpKeys * kD, lane);
       } else {
         warp_gemm_qk<T, kD, 1, kNTiles>(s, sQ + row_warp * 16 * kD,
                                         sK + stage * kBlockN * kD + key_warp * kWarpKeys * kD, lane);
@@ -413,7 +431,11 @@ struct DecodeKernel {
       }
       float factor[1][2];
       softmax.update(s, a.scale_log2, factor);
-      OnlineSoftmax<1>::rescale(acc_o, factor);
+      // A row whose maximum did not move has factor exactly 1 (exp2 of 0): once the first tiles have set the
+      // maxima that is most tiles, and the warp skips O's kD / 2 multiplies.
+      if (__any_sync(0xffffffffu, factor[0][0] != 1.f || factor[0][1] != 1.f)) {
+        OnlineSoftmax<1>::rescale(acc_o, factor);
+      }
       if constexpr (kFp8) {
         warp_gemm_pv_e4m3<kD, 1, kNTiles>(acc_o, s, sV + stage * kBlockN * kD, key_warp * kWarpKeys, lane);
       } else {

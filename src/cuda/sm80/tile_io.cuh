@@ -121,43 +121,69 @@ __device__ __forceinline__ void load_e4m3_q(__half* s, RowPtr row_ptr, int cols_
   }
 }
 
+// Which chunks of a kRows x kD tile thread t copies (load_tile, load_whole_tile): column chunk t % (kD / 8) of rows
+// t / (kD / 8) + i * kRowsPerPass: one global pointer and one shared offset per thread, stepped by constants, so that
+// a kernel's main loop keeps no per-chunk addresses alive (they cost registers: hoisted out of the loop, 16 chunk
+// addresses spilled).
+template <int kRows, int kD, int kThreads>
+struct TileChunks {
+  static constexpr int kChunksPerRow = kD / 8;
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static constexpr int kPasses = kRows / kRowsPerPass;
+  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
+  static_assert(kRowsPerPass % 8 == 0 || kRowsPerPass == 4, "the swizzle phase (row & 7) is known per pass");
+  int row0 = int(threadIdx.x) / kChunksPerRow;
+  int col = (int(threadIdx.x) % kChunksPerRow) * 8;
+  // With 4 rows per pass (128 threads on 256 columns) the odd passes sit 4 rows further in the swizzle phase:
+  // their chunk index differs from the first pass's in bit 2, a fixed shift of 4 chunks one way or the other.
+  int odd_pass_shift = kRowsPerPass % 8 == 0 ? 0 : ((((col >> 3) ^ (row0 & 7)) & 4) ? -32 : 32);
+  // Pass i's chunk in the swizzled tile, from the first pass's (swizzle<kD>(row0, col)).
+  __device__ __forceinline__ int pass_offset(int i) const { return i * kRowsPerPass * kD + (i & 1) * odd_pass_shift; }
+};
+
 // Copies rows [0, kRows) x columns [0, kD) of a global tile (element (r, c) at g[r * row_stride + c]) into
 // the swizzled shared tile `s`, zero-filling rows >= rows_valid and columns >= cols_valid. All kThreads
 // threads of the block call it; the fast path only issues cp.async (the caller commits and waits).
-// Thread t always copies column chunk t % (kD / 8) of rows t / (kD / 8) + i * kRowsPerPass: one global pointer
-// and one shared offset per thread, stepped by constants, so that the kernel's main loop keeps no per-chunk
-// addresses alive (they cost registers: hoisted out of the loop, 16 chunk addresses spilled).
 template <int kRows, int kD, int kThreads, typename T>
 __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, int rows_valid, int cols_valid,
                                           bool vec) {
-  constexpr int kChunksPerRow = kD / 8;
-  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
-  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
-  static_assert(kRowsPerPass % 8 == 0 || kRowsPerPass == 4, "the swizzle phase (row & 7) is known per pass");
-  const int row0 = int(threadIdx.x) / kChunksPerRow;
-  const int col = (int(threadIdx.x) % kChunksPerRow) * 8;
-  T* dst = s + swizzle<kD>(row0, col);
-  // With 4 rows per pass (128 threads on 256 columns) the odd passes sit 4 rows further in the swizzle phase:
-  // their chunk index differs from the first pass's in bit 2, a fixed shift of 4 chunks one way or the other.
-  const int odd_pass_shift = kRowsPerPass % 8 == 0 ? 0 : ((((col >> 3) ^ (row0 & 7)) & 4) ? -32 : 32);
-  auto pass_offset = [&](int i) { return i * kRowsPerPass * kD + (i & 1) * odd_pass_shift; };
-  const T* src = g + row0 * row_stride + col;
+  const TileChunks<kRows, kD, kThreads> chunks;
+  constexpr int kRowsPerPass = chunks.kRowsPerPass;
+  T* dst = s + swizzle<kD>(chunks.row0, chunks.col);
+  const T* src = g + chunks.row0 * row_stride + chunks.col;
   const int64_t src_step = int64_t(kRowsPerPass) * row_stride;
-  const bool col_in = col < cols_valid;
+  const bool col_in = chunks.col < cols_valid;
   if (vec) {
 #pragma unroll
-    for (int i = 0; i < kRows / kRowsPerPass; ++i) {
-      const bool in = col_in && row0 + i * kRowsPerPass < rows_valid;
+    for (int i = 0; i < chunks.kPasses; ++i) {
+      const bool in = col_in && chunks.row0 + i * kRowsPerPass < rows_valid;
       // The source of a zero-filled chunk is not read; the tile base keeps the address a valid one.
-      cp_async_16(dst + pass_offset(i), in ? src + i * src_step : g, in);
+      cp_async_16(dst + chunks.pass_offset(i), in ? src + i * src_step : g, in);
     }
   } else {
     // Not unrolled: the slow path must not hold many gathered chunks in registers next to the accumulators.
 #pragma unroll 1
-    for (int i = 0; i < kRows / kRowsPerPass; ++i) {
-      const bool in = col_in && row0 + i * kRowsPerPass < rows_valid;
-      *reinterpret_cast<uint4*>(dst + pass_offset(i)) = gather_chunk(src + i * src_step, col, cols_valid, in);
+    for (int i = 0; i < chunks.kPasses; ++i) {
+      const bool in = col_in && chunks.row0 + i * kRowsPerPass < rows_valid;
+      *reinterpret_cast<uint4*>(dst + chunks.pass_offset(i)) =
+          gather_chunk(src + i * src_step, chunks.col, cols_valid, in);
     }
+  }
+}
+
+// load_tile for a tile known to be whole (every row and column in range, 16-byte aligned rows): the pointer
+// stepped from pass to pass and no zero-fill selects, 2 instructions per chunk besides the copy (load_tile's
+// per-chunk selects and 64-bit products took about 10).
+template <int kRows, int kD, int kThreads, typename T>
+__device__ __forceinline__ void load_whole_tile(T* s, const T* g, int64_t row_stride) {
+  const TileChunks<kRows, kD, kThreads> chunks;
+  T* dst = s + swizzle<kD>(chunks.row0, chunks.col);
+  const T* src = g + chunks.row0 * row_stride + chunks.col;
+  const int64_t src_step = int64_t(chunks.kRowsPerPass) * row_stride;
+#pragma unroll
+  for (int i = 0; i < chunks.kPasses; ++i) {
+    cp_async_16(dst + chunks.pass_offset(i), src, true);
+    src += src_step;
   }
 }
 

@@ -24,14 +24,17 @@ __device__ __forceinline__ void q_fragments(uint32_t (&a)[kMTiles][4], const T* 
   for (int mt = 0; mt < kMTiles; ++mt) ldmatrix_x4(a[mt], sq + swizzle<kD>(mt * 16 + a_row, ks * 16 + a_col));
 }
 
-template <typename T, int kD, int kMTiles, int kNTiles>
-__device__ __forceinline__ void warp_gemm_qk(float (&s)[kMTiles][kNTiles][4], const T* sq, const T* sk, int lane) {
+// S[mt][nt] += Q · Kᵀ with Q's fragments from `a_of(ks)`: read from the Q tile per step (warp_gemm_qk), or held in
+// registers across key tiles (warp_gemm_qk_held).
+template <typename T, int kD, int kMTiles, int kNTiles, typename QFragments>
+__device__ __forceinline__ void warp_gemm_qk_with(float (&s)[kMTiles][kNTiles][4], QFragments a_of, const T* sk,
+                                                  int lane) {
   static_assert(kNTiles % 2 == 0, "K fragments are loaded two n-tiles at a time");
   const int b_row = (lane & 7) + (lane >> 4) * 8, b_col = ((lane >> 3) & 1) * 8;
 #pragma unroll
   for (int ks = 0; ks < kD / 16; ++ks) {
     uint32_t a[kMTiles][4];
-    q_fragments<T, kD, kMTiles>(a, sq, ks, lane);
+    a_of(a, ks);
 #pragma unroll
     for (int np = 0; np < kNTiles / 2; ++np) {
       uint32_t b[4];
@@ -44,6 +47,33 @@ __device__ __forceinline__ void warp_gemm_qk(float (&s)[kMTiles][kNTiles][4], co
       }
     }
   }
+}
+
+template <typename T, int kD, int kMTiles, int kNTiles>
+__device__ __forceinline__ void warp_gemm_qk(float (&s)[kMTiles][kNTiles][4], const T* sq, const T* sk, int lane) {
+  warp_gemm_qk_with<T, kD, kMTiles, kNTiles>(
+      s, [&](uint32_t(&a)[kMTiles][4], int ks) { q_fragments<T, kD, kMTiles>(a, sq, ks, lane); }, sk, lane);
+}
+
+// Every Q fragment of the warp's rows (all kD / 16 steps), for a loop over key tiles that keeps Q in registers.
+template <typename T, int kD, int kMTiles>
+__device__ __forceinline__ void q_fragments_all(uint32_t (&a)[kD / 16][kMTiles][4], const T* sq, int lane) {
+#pragma unroll
+  for (int ks = 0; ks < kD / 16; ++ks) q_fragments<T, kD, kMTiles>(a[ks], sq, ks, lane);
+}
+
+template <typename T, int kD, int kMTiles, int kNTiles>
+__device__ __forceinline__ void warp_gemm_qk_held(float (&s)[kMTiles][kNTiles][4],
+                                                  const uint32_t (&q)[kD / 16][kMTiles][4], const T* sk, int lane) {
+  warp_gemm_qk_with<T, kD, kMTiles, kNTiles>(
+      s,
+      [&](uint32_t(&a)[kMTiles][4], int ks) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[mt][e] = q[ks][mt][e];
+      },
+      sk, lane);
 }
 
 // The P operand of one 16-key step, rounded to T: the C fragments of S n-tiles 2 ks and 2 ks + 1 are exactly
