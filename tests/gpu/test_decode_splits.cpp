@@ -44,9 +44,11 @@ TEST(DecodeSplits, EvenSharesOfTheKeyTiles) {
 }
 
 TEST(DecodeSplits, ClustersOnlyWhereTheyFitAndSaveALaunch) {
-  // b = 1, 4k keys: more splits through the combine kernel, or kMaxClusterSplits merged in clusters.
-  EXPECT_GT(decode_num_splits(8, 64, kSms, kPerSm, false, kNoClusters), kMaxClusterSplits);
-  EXPECT_EQ(decode_num_splits(8, 64, kSms, kPerSm, false, kClusters), kMaxClusterSplits);
+  // b = 1, 2k keys: more splits through the combine kernel, or kMaxClusterSplits merged in clusters (2 tiles more
+  // each). At 4k keys the clustered splits would read 4 tiles more each: the combine kernel's splits are taken.
+  EXPECT_GT(decode_num_splits(8, 32, kSms, kPerSm, false, kNoClusters), kMaxClusterSplits);
+  EXPECT_EQ(decode_num_splits(8, 32, kSms, kPerSm, false, kClusters), kMaxClusterSplits);
+  EXPECT_GT(decode_num_splits(8, 64, kSms, kPerSm, false, kClusters), kMaxClusterSplits);
   // 128k keys: clustered splits would each read 128 tiles more than the combine kernel's: not taken.
   EXPECT_GT(decode_num_splits(8, 2048, kSms, kPerSm, false, kClusters), kMaxClusterSplits);
   // One row block (MQA, b = 1) at 16k keys: kMaxClusterSplits blocks would leave most SMs idle.

@@ -69,7 +69,7 @@ constexpr int kMaxClusterSplits = 8;
 constexpr int kDecodeCombineSplits = 16;
 // The most key tiles more per split for which the heuristic takes kMaxClusterSplits clustered splits over more
 // splits through the combine kernel (decode_num_splits below).
-constexpr int kClusterExtraTiles = 12;
+constexpr int kClusterExtraTiles = 2;
 
 // Key splits per sequence when the caller leaves it to us (num_splits = 0). `tiles` = blocks of one split,
 // `key_blocks` = key tiles of the longest possible sequence (the capacity: lengths live on the device); the device
@@ -85,8 +85,10 @@ constexpr int kClusterExtraTiles = 12;
 //    per SM pays (b = 1, 128k keys, pages of 16: the wave rule's 33 splits 165.7 µs on 2026-12-02, 16 splits
 //    219.9 µs on 2026-12-05).
 // 4. kMaxClusterSplits instead where those merge in clusters and each reads at most kClusterExtraTiles tiles more
-//    than the splits above would: the one launch saves about that much (b = 1: 4k keys, 8 splits in clusters
-//    14.2 µs, 16 through the combine kernel 19.9; 16k keys, 16 tiles more, 34.6 against 33.3).
+//    than the splits above would: the one launch saves about that much. Measured on an H100 with the combine kernel
+//    of 2026-12-05 (one block per row, launched as a programmatic dependent): b = 1, 4k keys, 8 splits in clusters
+//    (4 tiles more each) 13.1 µs, 16 through the combine kernel 12.0; 1k keys, 8 in clusters 8.5, 16 forced 9.4.
+//    (Against the one-warp-per-row combine before it, clusters won up to 12 tiles more: 4k keys 14.2 against 19.9.)
 template <typename ClusterFits>
 int decode_num_splits(int64_t tiles, int64_t key_blocks, int sms, int per_sm, bool paged, ClusterFits cluster_fits) {
   sms = std::max(sms, 1);
