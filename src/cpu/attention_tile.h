@@ -134,15 +134,17 @@ struct DropoutTile {
   }
 };
 
-// Key-major tile Sᵀ[j][i] (keys j0.., queries i0..): -inf where key j0 + j is hidden from query i0 + i.
+// Key-major tile Sᵀ[j][i] (keys j0.., queries i0..): -inf where key j0 + j is hidden from query i0 + i. With
+// `group` > 1 the columns are packed rows i0 + i of query (i0 + i) / group (the query heads of a KV group).
 template <typename Acc>
-void mask_key_major(const MaskSpec& mask, Acc* s, int64_t ld, int64_t j0, int64_t nk, int64_t i0, int64_t ncols) {
+void mask_key_major(const MaskSpec& mask, Acc* s, int64_t ld, int64_t j0, int64_t nk, int64_t i0, int64_t ncols,
+                    int64_t group = 1) {
   constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
   for (int64_t j = 0; j < nk; ++j) {
     int64_t lo, hi;
     mask.query_range_for_keys(j0 + j, j0 + j + 1, &lo, &hi);
-    lo = std::min(std::max(lo - i0, int64_t(0)), ncols);
-    hi = std::min(std::max(hi - i0, lo), ncols);
+    lo = std::min(std::max(lo * group - i0, int64_t(0)), ncols);
+    hi = std::min(std::max(hi * group - i0, lo), ncols);
     Acc* sj = s + j * ld;
     for (int64_t i = 0; i < lo; ++i) sj[i] = kNegInf;
     for (int64_t i = hi; i < ncols; ++i) sj[i] = kNegInf;

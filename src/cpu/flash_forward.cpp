@@ -85,13 +85,26 @@ struct ForwardScratch {
   }
 };
 
+// A task's rows: with group 1, query rows row0.. of query head `head`; with group g > 1 (GQA packing, below),
+// packed rows row0.. of KV head `head`, packed row r being query row r / g of query head head · g + r % g, so that
+// the g query heads that share K / V read and convert each tile once, as the columns of one score tile.
 struct QueryBlockTask {
   int64_t batch, head, row0;
   int64_t cost;  // score-tile elements the task computes
 };
 
+// GQA packing where a sequence's packed rows fit one query block (decode: a few query rows per sequence, where
+// per-head tasks would fill a vector of query columns with one row and read K / V once per query head). Not with
+// ALiBi, dropout or qv, whose terms are per head.
+int64_t packed_group(const FwdParams& p, int64_t block_q) {
+  const int64_t group = p.heads_q / p.heads_kv;
+  const bool per_head_terms = p.alibi_slopes != nullptr || p.dropout_p > 0.f || p.qv != nullptr;
+  return group > 1 && !per_head_terms && p.seqlen_q * group <= block_q ? group : 1;
+}
+
 template <typename T, typename Acc>
-void forward_task(const FwdParams& p, int64_t block_q, const QueryBlockTask& t, ForwardScratch<Acc>& w) {
+void forward_task(const FwdParams& p, int64_t block_q, int64_t group, const QueryBlockTask& t,
+                  ForwardScratch<Acc>& w) {
   using C = CpuTiles<Acc>;
   constexpr int64_t kBk = C::kBlockK;
   constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
@@ -100,22 +113,25 @@ void forward_task(const FwdParams& p, int64_t block_q, const QueryBlockTask& t, 
   constexpr bool kPairs = std::is_same_v<T, bfloat16_t> && kBf16PairProducts;
   const int64_t d = p.head_dim, dv = p.head_dim_v, dvp = round_up(dv, C::kVec), d_pairs = (d + 1) / 2;
   const SequenceExtent ext = sequence_extent(p, t.batch);
-  const int64_t hk = t.head / (p.heads_q / p.heads_kv);
-  const auto q = query_view<const T>(p, p.q, ext, t.batch, t.head);
+  const int64_t hk = group > 1 ? t.head : t.head / (p.heads_q / p.heads_kv);
+  const int64_t head0 = group > 1 ? t.head * group : t.head;  // the query head of packed row 0
+  const auto q = query_view<const T>(p, p.q, ext, t.batch, head0);
   const auto k = key_view<const T>(p, p.k, ext, hk, false);
   const auto v = key_view<const T>(p, p.v, ext, hk, true);
-  const auto o = output_view<T>(p, p.o, ext, t.batch, t.head);
+  const auto o = output_view<T>(p, p.o, ext, t.batch, head0);
   const MaskSpec mask = sequence_mask(p, ext);
   const ScoreTransform<Acc> score(p);
   const AlibiTile<Acc> alibi(Alibi::make(p.alibi_slopes, p.alibi_slopes_batch_stride, t.batch, t.head, ext.len_q, ext.len_k));
   const DropoutTile dropout(DropoutSpec::make(p.dropout_p, DropoutRng::of(p), t.batch, t.head));
 
-  const int64_t i0 = t.row0, nq = std::min(block_q, ext.len_q - i0), nqp = round_up(nq, C::kVec);
+  // i0.., nq: the task's (packed) rows; query rows (i0 + c) / group for column c.
+  const int64_t i0 = t.row0, nq = std::min(block_q, ext.len_q * group - i0), nqp = round_up(nq, C::kVec);
   const int64_t ldq = w.ldq, lds = w.lds;
+  auto q_row = [&](int64_t c) { return q.row((i0 + c) / group) + (i0 + c) % group * p.q_head_stride; };
   if constexpr (kPairs)
-    load_transposed_pairs(q.row(i0), q.row_stride, nq, d, w.qt_pairs.data(), ldq, nqp);
+    load_transposed_pairs_rows(q_row, nq, d, w.qt_pairs.data(), ldq, nqp);
   else
-    load_transposed(q.row(i0), q.row_stride, nq, d, w.qt.data(), ldq, nqp, score.qk_scale);
+    load_transposed_rows<Acc>(q_row, nq, d, w.qt.data(), ldq, nqp, score.qk_scale);
   // FA3's qv term: QVᵀ scaled like Qᵀ, so that V · QVᵀ adds to the same log2-unit scores.
   if (p.qv) {
     const auto qv = query_value_view<const T>(p, ext, t.batch, t.head);
@@ -126,7 +142,7 @@ void forward_task(const FwdParams& p, int64_t block_q, const QueryBlockTask& t, 
   std::fill(w.o.data(), w.o.data() + nq * dvp, Acc(0));
 
   int64_t key_lo, key_hi;
-  mask.key_range_for_rows(i0, i0 + nq, &key_lo, &key_hi);
+  mask.key_range_for_rows(i0 / group, (i0 + nq - 1) / group + 1, &key_lo, &key_hi);
   Acc* s = w.s.data();
   for (int64_t j0 = key_lo; j0 < key_hi; j0 += kBk) {
     const int64_t nk = std::min(kBk, key_hi - j0);
@@ -141,8 +157,8 @@ void forward_task(const FwdParams& p, int64_t block_q, const QueryBlockTask& t, 
     // windowed mask that skips up to half of a diagonal tile in both products and the softmax.
     int64_t qa, qb;
     mask.query_range_for_keys(j0, j0 + nk, &qa, &qb);
-    const int64_t c0 = std::max<int64_t>(qa - i0, 0) / C::kVec * C::kVec;
-    const int64_t c1 = std::min(nqp, round_up(std::max<int64_t>(qb - i0, 0), C::kVec));
+    const int64_t c0 = std::max<int64_t>(qa * group - i0, 0) / C::kVec * C::kVec;
+    const int64_t c1 = std::min(nqp, round_up(std::max<int64_t>(qb * group - i0, 0), C::kVec));
     const int64_t rows = std::min(c1, nq) - c0;
     if (rows <= 0) continue;
     Acc* sc = s + c0;
@@ -157,7 +173,9 @@ void forward_task(const FwdParams& p, int64_t block_q, const QueryBlockTask& t, 
     if (p.qv) gemm<Acc>(nk, c1 - c0, dv, vt.data, vt.ld, 1, w.qvt.data() + c0, ldq, sc, lds, GemmMode::add);
     score.apply_softcap(sc, lds, nk, c1 - c0);
     if (alibi.active()) alibi.add_key_major(sc, lds, j0, nk, i0 + c0, c1 - c0);
-    if (!mask.tile_fully_visible(i0 + c0, i0 + c0 + rows, j0, j0 + nk)) mask_key_major(mask, sc, lds, j0, nk, i0 + c0, c1 - c0);
+    if (!mask.tile_fully_visible((i0 + c0) / group, (i0 + c0 + rows - 1) / group + 1, j0, j0 + nk)) {
+      mask_key_major(mask, sc, lds, j0, nk, i0 + c0, c1 - c0, group);
+    }
 
     // Online softmax, one query row per column.
     for (int64_t i = c0; i < c1; ++i) tmax[i] = kNegInf;
@@ -188,26 +206,30 @@ void forward_task(const FwdParams& p, int64_t block_q, const QueryBlockTask& t, 
   // for those rows).
   const Acc keep_scale = Acc(1.0 / (1.0 - double(p.dropout_p)));
   for (int64_t i = 0; i < nq; ++i) alpha[i] = l[i] > Acc(0) ? keep_scale / l[i] : Acc(0);
-  store_rows(w.o.data(), dvp, nq, dv, o.row(i0), o.row_stride, alpha);
+  store_rows_to<T>(w.o.data(), dvp, nq, dv,
+                   [&](int64_t c) { return o.row((i0 + c) / group) + (i0 + c) % group * p.o_head_stride; }, alpha);
   if (p.lse) {
-    for (int64_t i = 0; i < nq; ++i) *lse_ptr(p, ext, t.batch, t.head, i0 + i) = float(SoftmaxState<Acc>::lse_from_log2(m[i], l[i]));
+    for (int64_t c = 0; c < nq; ++c) {
+      *lse_ptr(p, ext, t.batch, head0 + (i0 + c) % group, (i0 + c) / group) =
+          float(SoftmaxState<Acc>::lse_from_log2(m[c], l[c]));
+    }
   }
 }
 
 // Head-major order, so that the tasks a thread takes one after another stream the same K / V (which then stay in
 // its L2); within a head, costly blocks first (under a causal mask the last query blocks see the most keys), so
 // that the small ones fill the gaps at the end of the dynamic schedule.
-std::vector<QueryBlockTask> make_tasks(const FwdParams& p, int64_t block_q) {
+std::vector<QueryBlockTask> make_tasks(const FwdParams& p, int64_t block_q, int64_t group) {
   std::vector<QueryBlockTask> tasks;
   for (int64_t b = 0; b < p.batch; ++b) {
     const SequenceExtent ext = sequence_extent(p, b);
     const MaskSpec mask = sequence_mask(p, ext);
-    for (int64_t h = 0; h < p.heads_q; ++h) {
+    for (int64_t h = 0; h < p.heads_q / group; ++h) {
       const size_t first = tasks.size();
-      for (int64_t i0 = 0; i0 < ext.len_q; i0 += block_q) {
-        const int64_t nq = std::min(block_q, ext.len_q - i0);
+      for (int64_t i0 = 0; i0 < ext.len_q * group; i0 += block_q) {
+        const int64_t nq = std::min(block_q, ext.len_q * group - i0);
         int64_t lo, hi;
-        mask.key_range_for_rows(i0, i0 + nq, &lo, &hi);
+        mask.key_range_for_rows(i0 / group, (i0 + nq - 1) / group + 1, &lo, &hi);
         tasks.push_back({b, h, i0, nq * (hi - lo) + nq});
       }
       std::stable_sort(tasks.begin() + std::ptrdiff_t(first), tasks.end(),
@@ -238,14 +260,15 @@ template <typename T, typename Acc>
 Status forward_typed(const FwdParams& p) {
   const int threads = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
   const int64_t block_q = choose_block_q<Acc>(p);
-  const std::vector<QueryBlockTask> tasks = make_tasks(p, block_q);
+  const int64_t group = packed_group(p, block_q);
+  const std::vector<QueryBlockTask> tasks = make_tasks(p, block_q, group);
   const int64_t n = int64_t(tasks.size());
 #pragma omp parallel num_threads(threads) if (n > 1)
   {
     ForwardScratch<Acc> scratch(block_q, p.head_dim, round_up(p.head_dim_v, CpuTiles<Acc>::kVec),
                                 kBf16PairProducts && std::is_same_v<T, bfloat16_t>, p.qv != nullptr);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < n; ++t) forward_task<T, Acc>(p, block_q, tasks[size_t(t)], scratch);
+    for (int64_t t = 0; t < n; ++t) forward_task<T, Acc>(p, block_q, group, tasks[size_t(t)], scratch);
   }
   return Status::success();
 }

@@ -24,17 +24,24 @@ void load_rows(const T* src, int64_t src_rs, int64_t rows, int64_t cols, Acc* ds
   }
 }
 
-// Transposed: dst[c * ld + r] = widen(src[r * src_rs + c]) * scale for r < rows, c < cols; columns
-// rows <= r < padded_rows of dst are zero-filled.
-template <typename Acc, typename T>
-void load_transposed(const T* src, int64_t src_rs, int64_t rows, int64_t cols, Acc* dst, int64_t ld,
-                     int64_t padded_rows, Acc scale = Acc(1)) {
+// Transposed: dst[c * ld + r] = widen(row(r)[c]) * scale for r < rows, c < cols, row(r) a pointer to row r (rows
+// anywhere: the packed query rows of several heads); columns rows <= r < padded_rows of dst are zero-filled.
+template <typename Acc, typename RowPtr>
+void load_transposed_rows(RowPtr row, int64_t rows, int64_t cols, Acc* dst, int64_t ld, int64_t padded_rows,
+                          Acc scale = Acc(1)) {
   for (int64_t r = 0; r < rows; ++r) {
-    const T* s = src + r * src_rs;
+    const auto* s = row(r);
     for (int64_t c = 0; c < cols; ++c) dst[c * ld + r] = widen(s[c]) * scale;
   }
   for (int64_t c = 0; c < cols; ++c)
     for (int64_t r = rows; r < padded_rows; ++r) dst[c * ld + r] = Acc(0);
+}
+
+// load_transposed_rows of rows src_rs apart: dst[c * ld + r] = widen(src[r * src_rs + c]) * scale.
+template <typename Acc, typename T>
+void load_transposed(const T* src, int64_t src_rs, int64_t rows, int64_t cols, Acc* dst, int64_t ld,
+                     int64_t padded_rows, Acc scale = Acc(1)) {
+  load_transposed_rows<Acc>([=](int64_t r) { return src + r * src_rs; }, rows, cols, dst, ld, padded_rows, scale);
 }
 
 // bf16 in pairs, the operand of the pair dot products (micro_gemm.h, gemm_bf16_pairs): elements 2c and 2c + 1 of a
@@ -83,27 +90,41 @@ inline void load_row_pairs(const bfloat16_t* src, int64_t src_rs, int64_t rows, 
 }
 
 // Transposed: dst[c2 * ld + r] = the pair (c2) of row r for r < rows; columns rows <= r < padded_rows are zero.
-inline void load_transposed_pairs(const bfloat16_t* src, int64_t src_rs, int64_t rows, int64_t cols, uint32_t* dst,
-                                  int64_t ld, int64_t padded_rows) {
+template <typename RowPtr>
+void load_transposed_pairs_rows(RowPtr row, int64_t rows, int64_t cols, uint32_t* dst, int64_t ld,
+                                int64_t padded_rows) {
   const int64_t pairs = (cols + 1) / 2;
   for (int64_t r = 0; r < rows; ++r) {
-    const bfloat16_t* s = src + r * src_rs;
+    const bfloat16_t* s = row(r);
     for (int64_t c2 = 0; c2 < pairs; ++c2) dst[c2 * ld + r] = bf16_pair(s, c2, cols);
   }
   for (int64_t c2 = 0; c2 < pairs; ++c2)
     for (int64_t r = rows; r < padded_rows; ++r) dst[c2 * ld + r] = 0u;
 }
 
-// dst[r * dst_rs + c] = narrow(src[r * ld + c] * row_scale[r]) for c < cols (row_scale may be null: 1).
-template <typename T, typename Acc>
-void store_rows(const Acc* src, int64_t ld, int64_t rows, int64_t cols, T* dst, int64_t dst_rs,
-                const Acc* row_scale = nullptr, Acc scale = Acc(1)) {
+inline void load_transposed_pairs(const bfloat16_t* src, int64_t src_rs, int64_t rows, int64_t cols, uint32_t* dst,
+                                  int64_t ld, int64_t padded_rows) {
+  load_transposed_pairs_rows([=](int64_t r) { return src + r * src_rs; }, rows, cols, dst, ld, padded_rows);
+}
+
+// row(r)[c] = narrow(src[r * ld + c] * row_scale[r]) for c < cols (row_scale may be null: 1); row(r) a pointer
+// to destination row r, of element type T.
+template <typename T, typename Acc, typename RowPtr>
+void store_rows_to(const Acc* src, int64_t ld, int64_t rows, int64_t cols, RowPtr row,
+                   const Acc* row_scale = nullptr, Acc scale = Acc(1)) {
   for (int64_t r = 0; r < rows; ++r) {
     const Acc s = (row_scale ? row_scale[r] : Acc(1)) * scale;
     const Acc* in = src + r * ld;
-    T* out = dst + r * dst_rs;
+    T* out = row(r);
     for (int64_t c = 0; c < cols; ++c) out[c] = narrow<T>(in[c] * s);
   }
+}
+
+// store_rows_to rows dst_rs apart: dst[r * dst_rs + c] = narrow(src[r * ld + c] * row_scale[r]).
+template <typename T, typename Acc>
+void store_rows(const Acc* src, int64_t ld, int64_t rows, int64_t cols, T* dst, int64_t dst_rs,
+                const Acc* row_scale = nullptr, Acc scale = Acc(1)) {
+  store_rows_to<T>(src, ld, rows, cols, [=](int64_t r) { return dst + r * dst_rs; }, row_scale, scale);
 }
 
 // An uninitialised, cache-line aligned buffer (tiles start on a line, so that vector loads do not split lines).

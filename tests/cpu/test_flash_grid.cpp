@@ -2,7 +2,7 @@
 // edges: lengths 1, 2, 17, 127 (and a few at 1000), s_q > s_k and s_q < s_k with causal, GQA ratios 1, 2, 8,
 // head dims 8..256 with d_v != d, both layouts and padded rows, windows with and without causal, softcap,
 // varlen with empty sequences, fully masked rows, softmax scales other than 1/√d, ALiBi (both slope shapes, with
-// every mask, softcap, GQA and varlen), chunked attention, all four dtypes.
+// every mask, softcap, GQA and varlen), chunked attention, decode shapes (GQA-packed tiles), all four dtypes.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -199,6 +199,33 @@ std::vector<AttnCase> grid_cases() {
     c.layout = pick(2) ? Layout::bhsd : Layout::bshd;
     c.pad = pick(3) == 0 ? 7 : 0;
     cases.push_back(c);
+  }
+  // Decode shapes, where the forward packs a KV group's query heads into the columns of one tile (s_q x group up to
+  // the query block): GQA 4 / 8 / 32 and MQA, causal (bottom-right), windows, softcap, chunks, both layouts with
+  // padded rows, varlen with an empty sequence, and s_q x group past the packing limit.
+  {
+    const int64_t decode_heads[][2] = {{8, 2}, {32, 8}, {8, 1}, {32, 1}};
+    const int64_t decode_sq[] = {1, 2, 5, 16};
+    int n = 0;
+    for (const auto& hh : decode_heads)
+      for (int64_t sq : decode_sq) {
+        AttnCase c = base(n % 2 ? DType::bf16 : DType::f32, sq, 300 + 37 * n, hh[0], hh[1], n % 3 ? 64 : 40, 64);
+        c.batch = 2;
+        c.causal = n % 4 != 3;
+        if (n % 5 == 1) c.window_left = 50, c.window_right = 0;
+        if (n % 7 == 2) c.softcap = 15;
+        if (n % 6 == 4) c.attention_chunk = 64;
+        c.layout = n % 2 ? Layout::bhsd : Layout::bshd;
+        c.pad = n % 3 == 0 ? 3 : 0;
+        cases.push_back(c);
+        ++n;
+      }
+    AttnCase c = base(DType::f16, 0, 0, 16, 4, 64, 64);
+    c.lens_q = {1, 0, 4, 2}, c.lens_k = {200, 50, 0, 130}, c.causal = true;
+    cases.push_back(c);  // varlen decode: an empty query sequence, an empty key sequence
+    c = base(DType::f32, 40, 260, 16, 2, 64, 64);
+    c.causal = true;
+    cases.push_back(c);  // 40 x 8 packed rows: past the packing limit, per-head tasks
   }
   // Saturated softmax: scores in the thousands, most probabilities underflow to exactly 0.
   for (DType dt : {DType::f32, DType::bf16}) {
