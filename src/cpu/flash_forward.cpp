@@ -24,6 +24,10 @@
 // bf16 at the avx512_bf16 level: Sᵀ = K · Qᵀ on AVX-512 BF16 pair dot products (gemm_bf16_pairs) from the
 // inputs' own values, the scale applied to the scores; P V in fp32 as at every level.
 //
+// K / V rows: strided (tensors, dense caches) or, for a paged cache, looked up row by row in the block table as the
+// tiles are copied (a page out of range reads as zeros), so a decode step reads only the rows it uses and copies
+// no cache.
+//
 // Extra memory: per thread, Qᵀ, K, V, Sᵀ and O tiles, O(block_q·kBlockK + (block_q + kBlockK)·(d + d_v))
 // elements, independent of the sequence lengths; plus the task list, O(batch · heads · s_q / block_q).
 // Preconditions: params validated (make_forward_params); CPU tensors.
@@ -38,7 +42,6 @@
 #include "backend.h"
 #include "common/mask.h"
 #include "common/softmax_state.h"
-#include "cpu/kv_cache.h"
 #include "cpu/sequence.h"
 
 // GCC's tuning for recent Xeons prefers 256-bit vectors; the micro-kernels need 512-bit ones to use both FMA
@@ -116,8 +119,23 @@ void forward_task(const FwdParams& p, int64_t block_q, int64_t group, const Quer
   const int64_t hk = group > 1 ? t.head : t.head / (p.heads_q / p.heads_kv);
   const int64_t head0 = group > 1 ? t.head * group : t.head;  // the query head of packed row 0
   const auto q = query_view<const T>(p, p.q, ext, t.batch, head0);
-  const auto k = key_view<const T>(p, p.k, ext, hk, false);
-  const auto v = key_view<const T>(p, p.v, ext, hk, true);
+  // Key row j of the sequence in K and V: strided rows of a dense cache or tensor, or a paged cache's rows looked up
+  // in its block table (null where the table's page is out of range: the row reads as zeros).
+  const KVCacheLayout cache = KVCacheLayout::of(p);
+  const bool paged = cache.paged();
+  const int64_t entry = paged ? cache.entry(t.batch) : 0;
+  const auto k = paged ? SequenceView<const T>{} : key_view<const T>(p, p.k, ext, hk, false);
+  const auto v = paged ? SequenceView<const T>{} : key_view<const T>(p, p.v, ext, hk, true);
+  auto paged_row = [&](const void* base, int64_t page_stride, int64_t row_stride, int64_t head_stride, int64_t j) {
+    const int64_t off = cache.row_offset(entry, ext.start_k + j, page_stride, row_stride);
+    return off < 0 ? nullptr : static_cast<const T*>(base) + off + hk * head_stride;
+  };
+  auto k_row = [&](int64_t j) {
+    return paged ? paged_row(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, j) : k.row(j);
+  };
+  auto v_row = [&](int64_t j) {
+    return paged ? paged_row(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, j) : v.row(j);
+  };
   const auto o = output_view<T>(p, p.o, ext, t.batch, head0);
   const MaskSpec mask = sequence_mask(p, ext);
   const ScoreTransform<Acc> score(p);
@@ -148,10 +166,10 @@ void forward_task(const FwdParams& p, int64_t block_q, int64_t group, const Quer
     const int64_t nk = std::min(kBk, key_hi - j0);
     RowTile<Acc> kt{};
     if constexpr (kPairs)
-      load_row_pairs(k.row(j0), k.row_stride, nk, d, w.k_pairs.data(), d_pairs);
+      load_row_pairs_from([&](int64_t r) { return k_row(j0 + r); }, nk, d, w.k_pairs.data(), d_pairs);
     else
-      kt = rows_as_acc<Acc>(k.row(j0), k.row_stride, nk, d, d, w.k.data());
-    const RowTile<Acc> vt = rows_as_acc<Acc>(v.row(j0), v.row_stride, nk, dv, w.ldv, w.v.data());
+      kt = rows_as_acc_from<Acc>([&](int64_t r) { return k_row(j0 + r); }, nk, d, d, w.k.data());
+    const RowTile<Acc> vt = rows_as_acc_from<Acc>([&](int64_t r) { return v_row(j0 + r); }, nk, dv, w.ldv, w.v.data());
 
     // Only the block's queries that see some key of this tile, whole vectors of them: under a causal or
     // windowed mask that skips up to half of a diagonal tile in both products and the softmax.
@@ -279,7 +297,6 @@ inline namespace FLASHATTN_CPU_ISA {
 
 // This instruction-set level's forward (src/cpu/isa.cpp chooses the level).
 Status flash_forward_kernels(const FwdParams& p) {
-  if (p.is_paged()) return cpu_forward_dense_cache(p, cpu_flash_forward);
   switch (p.dtype) {
     case DType::f32: return forward_typed<float, float>(p);
     case DType::f64: return forward_typed<double, double>(p);

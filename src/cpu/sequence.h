@@ -17,7 +17,8 @@ struct SequenceExtent {
   int64_t kv_batch = 0;              // K/V batch index: b, or the cache entry of sequence b
 };
 
-// Paged caches reach the CPU kernels densified (cpu/kv_cache.h), so only the dense cache form is read here.
+// A cache's used key rows [start_k, start_k + len_k) of entry kv_batch; where those rows live in a paged cache is
+// the reader's to look up (the flash forward reads pages; the reference densifies them first, cpu/kv_cache.h).
 inline SequenceExtent sequence_extent(const FwdParams& p, int64_t b) {
   SequenceExtent e;
   e.kv_batch = b;

@@ -13,15 +13,23 @@
 namespace flashattn::detail {
 inline namespace FLASHATTN_CPU_ISA {
 
-// dst[r * ld + c] = widen(src[r * src_rs + c]) * scale for c < cols; zero for cols <= c < ld.
+// dst[r * ld + c] = widen(row(r)[c]) * scale for c < cols; zero for cols <= c < ld, and the whole row where row(r)
+// is null (a paged cache's row of no valid page).
+template <typename Acc, typename RowPtr>
+void load_rows_from(RowPtr row, int64_t rows, int64_t cols, Acc* dst, int64_t ld, Acc scale = Acc(1)) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto* s = row(r);
+    Acc* d = dst + r * ld;
+    const int64_t filled = s != nullptr ? cols : 0;
+    for (int64_t c = 0; c < filled; ++c) d[c] = widen(s[c]) * scale;
+    for (int64_t c = filled; c < ld; ++c) d[c] = Acc(0);
+  }
+}
+
+// load_rows_from rows src_rs apart.
 template <typename Acc, typename T>
 void load_rows(const T* src, int64_t src_rs, int64_t rows, int64_t cols, Acc* dst, int64_t ld, Acc scale = Acc(1)) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* s = src + r * src_rs;
-    Acc* d = dst + r * ld;
-    for (int64_t c = 0; c < cols; ++c) d[c] = widen(s[c]) * scale;
-    for (int64_t c = cols; c < ld; ++c) d[c] = Acc(0);
-  }
+  load_rows_from<Acc>([=](int64_t r) { return src + r * src_rs; }, rows, cols, dst, ld, scale);
 }
 
 // Transposed: dst[c * ld + r] = widen(row(r)[c]) * scale for r < rows, c < cols, row(r) a pointer to row r (rows
@@ -78,15 +86,21 @@ inline void pack_adjacent_pairs(const float* src, int64_t cols, uint32_t* dst) {
 }
 
 // dst[r * ld + c2] = the pair (c2) of row r, for c2 < ceil(cols / 2); zero for the rest of ld.
-inline void load_row_pairs(const bfloat16_t* src, int64_t src_rs, int64_t rows, int64_t cols, uint32_t* dst,
-                           int64_t ld) {
+template <typename RowPtr>
+void load_row_pairs_from(RowPtr row, int64_t rows, int64_t cols, uint32_t* dst, int64_t ld) {
   const int64_t pairs = (cols + 1) / 2;
   for (int64_t r = 0; r < rows; ++r) {
-    const bfloat16_t* s = src + r * src_rs;
+    const bfloat16_t* s = row(r);
     uint32_t* d = dst + r * ld;
-    for (int64_t c2 = 0; c2 < pairs; ++c2) d[c2] = bf16_pair(s, c2, cols);
-    for (int64_t c2 = pairs; c2 < ld; ++c2) d[c2] = 0u;
+    const int64_t filled = s != nullptr ? pairs : 0;  // null: a paged cache's row of no valid page, zeros
+    for (int64_t c2 = 0; c2 < filled; ++c2) d[c2] = bf16_pair(s, c2, cols);
+    for (int64_t c2 = filled; c2 < ld; ++c2) d[c2] = 0u;
   }
+}
+
+inline void load_row_pairs(const bfloat16_t* src, int64_t src_rs, int64_t rows, int64_t cols, uint32_t* dst,
+                           int64_t ld) {
+  load_row_pairs_from([=](int64_t r) { return src + r * src_rs; }, rows, cols, dst, ld);
 }
 
 // Transposed: dst[c2 * ld + r] = the pair (c2) of row r for r < rows; columns rows <= r < padded_rows are zero.
