@@ -73,11 +73,13 @@ struct KVCacheLayout {
     *end = e;
   }
 
-  // Page holding row j of entry `e` (paged caches), or -1 when the block table's value is out of range.
-  FA_HD int64_t page(int64_t e, int64_t j) const {
-    const int64_t pg = block_table[e * block_table_stride + j / page_size];
+  // Page in block-table slot `slot` of entry `e` (paged caches), or -1 when the table's value is out of range.
+  FA_HD int64_t page_in_slot(int64_t e, int64_t slot) const {
+    const int64_t pg = block_table[e * block_table_stride + slot];
     return pg >= 0 && pg < num_pages ? pg : -1;
   }
+  // Page holding row j of entry `e` (paged caches), or -1 when the block table's value is out of range.
+  FA_HD int64_t page(int64_t e, int64_t j) const { return page_in_slot(e, j / page_size); }
 
   // Element offset of row j of entry e in K (or V, with its strides); -1 when the row has no valid page. For
   // paged caches the batch stride is the page stride.

@@ -119,23 +119,36 @@ void forward_task(const FwdParams& p, int64_t block_q, int64_t group, const Quer
   const int64_t hk = group > 1 ? t.head : t.head / (p.heads_q / p.heads_kv);
   const int64_t head0 = group > 1 ? t.head * group : t.head;  // the query head of packed row 0
   const auto q = query_view<const T>(p, p.q, ext, t.batch, head0);
-  // Key row j of the sequence in K and V: strided rows of a dense cache or tensor, or a paged cache's rows looked up
-  // in its block table (null where the table's page is out of range: the row reads as zeros).
+  // K and V rows of a key tile (tile_rows): strided rows of a dense cache or tensor, or a paged cache's rows, its
+  // block table read once per page the tile touches and shared by K and V (null where the table's page is out of
+  // range: the row reads as zeros).
   const KVCacheLayout cache = KVCacheLayout::of(p);
   const bool paged = cache.paged();
   const int64_t entry = paged ? cache.entry(t.batch) : 0;
   const auto k = paged ? SequenceView<const T>{} : key_view<const T>(p, p.k, ext, hk, false);
   const auto v = paged ? SequenceView<const T>{} : key_view<const T>(p, p.v, ext, hk, true);
-  auto paged_row = [&](const void* base, int64_t page_stride, int64_t row_stride, int64_t head_stride, int64_t j) {
-    const int64_t off = cache.row_offset(entry, ext.start_k + j, page_stride, row_stride);
-    return off < 0 ? nullptr : static_cast<const T*>(base) + off + hk * head_stride;
+  const T* k_rows[kBk];
+  const T* v_rows[kBk];
+  auto tile_rows = [&](int64_t j0, int64_t nk) {
+    if (!paged) {
+      for (int64_t r = 0; r < nk; ++r) k_rows[r] = k.row(j0 + r), v_rows[r] = v.row(j0 + r);
+      return;
+    }
+    const int64_t first = ext.start_k + j0;
+    int64_t slot = first / cache.page_size, in_page = first - slot * cache.page_size;
+    int64_t page = cache.page_in_slot(entry, slot);
+    for (int64_t r = 0; r < nk; ++r) {
+      k_rows[r] = page < 0 ? nullptr
+                           : static_cast<const T*>(p.k) + page * p.k_batch_stride + in_page * p.k_row_stride +
+                                 hk * p.k_head_stride;
+      v_rows[r] = page < 0 ? nullptr
+                           : static_cast<const T*>(p.v) + page * p.v_batch_stride + in_page * p.v_row_stride +
+                                 hk * p.v_head_stride;
+      if (++in_page == cache.page_size && r + 1 < nk) in_page = 0, page = cache.page_in_slot(entry, ++slot);
+    }
   };
-  auto k_row = [&](int64_t j) {
-    return paged ? paged_row(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, j) : k.row(j);
-  };
-  auto v_row = [&](int64_t j) {
-    return paged ? paged_row(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, j) : v.row(j);
-  };
+  auto k_row = [&](int64_t r) { return k_rows[r]; };
+  auto v_row = [&](int64_t r) { return v_rows[r]; };
   const auto o = output_view<T>(p, p.o, ext, t.batch, head0);
   const MaskSpec mask = sequence_mask(p, ext);
   const ScoreTransform<Acc> score(p);
@@ -165,11 +178,12 @@ void forward_task(const FwdParams& p, int64_t block_q, int64_t group, const Quer
   for (int64_t j0 = key_lo; j0 < key_hi; j0 += kBk) {
     const int64_t nk = std::min(kBk, key_hi - j0);
     RowTile<Acc> kt{};
+    tile_rows(j0, nk);
     if constexpr (kPairs)
-      load_row_pairs_from([&](int64_t r) { return k_row(j0 + r); }, nk, d, w.k_pairs.data(), d_pairs);
+      load_row_pairs_from(k_row, nk, d, w.k_pairs.data(), d_pairs);
     else
-      kt = rows_as_acc_from<Acc>([&](int64_t r) { return k_row(j0 + r); }, nk, d, d, w.k.data());
-    const RowTile<Acc> vt = rows_as_acc_from<Acc>([&](int64_t r) { return v_row(j0 + r); }, nk, dv, w.ldv, w.v.data());
+      kt = rows_as_acc_from<Acc>(k_row, nk, d, d, w.k.data());
+    const RowTile<Acc> vt = rows_as_acc_from<Acc>(v_row, nk, dv, w.ldv, w.v.data());
 
     // Only the block's queries that see some key of this tile, whole vectors of them: under a causal or
     // windowed mask that skips up to half of a diagonal tile in both products and the softmax.
