@@ -51,6 +51,7 @@
 #endif
 
 #include "cpu/attention_tile.h"
+#include "cpu/few_row_products.h"
 #include "cpu/micro_gemm.h"
 #include "cpu/tile_config.h"
 #include "cpu/tile_io.h"
@@ -67,6 +68,10 @@ struct ForwardScratch {
 
   // bf16 with pair products (kBf16PairProducts): Qᵀ of the task and K of a tile, in pairs.
   AlignedBuffer<uint32_t> qt_pairs, k_pairs;
+  // Few-row blocks (few_row_products.h): the block's Q rows (scaled, zero-padded to whole vectors), and a row of
+  // zeros read in place of a paged cache's rows of no valid page.
+  AlignedBuffer<Acc> q_rows, zero_row;
+  int64_t ld_q_rows;
   // Row strides: Qᵀ, V and the score tile (read as P) are micro-kernel B / A operands, padded (tile_config.h).
   int64_t ldq, ldv, lds;
 
@@ -85,6 +90,10 @@ struct ForwardScratch {
       qt_pairs.resize((d + 1) / 2 * ldq);
       k_pairs.resize(C::kBlockK * ((d + 1) / 2));
     }
+    ld_q_rows = round_up(d, C::kVec);
+    q_rows.resize(C::kFewRowsMax * ld_q_rows);
+    zero_row.resize(std::max(d, dvp));
+    std::fill(zero_row.data(), zero_row.data() + std::max(d, dvp), Acc(0));
   }
 };
 
@@ -159,7 +168,11 @@ void forward_task(const FwdParams& p, int64_t block_q, int64_t group, const Quer
   const int64_t i0 = t.row0, nq = std::min(block_q, ext.len_q * group - i0), nqp = round_up(nq, C::kVec);
   const int64_t ldq = w.ldq, lds = w.lds;
   auto q_row = [&](int64_t c) { return q.row((i0 + c) / group) + (i0 + c) % group * p.q_head_stride; };
-  if constexpr (kPairs)
+  // A block of a few rows (decode) takes the few-row products: Q as scaled rows, K / V read in place.
+  const bool few_rows = nq <= C::kFewRowsMax && !p.qv;
+  if (few_rows)
+    load_rows_from<Acc>(q_row, nq, d, w.q_rows.data(), w.ld_q_rows, score.qk_scale);
+  else if constexpr (kPairs)
     load_transposed_pairs_rows(q_row, nq, d, w.qt_pairs.data(), ldq, nqp);
   else
     load_transposed_rows<Acc>(q_row, nq, d, w.qt.data(), ldq, nqp, score.qk_scale);
@@ -177,13 +190,21 @@ void forward_task(const FwdParams& p, int64_t block_q, int64_t group, const Quer
   Acc* s = w.s.data();
   for (int64_t j0 = key_lo; j0 < key_hi; j0 += kBk) {
     const int64_t nk = std::min(kBk, key_hi - j0);
-    RowTile<Acc> kt{};
+    RowTile<Acc> kt{}, vt{};
     tile_rows(j0, nk);
-    if constexpr (kPairs)
-      load_row_pairs_from(k_row, nk, d, w.k_pairs.data(), d_pairs);
-    else
-      kt = rows_as_acc_from<Acc>(k_row, nk, d, d, w.k.data());
-    const RowTile<Acc> vt = rows_as_acc_from<Acc>(v_row, nk, dv, w.ldv, w.v.data());
+    if (few_rows) {
+      const T* zeros = reinterpret_cast<const T*>(w.zero_row.data());
+      for (int64_t r = 0; r < nk; ++r) {
+        if (k_rows[r] == nullptr) k_rows[r] = zeros;
+        if (v_rows[r] == nullptr) v_rows[r] = zeros;
+      }
+    } else {
+      if constexpr (kPairs)
+        load_row_pairs_from(k_row, nk, d, w.k_pairs.data(), d_pairs);
+      else
+        kt = rows_as_acc_from<Acc>(k_row, nk, d, d, w.k.data());
+      vt = rows_as_acc_from<Acc>(v_row, nk, dv, w.ldv, w.v.data());
+    }
 
     // Only the block's queries that see some key of this tile, whole vectors of them: under a causal or
     // windowed mask that skips up to half of a diagonal tile in both products and the softmax.
@@ -196,7 +217,10 @@ void forward_task(const FwdParams& p, int64_t block_q, int64_t group, const Quer
     Acc* sc = s + c0;
 
     // Sᵀ (nk x [c0, c1), key-major) in log2 units.
-    if constexpr (kPairs) {
+    if (few_rows) {
+      few_row_scores(nk, int(rows), d, k_rows, w.q_rows.data() + c0 * w.ld_q_rows, w.ld_q_rows, sc, lds);
+      for (int64_t j = 0; j < nk; ++j) std::fill(sc + j * lds + rows, sc + j * lds + (c1 - c0), Acc(0));
+    } else if constexpr (kPairs) {
       gemm_bf16_pairs(nk, c1 - c0, d_pairs, w.k_pairs.data(), d_pairs, 1, w.qt_pairs.data() + c0, ldq, sc, lds,
                       GemmMode::overwrite, score.qk_scale);
     } else {
@@ -231,7 +255,11 @@ void forward_task(const FwdParams& p, int64_t block_q, int64_t group, const Quer
     }
     if (dropout.active()) dropout.drop_key_major(sc, lds, j0, nk, i0 + c0, rows);
     // O = diag(alpha) O + P V on those rows, with P(i, j) = Sᵀ[j][i].
-    gemm<Acc>(rows, dvp, nk, sc, 1, lds, vt.data, vt.ld, w.o.data() + c0 * dvp, dvp, GemmMode::scale_add, alpha + c0);
+    if (few_rows)
+      few_row_output(nk, int(rows), dv, sc, lds, v_rows, w.o.data() + c0 * dvp, dvp, alpha + c0);
+    else
+      gemm<Acc>(rows, dvp, nk, sc, 1, lds, vt.data, vt.ld, w.o.data() + c0 * dvp, dvp, GemmMode::scale_add,
+                alpha + c0);
   }
 
   // Finalise: O / l (0 for rows that saw no key; times 1 / (1 - p) under dropout), LSE = ln2 · (m + log2 l) (-inf

@@ -71,6 +71,11 @@ struct CpuTiles {
   static constexpr int64_t kFwdQueryTileBytes = 512 << 10;
   static constexpr int64_t kFwdMinTasks = 16;
 
+  // Forward query blocks of at most this many (packed) rows take the few-row products (few_row_products.h: dot
+  // products along the head dim, K / V read in place) instead of the block micro-kernels, whose query-column
+  // vectors such a block leaves mostly padding.
+  static constexpr int kFewRowsMax = kVec;
+
   // Backward: below this many independent (batch, KV head) units, a unit is split (over its query heads, then
   // over key chunks) so that the parallel loop has work for several threads. A constant, not the thread count,
   // so that gradients are bitwise identical whatever the number of threads.
