@@ -21,6 +21,10 @@
 // (converted for fp16 / bf16) as rows into the thread's tile buffers once per tile. Within a tile, the products
 // and the softmax cover only the queries that see some key of it (half of a diagonal tile under causal).
 //
+// A block of at most kFewRowsMax (packed) rows, a decode step's, takes the few-row products instead
+// (few_row_products.h): Q as scaled rows, dot products along the head dim for Sᵀ, and P V with K / V read in place,
+// widened as they are loaded; the softmax between them is the same.
+//
 // bf16 at the avx512_bf16 level: Sᵀ = K · Qᵀ on AVX-512 BF16 pair dot products (gemm_bf16_pairs) from the
 // inputs' own values, the scale applied to the scores; P V in fp32 as at every level.
 //
