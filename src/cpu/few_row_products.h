@@ -57,6 +57,18 @@ inline Acc lane_sum(typename VecOf<Acc, kBytes>::type v) {
   }
 }
 
+// Lanes I0..I3 of the concatenation [x, y] of two 4-lane fp32 vectors (GCC before 12 has no
+// __builtin_shufflevector, clang no __builtin_shuffle).
+template <int I0, int I1, int I2, int I3>
+inline typename VecOf<float, 16>::type pick(typename VecOf<float, 16>::type x, typename VecOf<float, 16>::type y) {
+#if defined(__clang__)
+  return __builtin_shufflevector(x, y, I0, I1, I2, I3);
+#else
+  typedef int32_t Lanes __attribute__((vector_size(16)));
+  return __builtin_shuffle(x, y, Lanes{I0, I1, I2, I3});
+#endif
+}
+
 // The lane sums of four fp32 vectors as one 16-byte vector, [sum a, sum b, sum c, sum d]: halves folded to 16
 // bytes, then two rounds of pairing lanes across the four (a transpose fused with the adds), where four separate
 // lane_sum calls would take three times the instructions.
@@ -74,10 +86,10 @@ inline typename VecOf<float, 16>::type lane_sums4(typename VecReg<float>::type a
     return r;
   };
   const V4 a4 = fold(a), b4 = fold(b), c4 = fold(c), d4 = fold(d);
-  // [a0 + a2, b0 + b2, a1 + a3, b1 + b3] and the same for c, d.
-  const V4 ab = __builtin_shufflevector(a4, b4, 0, 4, 1, 5) + __builtin_shufflevector(a4, b4, 2, 6, 3, 7);
-  const V4 cd = __builtin_shufflevector(c4, d4, 0, 4, 1, 5) + __builtin_shufflevector(c4, d4, 2, 6, 3, 7);
-  return __builtin_shufflevector(ab, cd, 0, 1, 4, 5) + __builtin_shufflevector(ab, cd, 2, 3, 6, 7);
+  // [a0 + a2, b0 + b2, a1 + a3, b1 + b3] and the same for c, d; then [Σa, Σb, Σc, Σd].
+  const V4 ab = pick<0, 4, 1, 5>(a4, b4) + pick<2, 6, 3, 7>(a4, b4);
+  const V4 cd = pick<0, 4, 1, 5>(c4, d4) + pick<2, 6, 3, 7>(c4, d4);
+  return pick<0, 1, 4, 5>(ab, cd) + pick<2, 3, 6, 7>(ab, cd);
 }
 
 // n (<= kVec) elements of a row widened to Acc, zeros past n; n == kVec is a whole-vector load.
