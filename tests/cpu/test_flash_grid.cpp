@@ -227,24 +227,6 @@ std::vector<AttnCase> grid_cases() {
     c.causal = true;
     cases.push_back(c);  // 40 x 8 packed rows: past the packing limit, per-head tasks
   }
-  // Few-row query blocks (at most one vector of rows: the products along the head dim, K / V read in place): head
-  // dims with a tail of every size past whole vectors (fp32 8 / 16 lanes, fp64 4 / 8), d_v != d, every row count's
-  // tail, key counts off the key passes, all four dtypes (bf16 / fp16 widened from memory).
-  {
-    const int64_t dims[][2] = {{33, 17}, {59, 59}, {72, 40}, {8, 250}, {250, 8}, {100, 100}, {127, 129}};
-    const int64_t rows[] = {1, 3, 6, 13};
-    const DType dtypes[] = {DType::f32, DType::bf16, DType::f16, DType::f64};
-    int n = 0;
-    for (const auto& dd : dims)
-      for (int64_t sq : rows) {
-        AttnCase c = base(dtypes[n % 4], sq, 131 + 29 * n, 2, n % 3 ? 2 : 1, dd[0], dd[1]);
-        c.causal = n % 2 == 0;
-        if (n % 5 == 3) c.softcap = 12;
-        c.layout = n % 3 == 1 ? Layout::bhsd : Layout::bshd;
-        cases.push_back(c);
-        ++n;
-      }
-  }
   // Saturated softmax: scores in the thousands, most probabilities underflow to exactly 0.
   for (DType dt : {DType::f32, DType::bf16}) {
     AttnCase c = base(dt, 40, 90, 2, 1, 64, 64);

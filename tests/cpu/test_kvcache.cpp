@@ -38,6 +38,25 @@ std::vector<CpuKVParam> cpu_grid() {
   KVCaseSpec f32;  // fp32 runs on the CPU backends only
   f32.dtype = DType::f32, f32.page_size = 16, f32.s_new = 2, f32.rotary_dim = 16, f32.causal = true;
   out.push_back({f32, Backend::cpu_flash});
+  // The CPU flash path's few-row products (a cache call's query block of at most one vector of rows): head dims with
+  // a tail of every size past whole vectors, d_v != d, every row count's tail (GQA-packed or not), key counts off
+  // the key passes, dense and paged caches, fp32 / bf16 / fp16.
+  const int64_t dims[][2] = {{33, 17}, {59, 59}, {72, 40}, {8, 250}, {250, 8}, {100, 100}, {127, 129}};
+  const int64_t rows[] = {1, 3, 6, 13};
+  const DType dtypes[] = {DType::f32, DType::bf16, DType::f16};
+  int n = 0;
+  for (const auto& dd : dims)
+    for (int64_t sq : rows) {
+      KVCaseSpec s;
+      s.dtype = dtypes[n % 3];
+      s.s_q = sq, s.h_q = 2, s.h_kv = n % 3 ? 2 : 1, s.d = dd[0], s.d_v = dd[1];
+      s.capacity = 131 + 29 * n, s.page_size = n % 4 == 1 ? 16 : 0, s.full = n % 2 == 0;
+      s.causal = n % 2 == 0;
+      if (n % 5 == 3) s.softcap = 12;
+      s.seed = uint64_t(100 + n);
+      out.push_back({s, Backend::cpu_flash});
+      ++n;
+    }
   return out;
 }
 
