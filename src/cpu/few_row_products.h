@@ -39,21 +39,28 @@ struct VecOf {
   typedef Acc type __attribute__((vector_size(kBytes)));
 };
 
-// The sum of a vector's lanes: halves added until 16 bytes are left (one extract and add each), then the lanes.
+// A vector's halves added until 16 bytes are left (one extract and add each).
 template <typename Acc, int kBytes = kVectorBytes>
-inline Acc lane_sum(typename VecOf<Acc, kBytes>::type v) {
+inline typename VecOf<Acc, 16>::type fold16(typename VecOf<Acc, kBytes>::type v) {
   if constexpr (kBytes > 16) {
     using Half = typename VecOf<Acc, kBytes / 2>::type;
     Half lo, hi;
     std::memcpy(&lo, &v, sizeof(Half));
     std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(Half), sizeof(Half));
-    return lane_sum<Acc, kBytes / 2>(lo + hi);
-  } else if constexpr (kBytes / sizeof(Acc) == 4) {
-    return (v[0] + v[2]) + (v[1] + v[3]);
+    return fold16<Acc, kBytes / 2>(lo + hi);
   } else {
-    Acc sum = v[0];
-    for (int i = 1; i < int(kBytes / sizeof(Acc)); ++i) sum += v[i];
-    return sum;
+    return v;
+  }
+}
+
+// The sum of a vector's lanes: folded to 16 bytes, then the lanes.
+template <typename Acc>
+inline Acc lane_sum(typename VecReg<Acc>::type v) {
+  const auto r = fold16<Acc>(v);
+  if constexpr (16 / sizeof(Acc) == 4) {
+    return (r[0] + r[2]) + (r[1] + r[3]);
+  } else {
+    return r[0] + r[1];
   }
 }
 
@@ -75,17 +82,7 @@ inline typename VecOf<float, 16>::type pick(typename VecOf<float, 16>::type x, t
 inline typename VecOf<float, 16>::type lane_sums4(typename VecReg<float>::type a, typename VecReg<float>::type b,
                                                   typename VecReg<float>::type c, typename VecReg<float>::type d) {
   using V4 = typename VecOf<float, 16>::type;
-  auto fold = [](typename VecReg<float>::type v) {
-    V4 r;
-    std::memcpy(&r, &v, 16);
-    for (int h = 1; h < int(sizeof(v) / 16); ++h) {
-      V4 part;
-      std::memcpy(&part, reinterpret_cast<const char*>(&v) + 16 * h, 16);
-      r += part;
-    }
-    return r;
-  };
-  const V4 a4 = fold(a), b4 = fold(b), c4 = fold(c), d4 = fold(d);
+  const V4 a4 = fold16<float>(a), b4 = fold16<float>(b), c4 = fold16<float>(c), d4 = fold16<float>(d);
   // [a0 + a2, b0 + b2, a1 + a3, b1 + b3] and the same for c, d; then [Σa, Σb, Σc, Σd].
   const V4 ab = pick<0, 4, 1, 5>(a4, b4) + pick<2, 6, 3, 7>(a4, b4);
   const V4 cd = pick<0, 4, 1, 5>(c4, d4) + pick<2, 6, 3, 7>(c4, d4);

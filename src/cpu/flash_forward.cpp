@@ -142,6 +142,9 @@ void forward_task(const FwdParams& p, int64_t block_q, int64_t group, const Quer
   const auto v = paged ? SequenceView<const T>{} : key_view<const T>(p, p.v, ext, hk, true);
   const T* k_rows[kBk];
   const T* v_rows[kBk];
+  // What a row of no valid page reads as: null (the block path's copies zero-fill it) or, for the few-row products,
+  // which read rows in place, a row of zeros (set below).
+  const T* missing_row = nullptr;
   auto tile_rows = [&](int64_t j0, int64_t nk) {
     if (!paged) {
       for (int64_t r = 0; r < nk; ++r) k_rows[r] = k.row(j0 + r), v_rows[r] = v.row(j0 + r);
@@ -151,10 +154,10 @@ void forward_task(const FwdParams& p, int64_t block_q, int64_t group, const Quer
     int64_t slot = first / cache.page_size, in_page = first - slot * cache.page_size;
     int64_t page = cache.page_in_slot(entry, slot);
     for (int64_t r = 0; r < nk; ++r) {
-      k_rows[r] = page < 0 ? nullptr
+      k_rows[r] = page < 0 ? missing_row
                            : static_cast<const T*>(p.k) + page * p.k_batch_stride + in_page * p.k_row_stride +
                                  hk * p.k_head_stride;
-      v_rows[r] = page < 0 ? nullptr
+      v_rows[r] = page < 0 ? missing_row
                            : static_cast<const T*>(p.v) + page * p.v_batch_stride + in_page * p.v_row_stride +
                                  hk * p.v_head_stride;
       if (++in_page == cache.page_size && r + 1 < nk) in_page = 0, page = cache.page_in_slot(entry, ++slot);
@@ -178,6 +181,7 @@ void forward_task(const FwdParams& p, int64_t block_q, int64_t group, const Quer
   // recomputed scores give (with the few-row LSE, d 256, 8 rows, fp32: dQ's largest error 3.25e-6 against 2.38e-6,
   // over 20 seeds); and a plain call's rows stay independent of how they are blocked.
   const bool few_rows = p.has_kv_cache() && nq <= C::kFewRowsMax && !p.qv;
+  if (few_rows) missing_row = reinterpret_cast<const T*>(w.zero_row.data());
   if (few_rows)
     load_rows_from<Acc>(q_row, nq, d, w.q_rows.data(), w.ld_q_rows, score.qk_scale);
   else if constexpr (kPairs)
@@ -200,13 +204,7 @@ void forward_task(const FwdParams& p, int64_t block_q, int64_t group, const Quer
     const int64_t nk = std::min(kBk, key_hi - j0);
     RowTile<Acc> kt{}, vt{};
     tile_rows(j0, nk);
-    if (few_rows) {
-      const T* zeros = reinterpret_cast<const T*>(w.zero_row.data());
-      for (int64_t r = 0; r < nk; ++r) {
-        if (k_rows[r] == nullptr) k_rows[r] = zeros;
-        if (v_rows[r] == nullptr) v_rows[r] = zeros;
-      }
-    } else {
+    if (!few_rows) {
       if constexpr (kPairs)
         load_row_pairs_from(k_row, nk, d, w.k_pairs.data(), d_pairs);
       else
