@@ -8,6 +8,10 @@
 #   AB_BASE=.ab/old bash bench/gpu/device_ab_backward.sh      (carry .ab and, without a system googletest, .gtest-src)
 #   AB_TESTS=<gtest filter> (default: all), AB_SANITIZE=0, AB_HD="64 128", AB_SEQLENS="2048 16384", AB_REPEATS=2,
 #   AB_SECONDS=0.5, AB_SKIP_BASE=1 (time the tree alone)
+#   AB_PREBUILT=1: no builds; the tree's programs and module from .devbin, the baseline's module from
+#   .devbase/python.tar.xz (bench/tools/prebuild_for_device.sh, both carried) and each variant's from
+#   .devbin/python-<name>.tar.xz or .devbin/_C-<name>.patch (timed, not tested); AB_KERNEL_TIMES="128:2048:1 ...":
+#   each build's kernels of one backward at those hd:seqlen:causal cells under Nsight Compute
 #   AB_VARIANTS="a b": more builds, each the tree with .ab/<name>'s files laid over it (a copy of the tree's build
 #   directory: only what those files touch recompiles), their GPU suite run too (AB_VARIANT_TESTS, default
 #   AB_TESTS) and timed after the tree, at the head dims in .ab/<name>.hd, else AB_VARIANT_HD, else AB_HD
@@ -22,6 +26,31 @@ say() { printf '\n==== %s (%s)\n' "$*" "$(elapsed)" | tee -a "$summary"; }
 
 source bench/gpu/device_common.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee -a "$summary"
+t=/tmp/build/tests/flashattn_gpu_tests
+tree_py=/tmp/build/python
+base_py=/tmp/build-base/python
+if [ "${AB_PREBUILT:-0}" = 1 ]; then
+  say "prebuilt: $(unpack_prebuilt)"
+  t=/tmp/prebuilt/flashattn_gpu_tests
+  tree_py=/tmp/prebuilt/python
+  base_py=/tmp/prebuilt-base/python
+  mkdir -p /tmp/prebuilt-base && tar -C /tmp/prebuilt-base -xJf .devbase/python.tar.xz
+  echo "baseline module from $(cat .devbase/COMMIT 2>/dev/null || echo '?')" | tee -a "$summary"
+  # Variants: their modules only, whole (.devbin/python-<name>.tar.xz) or as a zstd patch of the tree's extension
+  # (.devbin/_C-<name>.patch: zstd --patch-from; a zstd binary may travel in .devbin); the suite runs on the tree.
+  zstd_cmd=zstd
+  command -v zstd > /dev/null || zstd_cmd="env LD_LIBRARY_PATH=$PWD/.devbin $PWD/.devbin/zstd"
+  for v in ${AB_VARIANTS:-}; do
+    mkdir -p /tmp/build-$v
+    if [ -f .devbin/python-$v.tar.xz ]; then
+      tar -C /tmp/build-$v -xJf .devbin/python-$v.tar.xz
+    else
+      cp -r "$tree_py" /tmp/build-$v/python && $zstd_cmd -q -d -f --long=27 \
+        --patch-from="$tree_py/flashattn/_C.abi3.so" .devbin/_C-$v.patch -o /tmp/build-$v/python/flashattn/_C.abi3.so
+    fi
+  done
+fi
+[ "${AB_PREBUILT:-0}" = 1 ] || {
 prefix=$(gtest_prefix_flag)
 say "build (tree and baseline in parallel)"
 (build_tree . /tmp/build -DFLASHATTN_BUILD_PYTHON=ON -DFLASHATTN_BUILD_BENCH=OFF $prefix > "$OUT/build.log" 2>&1
@@ -42,14 +71,15 @@ for v in ${AB_VARIANTS:-}; do
 done
 grep -h "build rc" "$OUT"/build*.log | tee -a "$summary"
 grep -hE "\(C75[0-9]+\)|error" "$OUT"/build*.log | head -20 | tee -a "$summary"
+}
 
-t=/tmp/build/tests/flashattn_gpu_tests
 say "GPU suite"
 timeout "${AB_TEST_TIMEOUT:-330}" $t --gtest_filter="${AB_TESTS:-*}" > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?" | tee -a "$summary"
 grep -E "^\[==========\]|^\[  PASSED  \]|^\[  FAILED  \]" "$OUT/gpu_tests.log" | head -40 | tee -a "$summary"
 grep -E "Failure|Which is|error|worst" "$OUT/gpu_tests.log" | head -30 | tee -a "$summary"
 for v in ${AB_VARIANTS:-}; do
+  [ "${AB_PREBUILT:-0}" = 1 ] && continue
   timeout "${AB_TEST_TIMEOUT:-330}" /tmp/build-$v/tests/flashattn_gpu_tests \
     --gtest_filter="${AB_VARIANT_TESTS:-${AB_TESTS:-*}}" \
     > "$OUT/gpu_tests_$v.log" 2>&1
@@ -69,14 +99,27 @@ if [ "${AB_SANITIZE:-1}" = 1 ]; then
 fi
 
 burst() {  # burst BUILD NAME [HEAD DIMS]
-  PYTHONPATH=$1/python timeout 200 python3 bench/gpu/burst_grid.py --backward --hd ${3:-${AB_HD:-64 128}} \
+  PYTHONPATH=$1 timeout 200 python3 bench/gpu/burst_grid.py --backward --hd ${3:-${AB_HD:-64 128}} \
     --seqlens ${AB_SEQLENS:-2048 16384} --repeats "${AB_REPEATS:-2}" --seconds "${AB_SECONDS:-0.5}" \
     > "$OUT/ab_$2.md" 2>&1
 }
 say "backward against cuDNN in bursts: baseline, then the tree"
-[ "${AB_SKIP_BASE:-0}" != 1 ] && burst /tmp/build-base base
-burst /tmp/build tree
-for v in ${AB_VARIANTS:-}; do burst /tmp/build-$v "$v" "$(cat .ab/$v.hd 2>/dev/null || echo "${AB_VARIANT_HD:-}")"; done
+[ "${AB_SKIP_BASE:-0}" != 1 ] && burst "$base_py" base
+burst "$tree_py" tree
+for v in ${AB_VARIANTS:-}; do burst /tmp/build-$v/python "$v" "$(cat .ab/$v.hd 2>/dev/null || echo "${AB_VARIANT_HD:-}")"; done
+for cell in ${AB_KERNEL_TIMES:-}; do
+  IFS=: read -r hd seqlen causal <<< "$cell"
+  name=${hd}_${seqlen}_$causal
+  for build in base tree; do
+    [ $build = base ] && [ "${AB_SKIP_BASE:-0}" = 1 ] && continue
+    py=$tree_py; [ $build = base ] && py=$base_py
+    PYTHONPATH=$py timeout 120 ncu --profile-from-start off --metrics gpu__time_duration.sum --csv \
+      python3 bench/gpu/backward_kernel_times.py --lib ours --hd "$hd" --seqlen "$seqlen" \
+      $([ "$causal" = 1 ] && echo --causal) > "$OUT/kt_${build}_$name.csv" 2> "$OUT/kt_${build}_$name.log"
+    { echo "-- kernels of one backward, $build, hd $hd, S $seqlen, causal $causal"
+      python3 bench/gpu/backward_kernel_times.py --summarize "$OUT/kt_${build}_$name.csv"; } | tee -a "$summary"
+  done
+done
 for f in "$OUT"/ab_*.md; do echo "-- $(basename "$f")"; cat "$f"; done | tee -a "$summary"
 echo "done ($(elapsed))" | tee -a "$summary"
 (cd "$OUT" && tar czf logs.tgz --remove-files ./*.log 2>/dev/null)
