@@ -315,11 +315,6 @@ __device__ __forceinline__ float dot_chunk(const uint4& x, const uint4& y) {
 
 template <typename T>
 __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdKernelArgs a, int group_log2, bool vec_rows) {
-#if __CUDA_ARCH__ >= 900
-  // The Hopper backward's main kernel, a programmatic dependent of this grid, may start loading K, V, Q and dO
-  // once every block here has started; it waits for this grid to finish before it reads D or LSE.
-  cudaTriggerProgrammaticLaunchCompletion();
-#endif
   RowGroup w;
   if (!row_group(a, group_log2, &w)) return;
   const int h = w.h, lane = w.lane, group = 1 << group_log2;

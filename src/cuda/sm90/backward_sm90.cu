@@ -6,15 +6,13 @@
 //
 // Launch sequence on the call's stream (the row-wise preprocess is the sm80 backward's, backward_rows.cu):
 //   memset of the workspace; bwd_preprocess_kernel (D = rowsum(dO∘O), LSE·log2e); backward_kernel (below);
-//   dq_convert_fragments_kernel (dQ = dq_accum · scale as the dtype, from fragment-ordered tiles); the last two
-//   as programmatic dependents of the kernel before them. In the
+//   dq_convert_fragments_kernel (dQ = dq_accum · scale as the dtype, from fragment-ordered tiles). In the
 //   workspace every sequence starts at a multiple of BackwardConfig::kWsAlign rows (sm80::ws_sequence_start): a
 //   query block, where dq_accum's tiles start (and a multiple of 4, as TMA boxes of LSE and D need).
 //
 // backward_kernel: one CTA per (block of kBlockN = 128 keys (64 at hd 256), KV head, batch entry); key blocks with
-// the most visible queries (the first, under a causal mask) are launched first, in the last wave's heads key
-// block by key block (key_block_work, grid_order.h), except in the deterministic mode under a mask with a right
-// edge (dq_turn). It loops over the query heads of its KV group and, for each, over the
+// the most visible queries (the first, under a causal mask) are launched first, except in the deterministic mode
+// under a mask with a right edge (dq_turn). It loops over the query heads of its KV group and, for each, over the
 // query blocks of kBlockM rows (64; 128 at hd 64) that see any of its keys (MaskSpec::query_range_for_keys), so dK
 // and dV of a KV head sum over its query heads in registers, without atomics.
 // Warp roles (384 threads):
@@ -69,8 +67,6 @@
 #include "common/dropout.h"
 #include "common/mask.h"
 #include "cuda/check.h"
-#include "cuda/device_attribute.h"
-#include "cuda/grid_order.h"
 #include "cuda/primitives.cuh"
 #include "cuda/sm80/backward_launch.cuh"
 #include "cuda/sm90/backward_config.h"
@@ -112,7 +108,6 @@ struct BackwardKernelArgs {
   // Deterministic mode under a mask with a right edge (causal, window_right >= 0): key blocks launch from the last
   // to the first and add into a tile in that order (dq_turn).
   bool last_key_block_first;
-  uint32_t tail_pairs;  // the last (KV head, batch entry) pairs whose CTAs start key block by key block
   int ws_seq_align;        // sequences start at multiples of this in the workspace (sm80::ws_sequence_start)
   const int32_t* cu_seqlens_q;  // null: padded batch
   const int32_t* cu_seqlens_k;
@@ -219,12 +214,10 @@ struct KeyBlockWork {
 template <typename Cfg>
 __device__ KeyBlockWork key_block_work(const BackwardKernelArgs& a) {
   KeyBlockWork w;
-  // The last (KV head, batch entry) pairs, about a wave of CTAs, start key block by key block (grid_order.h).
-  const GridPlace place = tail_x_slowest_block(a.tail_pairs);
   const bool reversed = a.last_key_block_first;
-  w.key0 = int(reversed ? gridDim.x - 1 - place.x : place.x) * Cfg::kBlockN;
-  w.kv_head = int(place.y);
-  w.batch = int(place.z);
+  w.key0 = (reversed ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * Cfg::kBlockN;
+  w.kv_head = blockIdx.y;
+  w.batch = blockIdx.z;
   if (a.cu_seqlens_q) {
     w.q_row0 = a.cu_seqlens_q[w.batch];
     w.k_row0 = a.cu_seqlens_k[w.batch];
@@ -268,7 +261,6 @@ __device__ void produce(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, int 
   }
   RingPosition<Cfg::kStages> pos;
   RingPosition<Cfg::kDoStages> do_pos;
-  bool preprocess_done = false;
   for (int g = 0; g < heads_per_kv; ++g) {
     const int head = w.kv_head * heads_per_kv + g;
     for (int m = w.m_begin; m < w.m_end; ++m) {
@@ -283,12 +275,6 @@ __device__ void produce(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, int 
         if constexpr (!Cfg::kSeparateDoRing)
           tma_load_4d(sm.dout(pos.index) + p * Cfg::kBlockM * kSwizzleBytes, tm_do, p * kPanelCols, row, head,
                       w.batch_coord, full);
-      }
-      if (!preprocess_done) {
-        // Launched as a programmatic dependent of the preprocess: K, V and the first Q, dO are inputs of the
-        // call, LSE·log2e and D its output.
-        cudaGridDependencySynchronize();
-        preprocess_done = true;
       }
       tma_load_2d(sm.lse_log2(pos.index), tm_lse, w.ws_row0 + m * Cfg::kBlockM, head, full);
       tma_load_2d(sm.dsum(pos.index), tm_dsum, w.ws_row0 + m * Cfg::kBlockM, head, full);
@@ -339,8 +325,7 @@ __device__ float* dq_accum_tile(const BackwardKernelArgs& a, const KeyBlockWork&
 // reach a tile first (FlashAttention-3's shortest-first order; key order there serialises them, 0.56-0.64x the
 // default at causal 2k-16k, bench/results/hopper-backward.md). This CTA's turn is its distance from the run's
 // first block in that order. The grid launches key blocks in the same order (last_key_block_first), and CTAs
-// start in that order within a (KV head, batch entry) (key_block_work), so every block ahead in the run has started
-// (or finished) when this one waits.
+// start in block-index order, so every block ahead in the run has started (or finished) when this one waits.
 template <typename Cfg>
 __device__ int dq_turn(const BackwardKernelArgs& a, const KeyBlockWork& w, int m) {
   int64_t first_key, end_key;
@@ -956,9 +941,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                     const __grid_constant__ CUtensorMap tm_dsum, const __grid_constant__ ScoreDescales descales) {
   extern __shared__ uint8_t smem_raw[];
   BackwardSmem<Cfg> sm(smem_raw);
-  // The dQ conversion, launched as this grid's programmatic dependent, may start on the SMs this grid's last
-  // CTAs leave; it waits for the whole grid before it reads dq_accum.
-  cudaTriggerProgrammaticLaunchCompletion();
   const KeyBlockWork w = key_block_work<Cfg>(args);
   if (w.key0 >= w.seqlen_k) return;  // a varlen sequence shorter than this block: the whole CTA leaves
   if (threadIdx.x == 0) {
@@ -1029,7 +1011,6 @@ struct DqConvertArgs {
 // nothing.
 template <typename T, typename Cfg>
 __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel(const DqConvertArgs a) {
-  cudaGridDependencySynchronize();  // a programmatic dependent of the main kernel: dq_accum is complete past here
   const int64_t ws_row = int64_t(blockIdx.x) * Cfg::kBlockM;
   const int head = blockIdx.y;
   // The sequence whose workspace rows hold this block: the last one starting at or before it (the starts grow by
@@ -1151,13 +1132,6 @@ Status launch(const BwdParams& p) {
   rows.lse_log2 = rows.dsum + row_elems;
   rows.dq_accum = rows.lse_log2 + row_elems;
 
-  // The main kernel and the conversion follow the kernel before them as programmatic dependents (each waits on
-  // the device for its predecessor's results), so their launch and prologue overlap its last blocks.
-  const bool preprocess_runs = rows.rows_q * rows.heads_q > 0;
-  cudaLaunchAttribute after_previous_kernel{};
-  after_previous_kernel.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  after_previous_kernel.val.programmaticStreamSerializationAllowed = 1;
-
   Status st = [&]() -> Status {
     if (ws_bytes == 0) return Status::success();
     // Zeroed whole: dq_accum is summed into, the turn counters count from 0, and the slack rows between
@@ -1215,9 +1189,6 @@ Status launch(const BwdParams& p) {
       a.dq_accum = rows.dq_accum;
       a.dq_turns = turn_counters ? reinterpret_cast<int*>(rows.dq_accum + row_elems * kHeadDim) : nullptr;
       a.last_key_block_first = turn_counters && (rows.causal || rows.window_right >= 0);
-      // One CTA per SM (backward_config.h): a wave is the SM count.
-      a.tail_pairs = cuda::tail_pairs_for_wave(uint32_t(key_blocks),
-                                               device_attribute(cudaDevAttrMultiProcessorCount, 1));
       a.ws_head_stride = ws_head_stride;
       a.ws_seq_align = kWsAlign;
       a.cu_seqlens_q = p.cu_seqlens_q;
@@ -1238,14 +1209,10 @@ Status launch(const BwdParams& p) {
 
       auto kernel = cuda::sm90::backward_kernel<T, Cfg>;
       FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-      cudaLaunchConfig_t config{};
-      config.gridDim = dim3(unsigned(key_blocks), unsigned(p.heads_kv), unsigned(p.batch));
-      config.blockDim = dim3(unsigned(Cfg::kThreads));
-      config.dynamicSmemBytes = Cfg::kSmemBytes;
-      config.stream = stream;
-      config.attrs = &after_previous_kernel;
-      config.numAttrs = preprocess_runs ? 1 : 0;
-      FA_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, a, tm_q, tm_k, tm_v, tm_do, tm_lse, tm_dsum, descales));
+      const dim3 grid(unsigned(key_blocks), unsigned(p.heads_kv), unsigned(p.batch));
+      kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a, tm_q, tm_k, tm_v, tm_do, tm_lse, tm_dsum,
+                                                               descales);
+      FA_CUDA_TRY(cudaGetLastError());
     }
     if (p.heads_q == 0 || p.batch == 0) return Status::success();
     cuda::sm90::DqConvertArgs c{};
@@ -1264,13 +1231,9 @@ Status launch(const BwdParams& p) {
                     (varlen || p.dq_batch_stride % 2 == 0);
     c.chunk_stores = aligned(p.dq, 16) && tma_stride_ok(p.dq_row_stride) && tma_stride_ok(p.dq_head_stride) &&
                      (varlen || tma_stride_ok(p.dq_batch_stride)) && p.head_dim % 8 == 0;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(unsigned(ws_head_stride / Cfg::kBlockM), unsigned(p.heads_q));
-    config.blockDim = dim3(unsigned(cuda::sm90::kWarpgroupThreads));
-    config.stream = stream;
-    config.attrs = &after_previous_kernel;
-    config.numAttrs = preprocess_runs ? 1 : 0;  // the main kernel or, without keys, the preprocess before it
-    FA_CUDA_TRY(cudaLaunchKernelEx(&config, cuda::sm90::dq_convert_fragments_kernel<T, Cfg>, c));
+    const dim3 grid(unsigned(ws_head_stride / Cfg::kBlockM), unsigned(p.heads_q));
+    cuda::sm90::dq_convert_fragments_kernel<T, Cfg><<<grid, cuda::sm90::kWarpgroupThreads, 0, stream>>>(c);
+    FA_CUDA_TRY(cudaGetLastError());
     return Status::success();
   }();
   if (ws) {
