@@ -122,4 +122,5 @@ for cell in ${AB_KERNEL_TIMES:-}; do
 done
 for f in "$OUT"/ab_*.md; do echo "-- $(basename "$f")"; cat "$f"; done | tee -a "$summary"
 echo "done ($(elapsed))" | tee -a "$summary"
-(cd "$OUT" && tar czf logs.tgz --remove-files ./*.log 2>/dev/null)
+# The csv files of the kernel times go in with the logs: at most 8 files come back from a run.
+(cd "$OUT" && tar czf logs.tgz --remove-files ./*.log $(ls ./*.csv 2>/dev/null) 2>/dev/null)
