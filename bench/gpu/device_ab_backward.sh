@@ -34,8 +34,7 @@ if [ "${AB_PREBUILT:-0}" = 1 ]; then
   t=/tmp/prebuilt/flashattn_gpu_tests
   tree_py=/tmp/prebuilt/python
   base_py=/tmp/prebuilt-base/python
-  mkdir -p /tmp/prebuilt-base && tar -C /tmp/prebuilt-base -xJf .devbase/python.tar.xz
-  echo "baseline module from $(cat .devbase/COMMIT 2>/dev/null || echo '?')" | tee -a "$summary"
+  unpack_prebuilt_base | tee -a "$summary"
   # Variants: their modules only, whole (.devbin/python-<name>.tar.xz) or as a zstd patch of the tree's extension
   # (.devbin/_C-<name>.patch: zstd --patch-from; a zstd binary may travel in .devbin); the suite runs on the tree.
   zstd_cmd=zstd

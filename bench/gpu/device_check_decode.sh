@@ -23,11 +23,7 @@ if [ "${DEC_PREBUILT:-0}" = 1 ]; then
   unpack_prebuilt >> "$log"
   tree_build=/tmp/prebuilt
   base=""
-  if [ -f .devbase/python.tar.xz ]; then
-    mkdir -p /tmp/prebuilt-base && tar -C /tmp/prebuilt-base -xJf .devbase/python.tar.xz
-    base_build=/tmp/prebuilt-base
-    echo "baseline module from $(cat .devbase/COMMIT 2>/dev/null || echo '?')" >> "$log"
-  fi
+  unpack_prebuilt_base >> "$log" && base_build=/tmp/prebuilt-base
 elif [ -n "$base" ]; then
   copy_tree /tmp/base-src && cp -r "$base/." /tmp/base-src/
   (build_tree /tmp/base-src /tmp/build-base -DFLASHATTN_BUILD_PYTHON=ON -DFLASHATTN_BUILD_BENCH=OFF \

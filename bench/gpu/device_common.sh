@@ -82,3 +82,12 @@ unpack_prebuilt() {
   fi
   echo "prebuilt from $(cat .devbin/COMMIT 2>/dev/null || echo '?')"
 }
+
+# unpack_prebuilt_base: the baseline's Python package, packed by the same script from another tree and carried in
+# .devbase/python.tar.xz, into /tmp/prebuilt-base (its module under /tmp/prebuilt-base/python). Prints the commit it
+# was built from; fails where none was carried.
+unpack_prebuilt_base() {
+  [ -f .devbase/python.tar.xz ] || return 1
+  mkdir -p /tmp/prebuilt-base && tar -C /tmp/prebuilt-base -xJf .devbase/python.tar.xz || return 1
+  echo "baseline module from $(cat .devbase/COMMIT 2>/dev/null || echo '?')"
+}

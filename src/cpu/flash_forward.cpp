@@ -181,10 +181,10 @@ void forward_task(const FwdParams& p, int64_t block_q, int64_t group, const Quer
   // recomputed scores give (with the few-row LSE, d 256, 8 rows, fp32: dQ's largest error 3.25e-6 against 2.38e-6,
   // over 20 seeds); and a plain call's rows stay independent of how they are blocked.
   const bool few_rows = p.has_kv_cache() && nq <= C::kFewRowsMax && !p.qv;
-  if (few_rows) missing_row = reinterpret_cast<const T*>(w.zero_row.data());
-  if (few_rows)
+  if (few_rows) {
+    missing_row = reinterpret_cast<const T*>(w.zero_row.data());
     load_rows_from<Acc>(q_row, nq, d, w.q_rows.data(), w.ld_q_rows, score.qk_scale);
-  else if constexpr (kPairs)
+  } else if constexpr (kPairs)
     load_transposed_pairs_rows(q_row, nq, d, w.qt_pairs.data(), ldq, nqp);
   else
     load_transposed_rows<Acc>(q_row, nq, d, w.qt.data(), ldq, nqp, score.qk_scale);
