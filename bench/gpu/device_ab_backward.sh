@@ -35,18 +35,9 @@ if [ "${AB_PREBUILT:-0}" = 1 ]; then
   tree_py=/tmp/prebuilt/python
   base_py=/tmp/prebuilt-base/python
   unpack_prebuilt_base | tee -a "$summary"
-  # Variants: their modules only, whole (.devbin/python-<name>.tar.xz) or as a zstd patch of the tree's extension
-  # (.devbin/_C-<name>.patch: zstd --patch-from; a zstd binary may travel in .devbin); the suite runs on the tree.
-  zstd_cmd=zstd
-  command -v zstd > /dev/null || zstd_cmd="env LD_LIBRARY_PATH=$PWD/.devbin $PWD/.devbin/zstd"
+  # Variants: their modules only (unpack_prebuilt_variant); the suite runs on the tree.
   for v in ${AB_VARIANTS:-}; do
-    mkdir -p /tmp/build-$v
-    if [ -f .devbin/python-$v.tar.xz ]; then
-      tar -C /tmp/build-$v -xJf .devbin/python-$v.tar.xz
-    else
-      cp -r "$tree_py" /tmp/build-$v/python && $zstd_cmd -q -d -f --long=27 \
-        --patch-from="$tree_py/flashattn/_C.abi3.so" .devbin/_C-$v.patch -o /tmp/build-$v/python/flashattn/_C.abi3.so
-    fi
+    unpack_prebuilt_variant "$v" || echo "variant $v: no prebuilt module carried" | tee -a "$summary"
   done
 fi
 [ "${AB_PREBUILT:-0}" = 1 ] || {

@@ -91,3 +91,21 @@ unpack_prebuilt_base() {
   mkdir -p /tmp/prebuilt-base && tar -C /tmp/prebuilt-base -xJf .devbase/python.tar.xz || return 1
   echo "baseline module from $(cat .devbase/COMMIT 2>/dev/null || echo '?')"
 }
+
+# unpack_prebuilt_variant NAME: a variant's Python package into /tmp/build-NAME/python, from
+# .devbin/python-NAME.tar.xz, or as the tree's package (unpack_prebuilt first) with its extension rebuilt from the
+# zstd patch .devbin/_C-NAME.patch (zstd --patch-from the tree's _C.abi3.so; a zstd binary and its liblz4 may travel
+# in .devbin). Fails where neither was carried.
+unpack_prebuilt_variant() {
+  local dir=/tmp/build-$1
+  mkdir -p "$dir"
+  if [ -f ".devbin/python-$1.tar.xz" ]; then
+    tar -C "$dir" -xJf ".devbin/python-$1.tar.xz"
+    return
+  fi
+  [ -f ".devbin/_C-$1.patch" ] || return 1
+  local zstd_cmd=zstd
+  command -v zstd > /dev/null || zstd_cmd="env LD_LIBRARY_PATH=$PWD/.devbin $PWD/.devbin/zstd"
+  rm -rf "$dir/python" && cp -r /tmp/prebuilt/python "$dir/python" &&
+    $zstd_cmd -q -d -f --long=27 --patch-from=/tmp/prebuilt/python/flashattn/_C.abi3.so ".devbin/_C-$1.patch"       -o "$dir/python/flashattn/_C.abi3.so"
+}

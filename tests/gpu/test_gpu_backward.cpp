@@ -11,6 +11,7 @@
 // for gradients that vanish exactly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -20,6 +21,7 @@
 
 #include "common/host_tensor.h"
 #include "common/oracle.h"
+#include "cuda/grid_order.h"
 #include "cuda/sm80/backward_launch.cuh"
 #include "flashattn/flashattn.h"
 #include "gpu/device_tensor.h"
@@ -582,6 +584,43 @@ INSTANTIATE_TEST_SUITE_P(Paths, GpuBackward,
                            return std::string(dtype_name(std::get<0>(i.param))) + "_" +
                                   backend_name(std::get<1>(i.param));
                          });
+
+// The Hopper backward's start order (cuda/grid_order.h): every block of the grid exactly once; the pairs (y, z)
+// before the tail whole and one after another, x fastest; the tail's x never decreasing; within every (y, z), x in
+// increasing order. Host arithmetic: runs without a GPU.
+TEST(GridOrder, TailStartsKeyBlockByKeyBlock) {
+  struct Grid {
+    uint32_t nx, ny, nz, tail;
+  };
+  for (const Grid g : {Grid{5, 3, 4, 3}, Grid{1, 7, 1, 2}, Grid{6, 1, 1, 1}, Grid{2, 1, 9, 20}, Grid{16, 128, 1, 9},
+                       Grid{4, 2, 2, 0}, Grid{3, 5, 1, 5}}) {
+    const uint64_t pairs = uint64_t(g.ny) * g.nz, tail = std::min<uint64_t>(g.tail, pairs);
+    std::vector<int> seen(pairs * g.nx, 0);
+    std::vector<int64_t> last_x(pairs, -1);
+    uint32_t previous_tail_x = 0;
+    for (uint64_t linear = 0; linear < seen.size(); ++linear) {
+      const cuda::GridPlace p = cuda::tail_x_slowest_place(linear, g.nx, g.ny, g.nz, g.tail);
+      ASSERT_LT(p.x, g.nx);
+      ASSERT_LT(p.y, g.ny);
+      ASSERT_LT(p.z, g.nz);
+      const uint64_t pair = uint64_t(p.z) * g.ny + p.y;
+      ++seen[pair * g.nx + p.x];
+      if (linear < (pairs - tail) * g.nx) {
+        EXPECT_EQ(pair * g.nx + p.x, linear) << "before the tail: blockIdx order";
+      } else {
+        EXPECT_GE(pair, pairs - tail);
+        EXPECT_GE(p.x, previous_tail_x) << "start " << linear;
+        previous_tail_x = p.x;
+      }
+      EXPECT_EQ(int64_t(p.x), last_x[pair] + 1) << "(y, z) = (" << p.y << ", " << p.z << ")";
+      last_x[pair] = p.x;
+    }
+    for (int count : seen) EXPECT_EQ(count, 1);
+  }
+  EXPECT_EQ(cuda::tail_pairs_for_wave(16, 132), 9u);
+  EXPECT_EQ(cuda::tail_pairs_for_wave(32, 132), 5u);
+  EXPECT_EQ(cuda::tail_pairs_for_wave(256, 132), 1u);
+}
 
 }  // namespace
 }  // namespace flashattn::test

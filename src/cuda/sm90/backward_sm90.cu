@@ -11,8 +11,9 @@
 //   query block, where dq_accum's tiles start (and a multiple of 4, as TMA boxes of LSE and D need).
 //
 // backward_kernel: one CTA per (block of kBlockN = 128 keys (64 at hd 256), KV head, batch entry); key blocks with
-// the most visible queries (the first, under a causal mask) are launched first, except in the deterministic mode
-// under a mask with a right edge (dq_turn). It loops over the query heads of its KV group and, for each, over the
+// the most visible queries (the first, under a causal mask) are launched first, in the last wave's heads key
+// block by key block (key_block_work, grid_order.h), except in the deterministic mode under a mask with a right
+// edge (dq_turn). It loops over the query heads of its KV group and, for each, over the
 // query blocks of kBlockM rows (64; 128 at hd 64) that see any of its keys (MaskSpec::query_range_for_keys), so dK
 // and dV of a KV head sum over its query heads in registers, without atomics.
 // Warp roles (384 threads):
@@ -67,6 +68,8 @@
 #include "common/dropout.h"
 #include "common/mask.h"
 #include "cuda/check.h"
+#include "cuda/device_attribute.h"
+#include "cuda/grid_order.h"
 #include "cuda/primitives.cuh"
 #include "cuda/sm80/backward_launch.cuh"
 #include "cuda/sm90/backward_config.h"
@@ -108,6 +111,7 @@ struct BackwardKernelArgs {
   // Deterministic mode under a mask with a right edge (causal, window_right >= 0): key blocks launch from the last
   // to the first and add into a tile in that order (dq_turn).
   bool last_key_block_first;
+  uint32_t tail_pairs;  // the last (KV head, batch entry) pairs whose CTAs start key block by key block
   int ws_seq_align;        // sequences start at multiples of this in the workspace (sm80::ws_sequence_start)
   const int32_t* cu_seqlens_q;  // null: padded batch
   const int32_t* cu_seqlens_k;
@@ -214,10 +218,12 @@ struct KeyBlockWork {
 template <typename Cfg>
 __device__ KeyBlockWork key_block_work(const BackwardKernelArgs& a) {
   KeyBlockWork w;
+  // The last (KV head, batch entry) pairs, about a wave of CTAs, start key block by key block (grid_order.h).
+  const GridPlace place = tail_x_slowest_block(a.tail_pairs);
   const bool reversed = a.last_key_block_first;
-  w.key0 = (reversed ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * Cfg::kBlockN;
-  w.kv_head = blockIdx.y;
-  w.batch = blockIdx.z;
+  w.key0 = int(reversed ? gridDim.x - 1 - place.x : place.x) * Cfg::kBlockN;
+  w.kv_head = int(place.y);
+  w.batch = int(place.z);
   if (a.cu_seqlens_q) {
     w.q_row0 = a.cu_seqlens_q[w.batch];
     w.k_row0 = a.cu_seqlens_k[w.batch];
@@ -325,7 +331,8 @@ __device__ float* dq_accum_tile(const BackwardKernelArgs& a, const KeyBlockWork&
 // reach a tile first (FlashAttention-3's shortest-first order; key order there serialises them, 0.56-0.64x the
 // default at causal 2k-16k, bench/results/hopper-backward.md). This CTA's turn is its distance from the run's
 // first block in that order. The grid launches key blocks in the same order (last_key_block_first), and CTAs
-// start in block-index order, so every block ahead in the run has started (or finished) when this one waits.
+// start in that order within a (KV head, batch entry) (key_block_work), so every block ahead in the run has started
+// (or finished) when this one waits.
 template <typename Cfg>
 __device__ int dq_turn(const BackwardKernelArgs& a, const KeyBlockWork& w, int m) {
   int64_t first_key, end_key;
@@ -1189,6 +1196,9 @@ Status launch(const BwdParams& p) {
       a.dq_accum = rows.dq_accum;
       a.dq_turns = turn_counters ? reinterpret_cast<int*>(rows.dq_accum + row_elems * kHeadDim) : nullptr;
       a.last_key_block_first = turn_counters && (rows.causal || rows.window_right >= 0);
+      // One CTA per SM (backward_config.h): a wave is the SM count.
+      a.tail_pairs = cuda::tail_pairs_for_wave(uint32_t(key_blocks),
+                                               device_attribute(cudaDevAttrMultiProcessorCount, 1));
       a.ws_head_stride = ws_head_stride;
       a.ws_seq_align = kWsAlign;
       a.cu_seqlens_q = p.cu_seqlens_q;

@@ -15,6 +15,7 @@
 #include "backend.h"
 #include "common/mask.h"
 #include "cuda/check.h"
+#include "cuda/device_attribute.h"
 #include "cuda/sm90/forward_config.h"
 #include "cuda/sm90/forward_mainloop.cuh"
 #include "cuda/sm90/forward_sm90.h"
@@ -126,14 +127,6 @@ struct VOperand {
   int64_t dims[4];     // innermost first
   int64_t strides[3];  // elements
 };
-
-// An attribute of the current device (the launcher runs under DeviceGuard), or `fallback` if it cannot be read.
-inline int device_attribute(cudaDeviceAttr attr, int fallback) {
-  int dev = 0, value = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&value, attr, dev) != cudaSuccess || value <= 0)
-    return fallback;
-  return value;
-}
 
 // Launches the plan's kernel on validated params (sm90_forward_supports); v_t: the e4m3 forward's V_t (null: V).
 template <typename T, typename TOut, typename Plan, bool kExtras>
