@@ -11,7 +11,8 @@
 #   DEC_VARIANTS="a b": more builds, each the tree with .ab/<name>'s files laid over it (a copy of the tree's
 #   build directory, so only what those files touch recompiles), timed in the same rotation.
 #   DEC_PREBUILT=1: no build; the tests and the Python module come from .devbin (bench/tools/prebuild_for_device.sh,
-#   carried), the baseline module, if any, from .devbase/python.tar.xz (the same script's package of another tree).
+#   carried), the baseline module, if any, from .devbase/python.tar.xz (the same script's package of another tree),
+#   the variants' modules from .devbin too (device_common.sh unpack_prebuilt_variant).
 set -uo pipefail
 source bench/gpu/device_common.sh
 start_device_run /tmp/dec-out
@@ -65,10 +66,14 @@ if [ -n "$bench_args" ] && [ "$py" = 1 ]; then
   [ -n "$base" ] || [ "$base_build" = /tmp/prebuilt-base ] && { builds+=("$base_build"); names+=(base); }
   builds+=("$tree_build"); names+=(tree)
   for v in ${DEC_VARIANTS:-}; do
-    cp -a "$tree_build" /tmp/build-$v && cp -a src /tmp/src-orig && cp -r ".ab/$v/." .
-    ninja -C /tmp/build-$v _C >> "$OUT/build-variants.log" 2>&1
-    echo "variant $v build rc=$?" >> "$log"
-    rm -rf src && mv /tmp/src-orig src
+    if [ "${DEC_PREBUILT:-0}" = 1 ]; then
+      unpack_prebuilt_variant "$v" || { echo "variant $v: no prebuilt module carried" >> "$log"; continue; }
+    else
+      cp -a "$tree_build" /tmp/build-$v && cp -a src /tmp/src-orig && cp -r ".ab/$v/." .
+      ninja -C /tmp/build-$v _C >> "$OUT/build-variants.log" 2>&1
+      echo "variant $v build rc=$?" >> "$log"
+      rm -rf src && mv /tmp/src-orig src
+    fi
     builds+=(/tmp/build-$v); names+=($v)
   done
   if [ ${#builds[@]} = 1 ]; then

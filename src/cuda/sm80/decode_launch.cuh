@@ -35,9 +35,25 @@ inline cudaLaunchConfig_t cluster_launch_config(dim3 grid, int threads, int smem
   return config;
 }
 
+// Whether `kernel` as it runs on `device` was compiled for sm_90 or later: only those binaries have the cluster code
+// and wait for the kernel before them (griddepcontrol), so only they may be launched in clusters or as programmatic
+// dependents. Asked once per device and kernel (static storage: 0 = not asked, 1 = no, 2 = yes).
+template <auto kKernel>
+bool sm90_binary(int device) {
+  static std::atomic<int> asked[kMaxDevices];
+  const bool cached = device >= 0 && device < kMaxDevices;
+  const int known = cached ? asked[device].load(std::memory_order_relaxed) : 0;
+  if (known != 0) return known == 2;
+  cudaFuncAttributes attributes{};
+  const bool sm90 = cudaFuncGetAttributes(&attributes, kKernel) == cudaSuccess && attributes.binaryVersion >= 90;
+  cudaGetLastError();  // a refusal above is an answer, not an error of the launch that follows
+  if (cached) asked[device].store(sm90 ? 2 : 1, std::memory_order_relaxed);
+  return sm90;
+}
+
 // How many clusters of `splits` CTAs of decode_kernel<T, kD, kRowsPlan> run at once on the current device,
-// `device`: 0 where the binary that runs there is older than sm_90 (the sm_80 one has no cluster code). Asked once
-// per device, kernel and cluster size (static storage: -1 stored as 0 = not asked).
+// `device`: 0 where the binary that runs there is older than sm_90. Asked once per device, kernel and cluster size
+// (static storage: -1 stored as 0 = not asked).
 template <typename T, int kD, int kRowsPlan, bool kFp8>
 int decode_cluster_capacity(int device, int splits) {
   using Kernel = DecodeKernel<T, kD, kRowsPlan, kFp8>;
@@ -46,9 +62,8 @@ int decode_cluster_capacity(int device, int splits) {
   const int known = cached ? asked[device][splits].load(std::memory_order_relaxed) : 0;
   if (known != 0) return known - 1;
   int capacity = 0;
-  cudaFuncAttributes attributes{};
-  auto kernel = decode_kernel<T, kD, kRowsPlan, kFp8>;
-  if (cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess && attributes.binaryVersion >= 90) {
+  constexpr auto kernel = decode_kernel<T, kD, kRowsPlan, kFp8>;
+  if (sm90_binary<kernel>(device)) {
     cudaLaunchAttribute cluster{};
     const cudaLaunchConfig_t config = cluster_launch_config(dim3(unsigned(splits)), Kernel::kThreads,
                                                             Kernel::kSmemBytes, nullptr, splits, &cluster);
@@ -57,23 +72,6 @@ int decode_cluster_capacity(int device, int splits) {
   cudaGetLastError();  // a refusal above is an answer, not an error of the launch that follows
   if (cached) asked[device][splits].store(capacity + 1, std::memory_order_relaxed);
   return capacity;
-}
-
-// Whether decode_combine_kernel<T, kCols> as it runs on `device` was compiled for sm_90 or later: only that binary
-// waits for the decode grid (griddepcontrol), so only it may be launched as a programmatic dependent, ahead of the
-// decode grid's end. Asked once per device (static storage: 0 = not asked, 1 = no, 2 = yes).
-template <typename T, int kCols>
-bool combine_waits_for_decode(int device) {
-  static std::atomic<int> asked[kMaxDevices];
-  const bool cached = device >= 0 && device < kMaxDevices;
-  const int known = cached ? asked[device].load(std::memory_order_relaxed) : 0;
-  if (known != 0) return known == 2;
-  cudaFuncAttributes attributes{};
-  const bool waits = cudaFuncGetAttributes(&attributes, decode_combine_kernel<T, kCols>) == cudaSuccess &&
-                     attributes.binaryVersion >= 90;
-  cudaGetLastError();  // a refusal above is an answer, not an error of the launch that follows
-  if (cached) asked[device].store(waits ? 2 : 1, std::memory_order_relaxed);
-  return waits;
 }
 
 template <typename T, int kD, int kRowsPlan, bool kFp8>
@@ -103,7 +101,7 @@ Status launch_decode_plan(const FwdParams& p) {
   detail::DeviceGuard guard(p.device.index);
   FA_CUDA_TRY(guard.status());
   auto stream = static_cast<cudaStream_t>(p.stream);
-  auto kernel = decode_kernel<T, kD, kRowsPlan, kFp8>;
+  constexpr auto kernel = decode_kernel<T, kD, kRowsPlan, kFp8>;
   static std::atomic<bool> smem_set[kMaxDevices];
   const bool cached = p.device.index >= 0 && p.device.index < kMaxDevices;
   if (!cached || !smem_set[p.device.index].load(std::memory_order_acquire)) {
@@ -121,21 +119,21 @@ Status launch_decode_plan(const FwdParams& p) {
     return s > 1 && s <= kMaxClusterSplits &&
            m_blocks * p.heads_kv * p.batch <= decode_cluster_capacity<T, kD, kRowsPlan, kFp8>(p.device.index, s);
   };
+  // The device's SMs and blocks per SM for this kernel, asked once per device (static storage: 0, "not asked").
+  static std::atomic<int> sms_asked[kMaxDevices], per_sm_asked[kMaxDevices];
+  int sms = cached ? sms_asked[p.device.index].load(std::memory_order_relaxed) : 0;
+  int per_sm = cached ? per_sm_asked[p.device.index].load(std::memory_order_relaxed) : 0;
+  if (sms == 0 || per_sm == 0) {
+    FA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device.index));
+    FA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Kernel::kThreads, kSmem));
+    sms = std::max(sms, 1), per_sm = std::max(per_sm, 1);
+    if (cached) {
+      sms_asked[p.device.index].store(sms, std::memory_order_relaxed);
+      per_sm_asked[p.device.index].store(per_sm, std::memory_order_relaxed);
+    }
+  }
   int splits = p.num_splits;
   if (splits == 0) {
-    // The device's SMs and blocks per SM for this kernel, asked once per device (static storage: 0, "not asked").
-    static std::atomic<int> sms_asked[kMaxDevices], per_sm_asked[kMaxDevices];
-    int sms = cached ? sms_asked[p.device.index].load(std::memory_order_relaxed) : 0;
-    int per_sm = cached ? per_sm_asked[p.device.index].load(std::memory_order_relaxed) : 0;
-    if (sms == 0 || per_sm == 0) {
-      FA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device.index));
-      FA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Kernel::kThreads, kSmem));
-      sms = std::max(sms, 1), per_sm = std::max(per_sm, 1);
-      if (cached) {
-        sms_asked[p.device.index].store(sms, std::memory_order_relaxed);
-        per_sm_asked[p.device.index].store(per_sm, std::memory_order_relaxed);
-      }
-    }
     splits = decode_num_splits(tiles, (p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN, sms, per_sm,
                                p.is_paged(), cluster_fits);
   }
@@ -178,20 +176,25 @@ Status launch_decode_plan(const FwdParams& p) {
     c.seqlen_q = a.seqlen_q, c.rows_total = a.rows_total, c.batch = int(p.batch);
     c.heads_q = a.heads_q, c.head_dim_v = a.head_dim_v, c.num_splits = splits;
     static_assert(kD % 32 == 0, "whole columns per lane in the combine");
+    constexpr auto combine = decode_combine_kernel<T, kD / 32>;
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(unsigned(slots));  // one block per (row, head)
     config.blockDim = dim3(unsigned(kCombineWarps * 32));
     config.stream = stream;
-    // Programmatic dependent launch (sm_90): the combine's blocks start while the decode grid finishes and wait
-    // for it on the device, instead of the launch gap after it; captured into CUDA graphs as such an edge.
+    // Programmatic dependent launch (sm_90 binaries: they wait for the decode grid on the device): the combine's
+    // blocks start while the decode grid finishes, instead of the launch gap after it. Only where the combine has
+    // at most one block per SM. Measured on an H100 (bench/results/decode.md, 2026-12-06): b = 1 (32 blocks),
+    // 4k-16k keys, dense and paged, 0.2-0.8 us faster with it; b = 8 (256 blocks) 0.5-1.7 us slower (1k keys: 16.0
+    // against 14.3 us). Not profiled; a guess: blocks started early fill whatever SMs have room then, too few of them
+    // for a large grid.
     cudaLaunchAttribute early{};
     early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     early.val.programmaticStreamSerializationAllowed = 1;
-    if (combine_waits_for_decode<T, kD / 32>(p.device.index)) {
+    if (slots <= sms && sm90_binary<combine>(p.device.index)) {
       config.attrs = &early;
       config.numAttrs = 1;
     }
-    err = cudaLaunchKernelEx(&config, decode_combine_kernel<T, kD / 32>, c);
+    err = cudaLaunchKernelEx(&config, combine, c);
   }
   st = detail::workspace_free(ws, stream);
   if (err != cudaSuccess) return detail::cuda_status(err, "decode kernel launch");
