@@ -197,19 +197,6 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// ---- reductions across the 32 lanes of a warp (every lane takes part and gets the result) ----
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
-  return x;
-}
-
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
-  return x;
-}
-
 // 4 x 4 transpose of 32-bit words across the four lanes of a quad: lane q holds w[i] = M[q][i] before and
 // w[i] = M[i][q] after. Two butterfly stages (lane bit 1, then 2), each exchanging the two words whose index bit
 // differs from the lane's, so that no word is indexed by the lane number (that would put w in local memory).

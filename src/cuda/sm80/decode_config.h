@@ -65,9 +65,6 @@ constexpr int kMaxDecodeSplits = 256;
 // and read each other's partials from shared memory, so no combine kernel and no fp32 workspace: the b = 1 decode
 // step is one launch. The portable cluster size: larger split counts take the combine kernel.
 constexpr int kMaxClusterSplits = 8;
-// Splits that do not merge in clusters: the last split of each row block to finish merges them (decode_kernel.cuh
-// merge_in_last_split), one launch; false: decode_combine_kernel after the decode grid.
-constexpr bool kDecodeMergeInLastSplit = true;
 // The split count the heuristic keeps to unless one block per SM takes more (decode_num_splits below).
 constexpr int kDecodeCombineSplits = 16;
 // The most key tiles more per split for which the heuristic takes kMaxClusterSplits clustered splits over more

@@ -7,8 +7,7 @@
 // equal share of the key blocks the rows can see; with one split the block writes O and LSE itself. With up to
 // kMaxClusterSplits splits on sm_90+ the splits of a row block are one thread-block cluster and merge their
 // partials through distributed shared memory (combine_in_cluster): one launch, no workspace. Otherwise each block
-// writes its normalised partial O and LSE (fp32) to the workspace, and the last split of the row block to finish
-// merges them (merge_in_last_split; decode_combine_kernel instead where kDecodeMergeInLastSplit is off).
+// writes its normalised partial O and LSE (fp32) for decode_combine_kernel.
 //
 // Warp roles: none. All threads issue the cp.async copies. The warps split the block's rows into m16 tiles and
 // each tile's keys (decode_config.h: the 16-row plan has 4 warps on 16 keys each of one row tile, the 64-row plan
@@ -73,10 +72,6 @@ struct DecodeKernelArgs {
   int num_splits;
   // splits > 1 merged in the kernel: grid.x (the splits) is one cluster; partial_o / partial_lse unused.
   bool cluster_combine;
-  // splits > 1 through the partials, merged by the last split of each row block to finish (merge_in_last_split):
-  // one zeroed counter per (row block, KV head, batch entry), blockIdx.y + gridDim.y * blockIdx.z. Null: the combine
-  // kernel merges them.
-  int* split_counters;
   bool causal;
   int64_t window_left, window_right;
   int64_t attention_chunk;  // 0: none
@@ -198,39 +193,6 @@ struct PagedTileRows {
     }
   }
 };
-
-// One warp: the LSE of one (row, head) slot over its `splits` splits (split s's partial LSE at
-// slot_lse[s * split_stride]) and every split's weight exp(lse_s - lse) into weight[0 .. splits); returns the LSE
-// (every lane). All of a lane's loads are in flight at once (up to kMaxDecodeSplits / 32 each). The partials come
-// from other blocks of the decode grid: read through L2 (__ldcg).
-__device__ __forceinline__ float split_weights(const float* slot_lse, int64_t split_stride, int splits,
-                                               float* weight, int lane) {
-  constexpr int kLseSlots = kMaxDecodeSplits / 32;
-  static_assert(kMaxDecodeSplits % 32 == 0, "whole LSE slots per lane");
-  float split_lse[kLseSlots];
-#pragma unroll
-  for (int j = 0; j < kLseSlots; ++j) {
-    const int sp = lane + 32 * j;
-    split_lse[j] = sp < splits ? __ldcg(slot_lse + sp * split_stride) : -INFINITY;
-  }
-  float m = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < kLseSlots; ++j) m = fmaxf(m, split_lse[j]);
-  m = warp_max(m);
-  float sum = 0.f;
-  if (m != -INFINITY) {
-#pragma unroll
-    for (int j = 0; j < kLseSlots; ++j) sum += expf(split_lse[j] - m);  // exp(-inf) = 0 past the splits
-  }
-  sum = warp_sum(sum);
-  const float lse = sum > 0.f ? m + logf(sum) : -INFINITY;
-#pragma unroll
-  for (int j = 0; j < kLseSlots; ++j) {
-    const int sp = lane + 32 * j;
-    if (sp < splits) weight[sp] = sum > 0.f ? expf(split_lse[j] - lse) : 0.f;
-  }
-  return lse;
-}
 
 template <typename T, int kD, int kRowsPlan, bool kFp8>
 struct DecodeKernel {
@@ -542,67 +504,6 @@ struct DecodeKernel {
       }
     }
     if (a.cluster_combine) combine_in_cluster(a, sPartialO, sPartialLse, rows, r0, b, hk, start_q);
-    if (!single && a.split_counters != nullptr) merge_in_last_split(a, smem, rows, r0, b, hk, start_q);
-  }
-
-  // The splits of this row block wrote their partials (normalised O, LSE) to the workspace; each counts itself done
-  // on the row block's counter, and the one that counts last merges them all (decode_combine_kernel's arithmetic),
-  // so no second launch follows the decode grid. The fence before the count makes this block's partials visible
-  // to the merging block; the one after it orders the merging block's reads after every count (the CUDA
-  // programming guide's threadfence-reduction pattern). The counter is left at num_splits (zeroed per call).
-  __device__ static void merge_in_last_split(const DecodeKernelArgs& a, unsigned char* smem, int rows, int r0, int b,
-                                             int hk, int64_t start_q) {
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();  // every thread's partials written and fenced; the merge buffers free to reuse
-    if (threadIdx.x == 0) {
-      int* counter = a.split_counters + (int64_t(blockIdx.z) * gridDim.y + blockIdx.y);
-      last = atomicAdd(counter, 1) == a.num_splits - 1;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const int splits = a.num_splits;
-    const int64_t split_stride = int64_t(a.rows_total) * a.heads_q;  // (row, head) slots per split
-    auto slot_of = [&](int row) {  // the (row, head) slot of the block's packed row `row`
-      const int pr = r0 + row, i = pr / a.head_group, h = hk * a.head_group + pr % a.head_group;
-      return ((a.cu_seqlens_q != nullptr ? start_q : int64_t(b) * a.seqlen_q) + i) * a.heads_q + h;
-    };
-    // 1. Each row's LSE over the splits and every split's weight exp(lse_s - lse), one warp per row.
-    float* s_weight = reinterpret_cast<float*>(smem);  // [kBlockM][kMaxDecodeSplits]
-    float* s_lse = s_weight + kBlockM * kMaxDecodeSplits;  // [kBlockM]
-    static_assert((kBlockM * kMaxDecodeSplits + kBlockM) * 4 <= kSmemBytes, "the weights fit the merge buffers");
-    const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
-    for (int row = warp; row < rows; row += kWarps) {
-      const float lse = split_weights(a.partial_lse + slot_of(row), split_stride, splits,
-                                      s_weight + row * kMaxDecodeSplits, lane);
-      if (lane == 0) s_lse[row] = lse;
-    }
-    __syncthreads();
-    // 2. Every (row, column) output: its splits' partials weighted, kMergeUnroll loads in flight per thread.
-    constexpr int kMergeUnroll = 4;
-    for (int idx = int(threadIdx.x); idx < rows * kD; idx += kThreads) {
-      const int row = idx / kD, c = idx % kD;
-      if (c >= a.head_dim_v) continue;
-      const int64_t slot = slot_of(row);
-      const float* src = a.partial_o + slot * a.head_dim_v + c;
-      const float* w = s_weight + row * kMaxDecodeSplits;
-      float o = 0.f;
-      for (int s0 = 0; s0 < splits; s0 += kMergeUnroll) {
-        float x[kMergeUnroll];
-#pragma unroll
-        for (int u = 0; u < kMergeUnroll; ++u) {
-          const int sp = s0 + u;
-          x[u] = sp < splits && w[sp] > 0.f ? __ldcg(src + sp * split_stride * a.head_dim_v) : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < kMergeUnroll; ++u) o += s0 + u < splits ? w[s0 + u] * x[u] : 0.f;
-      }
-      const int pr = r0 + row, i = pr / a.head_group, h = hk * a.head_group + pr % a.head_group;
-      T* go = static_cast<T*>(a.o) + b * a.o_batch_stride + (start_q + i) * a.o_row_stride + h * a.o_head_stride;
-      go[c] = from_float<T>(o);
-      if (c == 0 && a.lse != nullptr) a.lse[b * a.lse_batch_stride + h * a.lse_head_stride + start_q + i] = s_lse[row];
-    }
   }
 
   // The splits of this row block are the CTAs of one cluster, each with its partial (normalised O, LSE) in shared
@@ -695,6 +596,8 @@ constexpr int kCombineUnroll = 4;
 template <typename T, int kCols>
 __global__ void __launch_bounds__(kCombineWarps * 32)
     decode_combine_kernel(const __grid_constant__ DecodeCombineArgs a) {
+  static_assert(kMaxDecodeSplits % 32 == 0, "whole LSE slots per lane");
+  constexpr int kLseSlots = kMaxDecodeSplits / 32;
   __shared__ float s_weight[kMaxDecodeSplits];
   __shared__ float s_partial[kCombineWarps - 1][kCols * 32];
   __shared__ float s_lse;
@@ -707,7 +610,30 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   const int64_t split_stride = int64_t(a.rows_total) * a.heads_q;
   const int splits = a.num_splits;
   if (warp == 0) {
-    const float lse = split_weights(a.partial_lse + item, split_stride, splits, s_weight, lane);
+    float split_lse[kLseSlots];
+#pragma unroll
+    for (int j = 0; j < kLseSlots; ++j) {
+      const int s = lane + 32 * j;
+      split_lse[j] = s < splits ? a.partial_lse[s * split_stride + item] : -INFINITY;
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kLseSlots; ++j) m = fmaxf(m, split_lse[j]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    float sum = 0.f;
+    if (m != -INFINITY) {
+#pragma unroll
+      for (int j = 0; j < kLseSlots; ++j) sum += expf(split_lse[j] - m);  // exp(-inf) = 0 past the splits
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    const float lse = sum > 0.f ? m + logf(sum) : -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kLseSlots; ++j) {
+      const int s = lane + 32 * j;
+      if (s < splits) s_weight[s] = sum > 0.f ? expf(split_lse[j] - lse) : 0.f;
+    }
     if (lane == 0) s_lse = lse;
   }
   __syncthreads();

@@ -1,6 +1,5 @@
 // Host side of the split-KV decode: FwdParams -> DecodeKernelArgs, the split count, the partials' workspace and
-// the launches (decode_kernel; split and not merged in clusters: the counters' memset before it and, unless the
-// last split merges (kDecodeMergeInLastSplit), decode_combine_kernel after it). Instantiated once per head-dim
+// the launches (decode_kernel; then decode_combine_kernel when split and not merged in clusters). Instantiated once per head-dim
 // bucket in decode_hd*.cu so that the buckets compile in parallel.
 #pragma once
 
@@ -160,23 +159,14 @@ Status launch_decode_plan(const FwdParams& p) {
   const int64_t slots = int64_t(a.rows_total) * p.heads_q;
   if (slots > INT32_MAX) return Status::unsupported("cuda decode: query rows x heads_q above 2^31 with split keys");
   void* ws = nullptr;
-  const size_t partial_bytes = size_t(splits) * size_t(slots) * size_t(p.head_dim_v + 1) * sizeof(float);
-  // merge_in_last_split: one counter per row block (grid.y x grid.z), zeroed here.
-  const size_t counter_bytes = kDecodeMergeInLastSplit ? size_t(tiles) * sizeof(int) : 0;
-  Status st = detail::workspace_alloc(&ws, partial_bytes + counter_bytes, p.device.index, stream);
+  const size_t bytes = size_t(splits) * size_t(slots) * size_t(p.head_dim_v + 1) * sizeof(float);
+  Status st = detail::workspace_alloc(&ws, bytes, p.device.index, stream);
   if (!st.ok()) return st;
   a.partial_o = static_cast<float*>(ws);
   a.partial_lse = a.partial_o + size_t(splits) * size_t(slots) * size_t(p.head_dim_v);
-  cudaError_t err = cudaSuccess;
-  if (kDecodeMergeInLastSplit) {
-    a.split_counters = reinterpret_cast<int*>(static_cast<char*>(ws) + partial_bytes);
-    err = cudaMemsetAsync(a.split_counters, 0, counter_bytes, stream);
-  }
+  kernel<<<grid, Kernel::kThreads, kSmem, stream>>>(a);
+  cudaError_t err = cudaGetLastError();
   if (err == cudaSuccess) {
-    kernel<<<grid, Kernel::kThreads, kSmem, stream>>>(a);
-    err = cudaGetLastError();
-  }
-  if (err == cudaSuccess && !kDecodeMergeInLastSplit) {
     DecodeCombineArgs c{};
     c.partial_o = a.partial_o, c.partial_lse = a.partial_lse;
     c.o = p.o, c.lse = p.lse;
