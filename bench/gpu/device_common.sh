@@ -107,5 +107,6 @@ unpack_prebuilt_variant() {
   local zstd_cmd=zstd
   command -v zstd > /dev/null || zstd_cmd="env LD_LIBRARY_PATH=$PWD/.devbin $PWD/.devbin/zstd"
   rm -rf "$dir/python" && cp -r /tmp/prebuilt/python "$dir/python" &&
-    $zstd_cmd -q -d -f --long=27 --patch-from=/tmp/prebuilt/python/flashattn/_C.abi3.so ".devbin/_C-$1.patch"       -o "$dir/python/flashattn/_C.abi3.so"
+    $zstd_cmd -q -d -f --long=27 --patch-from=/tmp/prebuilt/python/flashattn/_C.abi3.so ".devbin/_C-$1.patch" \
+      -o "$dir/python/flashattn/_C.abi3.so"
 }

@@ -117,7 +117,7 @@ Status launch_decode_plan(const FwdParams& p) {
   // not (measured on the H200: b = 8, 128k keys, 4 splits 1.27x slower in clusters).
   auto cluster_fits = [&](int s) {
     return s > 1 && s <= kMaxClusterSplits &&
-           m_blocks * p.heads_kv * p.batch <= decode_cluster_capacity<T, kD, kRowsPlan, kFp8>(p.device.index, s);
+           tiles <= decode_cluster_capacity<T, kD, kRowsPlan, kFp8>(p.device.index, s);
   };
   // The device's SMs and blocks per SM for this kernel, asked once per device (static storage: 0, "not asked").
   static std::atomic<int> sms_asked[kMaxDevices], per_sm_asked[kMaxDevices];
