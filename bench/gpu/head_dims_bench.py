@@ -82,6 +82,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", action="store_true", help="the issue's model shapes (with the sm80 column)")
     ap.add_argument("--grid", action="store_true", help="d = d_v in --hd over --seqlens, B·S = 16k, H·D = 2048")
+    ap.add_argument("--match", nargs="+", default=[], help="with --models: only the shapes whose label has one of these")
     add_grid_options(ap, hd=[80, 96, 192], seqlens=[2048, 4096, 8192, 16384], repeats=2, seconds=0.25)
     args = ap.parse_args()
     print(f"bf16 TFLOP/s, best of {args.repeats} alternating bursts of ~{args.seconds:g} s "
@@ -91,6 +92,8 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     if args.models:
         for label, b, h, s, d, dv, causal in MODEL_SHAPES:
+            if args.match and not any(m in label for m in args.match):
+                continue
             print(row(label, b, h, s, d, dv, causal, time_cell(b, h, s, d, dv, causal, args.repeats, args.seconds,
                                                                True)), flush=True)
             torch.cuda.empty_cache()

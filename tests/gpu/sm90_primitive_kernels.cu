@@ -241,7 +241,8 @@ cudaError_t launch_ss(const uint16_t* a, const uint16_t* b, float* c) {
 
 template <typename T, int N, int K>
 cudaError_t launch_rs(const uint16_t* a, const uint16_t* b, float* c) {
-  const int smem = K * N * 2 + kSwizzleAtomBytes;
+  // Whole panels of 64 columns: at N = 96 the product reads half of the second panel's rows.
+  const int smem = K * ((N + kPanelCols - 1) / kPanelCols) * kSwizzleBytes + kSwizzleAtomBytes;
   cudaError_t e = cudaFuncSetAttribute(wgmma_rs_kernel<T, N, K>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   wgmma_rs_kernel<T, N, K><<<1, kWarpgroupThreads, smem>>>(a, b, c);
@@ -350,6 +351,8 @@ cudaError_t wgmma_ss_product(bool bf16, int n, int k, const uint16_t* a, const u
 cudaError_t wgmma_rs_product(bool bf16, int n, int k, const uint16_t* a, const uint16_t* b, float* c) {
   if (bf16 && n == 64 && k == 128) return launch_rs<__nv_bfloat16, 64, 128>(a, b, c);
   if (bf16 && n == 128 && k == 64) return launch_rs<__nv_bfloat16, 128, 64>(a, b, c);
+  if (bf16 && n == 96 && k == 64) return launch_rs<__nv_bfloat16, 96, 64>(a, b, c);
+  if (!bf16 && n == 96 && k == 128) return launch_rs<__half, 96, 128>(a, b, c);
   if (bf16 && n == 256 && k == 128) return launch_rs<__nv_bfloat16, 256, 128>(a, b, c);
   if (!bf16 && n == 128 && k == 128) return launch_rs<__half, 128, 128>(a, b, c);
   return cudaErrorInvalidValue;

@@ -205,9 +205,11 @@ TEST_P(Sm90WgmmaRS, MatchesReference) {
   EXPECT_LT(relative_error(got, want), kFp32ProductTolerance) << mismatches(got, want, pc.n, 1e-2);
 }
 
+// N = 96 stops half-way into the second 64-column panel of the N-major operand (the backward's 96-column kernels).
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90WgmmaRS,
                          ::testing::Values(ProductCase{true, 64, 128}, ProductCase{true, 128, 64},
-                                           ProductCase{true, 256, 128}, ProductCase{false, 128, 128}));
+                                           ProductCase{true, 256, 128}, ProductCase{false, 128, 128},
+                                           ProductCase{true, 96, 64}, ProductCase{false, 96, 128}));
 
 // S = Q Kᵀ accumulated by SS, rounded to 16 bits in registers and fed as the A operand of O = S V (RS).
 class Sm90WgmmaChain : public ::testing::TestWithParam<ProductCase> {};

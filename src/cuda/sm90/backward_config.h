@@ -37,15 +37,29 @@
 // kDescaled: float8_e4m3fn inputs (backward_sm90_fp8.cu): the scores' scale times per-(batch, KV head) descales,
 // read once per CTA. A kernel of its own: the run-time factor in every kernel moved the 16-bit kernels' spills
 // (hd 64 68 -> 96 bytes, its dropout kernel 556 -> 972).
+// Head dims between the buckets (kProductCols below): d, d_v <= 96 run the 128 bucket's layout with 96-column
+// products (wgmma N = 96 reads half of the second 64-column panel; Sᵀ, dPᵀ 6 k-steps; dK, dV 48 registers each)
+// and dQ split 64 / 32 between the warpgroups (each warpgroup its own copy of the consumer); d, d_v <= 192 run the
+// 256 bucket with the scores' k-steps stopping at 192 (dPᵀ's at 128 where d_v <= 128, DeepSeek's MLA). Measured on
+// an H100 (bench/results/head-dims.md, 2026-12-06): backward hd 80 / 96 +8-15% over the 128 bucket's whole
+// products, hd 192 +2-5%, MLA 192 / 128 +4%.
 #pragma once
 
 #include "cuda/sm90/forward_config.h"
 
 namespace flashattn::cuda::sm90 {
 
-template <int kHeadDim_, bool kExtras_ = false, bool kDropout_ = false, bool kDescaled_ = false>
+// kProductCols_, kProductColsV_: the columns of d and of d_v that the products compute, at most the bucket's
+// kHeadDim; the tiles keep the bucket's layout and TMA's zeros past the true head dims (support_checks.h), so the
+// products skip only zeros. Without kColumnSplit they bound every product (equal: dK and dV share kOutCols); under
+// it only the scores' k-steps (Sᵀ over d, dPᵀ over d_v), dK, dV and dQ keeping each warpgroup's 128 columns. The
+// plain kernels only (launch_head_dim).
+template <int kHeadDim_, bool kExtras_ = false, bool kDropout_ = false, bool kDescaled_ = false,
+          int kProductCols_ = kHeadDim_, int kProductColsV_ = kProductCols_>
 struct BackwardConfig {
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kProductCols = kProductCols_;
+  static constexpr int kProductColsV = kProductColsV_;
   static constexpr bool kExtras = kExtras_;
   static constexpr bool kDropout = kDropout_;
   static constexpr bool kDescaled = kDescaled_;
@@ -56,7 +70,11 @@ struct BackwardConfig {
   // The warpgroups share the CTA's keys and split the gradients' columns (hd 256), or own 64 keys each.
   static constexpr bool kColumnSplit = kHeadDim == 256;
   static constexpr int kBlockN = kColumnSplit ? kWgmmaRows : kConsumerWarpgroups * kWgmmaRows;  // keys per CTA
-  static constexpr int kOutCols = kColumnSplit ? kHeadDim / kConsumerWarpgroups : kHeadDim;  // dK, dV columns per warpgroup
+  static constexpr int kOutCols = kColumnSplit ? kHeadDim / kConsumerWarpgroups : kProductCols;  // dK, dV columns per warpgroup
+  static_assert(kProductCols % kWgmmaK == 0 && kProductColsV % kWgmmaK == 0 && kProductCols <= kHeadDim &&
+                    kProductColsV <= kHeadDim && (kColumnSplit || kProductCols == kProductColsV),
+                "sm90 backward: product columns in whole k-steps within the bucket, d's and d_v's equal unless the "
+                "column split leaves dK and dV whole");
   // Queries per streamed block: 128 at hd 64, where a 64-row block's Sᵀ and dPᵀ (wgmma N = 64, 4 k-steps)
   // leave the tensor pipe idle between barriers; 64 elsewhere (registers).
   static constexpr int kBlockM = kHeadDim == 64 ? kConsumerWarpgroups * kWgmmaRows : kWgmmaRows;
@@ -98,6 +116,20 @@ struct BackwardConfig {
   // warpgroup, kWgmmaRows x kDqStageCols floats).
   static constexpr int kDqStagePieces = kColumnSplit ? (kDropout ? 4 : 2) : 1;
   static constexpr int kDqStageCols = kDqTileCols / kDqStagePieces;
+  // dq_accum's row: the bucket's columns, or without the column split the product columns, of which the last
+  // consumer warpgroup takes what the others leave (hd 96's kernel: 64 and 32). A narrower last warpgroup computes
+  // and hands over only its columns: fewer products, and a quarter less dq_accum to zero, add into and convert.
+  static constexpr int kDqRowCols = kColumnSplit || kDqSplitRows ? kHeadDim : kProductCols;
+  static constexpr int kDqTileColsLast = kDqSplitRows ? kDqTileCols : kDqRowCols - (kConsumerWarpgroups - 1) * kDqTileCols;
+  static constexpr int kDqStageColsLast = kDqTileColsLast / kDqStagePieces;
+  static_assert(kDqTileColsLast > 0 && kDqTileColsLast <= kDqTileCols && kDqStageColsLast % 16 == 0,
+                "sm90 backward: the last warpgroup's dQ columns within a whole piece, in pairs of float4s");
+  // Warpgroup wg's columns per hand-off, and where piece `piece` of it starts in a dq_accum tile (floats): the
+  // warpgroups' pieces one after another, every warpgroup but the last a full kDqStageCols wide.
+  static constexpr int dq_stage_cols(int wg) { return wg + 1 == kConsumerWarpgroups ? kDqStageColsLast : kDqStageCols; }
+  static constexpr int dq_piece_offset(int wg, int piece) {
+    return wg * kDqStagePieces * kWgmmaRows * kDqStageCols + piece * kWgmmaRows * dq_stage_cols(wg);
+  }
   static constexpr int kDqStageBytes = kWgmmaRows * kDqStageCols * 4;
   // Rows of the workspace arrays at which every sequence starts: a whole query block for the fragment-ordered
   // tiles of dq_accum (a multiple of 4, as TMA's 16-byte aligned boxes of LSE and D need).

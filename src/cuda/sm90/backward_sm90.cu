@@ -1,6 +1,7 @@
 // Hopper backward: dQ, dK, dV of O = softmax(Q Kᵀ · scale) V from the forward's LSE, fp16/bf16 in, fp32
 // accumulation, for head dims d and d_v that are multiples of 8 up to 256, in buckets of 64, 128 and 256
-// (support_checks.h: columns past d / d_v are TMA's zeros and never written), with causal / sliding-window masks,
+// (support_checks.h: columns past d / d_v are TMA's zeros and never written; the plain kernels skip the products
+// of those columns past 96 and 192: backward_config.h, kProductCols), with causal / sliding-window masks,
 // softcap, ALiBi, dropout, GQA, varlen and arbitrary tails. P is recomputed from the LSE tile by tile and never reaches
 // global memory.
 //
@@ -103,7 +104,7 @@ struct BackwardKernelArgs {
   // dK's and dV's columns (at most the config's head dim, multiples of 8): past them the gradients are those of
   // the tensor maps' zero-filled columns, and not written.
   int head_dim, head_dim_v;
-  float* dq_accum;         // [heads_q][ws_head_stride][kHeadDim: the bucket]
+  float* dq_accum;         // [heads_q][ws_head_stride][BackwardConfig::kDqRowCols]
   int64_t ws_head_stride;  // rows per head of the workspace arrays (a multiple of BackwardConfig::kWsAlign)
   // Deterministic mode: a counter per (query head, workspace query block), zeroed; the key
   // blocks add into a dq_accum tile one after another, each when the counter says it is its turn (dq_turn).
@@ -315,11 +316,11 @@ struct QueryBlockOrder {
   __device__ int block(const KeyBlockWork& w, int i) const { return w.m_begin + i % blocks_per_head; }
 };
 
-// dq_accum's tile of query block m of `head`: kBlockM x kHeadDim floats, kDqStagePieces pieces per consumer
-// warpgroup, each in its register fragments' order.
+// dq_accum's tile of query block m of `head`: kBlockM x kDqRowCols floats, kDqStagePieces pieces per consumer
+// warpgroup, each in its register fragments' order (BackwardConfig::dq_piece_offset).
 template <typename Cfg>
 __device__ float* dq_accum_tile(const BackwardKernelArgs& a, const KeyBlockWork& w, int head, int m) {
-  return a.dq_accum + (int64_t(head) * a.ws_head_stride + w.ws_row0 + int64_t(m) * Cfg::kBlockM) * Cfg::kHeadDim;
+  return a.dq_accum + (int64_t(head) * a.ws_head_stride + w.ws_row0 + int64_t(m) * Cfg::kBlockM) * Cfg::kDqRowCols;
 }
 
 // ---- dQ writer: one warp of the producer warpgroup adds each consumer warpgroup's dQ stage to dq_accum with one
@@ -363,8 +364,8 @@ __device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, con
             wait_for_turn(turns, dq_turn<Cfg>(a, w, m));
             fence_async_global();  // the bulk additions below come after the previous holder's, as the turn says
           }
-          bulk_reduce_add_f32(tile + (wg * Cfg::kDqStagePieces + piece) * (Cfg::kDqStageBytes / 4), sm.dq_stage(wg),
-                              Cfg::kDqStageBytes);
+          bulk_reduce_add_f32(tile + Cfg::dq_piece_offset(wg, piece), sm.dq_stage(wg),
+                              kWgmmaRows * Cfg::dq_stage_cols(wg) * 4);
           bulk_commit();
           if (turns && last_piece) {
             bulk_wait<0>();  // the additions have completed, not only read the stages
@@ -395,9 +396,12 @@ struct ConsumerDescales<true> {
 };
 
 // ---- consumer: one warpgroup, 64 keys ----
-template <typename T, typename Cfg>
+// kDqCols_: this warpgroup's dQ columns (BackwardConfig::kDqTileCols, or kDqTileColsLast for the last warpgroup), a
+// compile-time constant of each warpgroup's copy of the consumer: the products of different N in one copy, behind
+// a branch on the warpgroup, made ptxas serialise every wgmma (C7520).
+template <typename T, typename Cfg, int kDqCols_ = Cfg::kDqTileCols>
 struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
-  static constexpr int kD = Cfg::kHeadDim;
+  static constexpr int kDqCols = kDqCols_;
   static constexpr int kM = Cfg::kBlockM;
   static constexpr int kN = Cfg::kBlockN;
   static constexpr int kSQ = Cfg::kScoreQueries;
@@ -556,15 +560,16 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
     return !w.mask.tile_fully_visible(row_begin, row_end, w.key0, w.key0 + kN);
   }
 
-  // D(64 x kSQ) = rows key_local of `keys` times rows score_q0().. of `queries`ᵀ, both K-major over the head dim:
-  // Sᵀ = K Qᵀ, dPᵀ = V dOᵀ.
+  // D(64 x kSQ) = rows key_local of `keys` times rows score_q0().. of `queries`ᵀ, both K-major over the first kCols
+  // columns of the head dim: Sᵀ = K Qᵀ (Cfg::kProductCols), dPᵀ = V dOᵀ (Cfg::kProductColsV).
+  template <int kCols>
   __device__ void issue_transposed_scores(Scores& d, const uint8_t* keys, const uint8_t* queries) {
     const uint32_t key_addr = smem_address(keys) + key_row0 * kSwizzleBytes;
     const uint32_t query_addr = smem_address(queries) + score_q0() * kSwizzleBytes;
     const uint64_t key_desc = warp_uniform_desc(make_desc_k_major(key_addr));
     const uint64_t query_desc = warp_uniform_desc(make_desc_k_major(query_addr));
 #pragma unroll
-    for (int kk = 0; kk < kD / kWgmmaK; ++kk) {
+    for (int kk = 0; kk < kCols / kWgmmaK; ++kk) {
       const uint32_t step = (kk % 4) * kWgmmaK * 2;
       wgmma_ss<T, kSQ, 0>(d, step_desc(key_desc, (kk / 4) * kN * kSwizzleBytes + step),
                          step_desc(query_desc, (kk / 4) * kM * kSwizzleBytes + step), kk > 0);
@@ -712,13 +717,13 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
     }
   }
 
-  // This warpgroup's 64 x kDqTileCols piece of dQ = dS K over every key of the block (both warpgroups' dSᵀ rows
+  // This warpgroup's 64 x kDqCols piece of dQ = dS K over every key of the block (both warpgroups' dSᵀ rows
   // in the shared tile, or under kColumnSplit both warpgroups' queries): its columns, or under kDqSplitRows
   // its 64 query rows (one 64-query panel of dSᵀ) and every column.
   __device__ int dq_col0() const { return Cfg::kDqSplitRows ? 0 : wg * Cfg::kDqTileCols; }
   __device__ int dq_row0() const { return Cfg::kDqSplitRows ? wg * kWgmmaRows : 0; }
 
-  __device__ void issue_dq(float (&dq)[Cfg::kDqTileCols / 2], const uint8_t* ds_tile) const {
+  __device__ void issue_dq(float (&dq)[kDqCols / 2], const uint8_t* ds_tile) const {
     // dS (queries x keys) is stored as dSᵀ, queries contiguous: M-major, one 64-query panel per 64 queries. K's
     // columns are N: N-major, one panel per 64 columns of head dim (a 32-column piece starts 64 bytes into its
     // panel's rows; the swizzle applies to the address, as for the K-major k-steps). Both step 16 keys = 16 rows
@@ -730,19 +735,20 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
     const uint64_t b_desc = warp_uniform_desc(make_desc_mn_major(b_addr, kN * kSwizzleBytes));
 #pragma unroll
     for (int kk = 0; kk < kN / kWgmmaK; ++kk)
-      wgmma_ss<T, Cfg::kDqTileCols, 1, 1>(
+      wgmma_ss<T, kDqCols, 1, 1>(
           dq, step_desc<Cfg::kWholeDqDescriptorSteps>(a_desc, kk * kWgmmaK * kSwizzleBytes),
           step_desc<Cfg::kWholeDqDescriptorSteps>(b_desc, kk * kWgmmaK * kSwizzleBytes), kk > 0);
     wgmma_commit();
   }
 
-  // This thread's dQ fragment into the warpgroup's stage, kDqStageCols columns per hand-off to the dQ writer:
+  // This thread's dQ fragment into the warpgroup's stage, kDqCols / kDqStagePieces columns per hand-off to the dQ
+  // writer:
   // float4 k of thread t at 16 (128 k + t) bytes (a warp's stores cover 512 contiguous bytes: no bank conflicts).
   // The stage is reused once the writer has read the previous hand-off (`wait_empty`: every block but the
   // first; every piece but a block's first).
-  __device__ void stage_dq(const float (&dq)[Cfg::kDqTileCols / 2], bool wait_empty) const {
+  __device__ void stage_dq(const float (&dq)[kDqCols / 2], bool wait_empty) const {
     float4* stage = reinterpret_cast<float4*>(sm.dq_stage(wg)) + threadIdx.x % kWarpgroupThreads;
-    constexpr int kChunks = Cfg::kDqStageCols / 8;
+    constexpr int kChunks = kDqCols / Cfg::kDqStagePieces / 8;
 #pragma unroll
     for (int piece = 0; piece < Cfg::kDqStagePieces; ++piece) {
       if (wait_empty || piece > 0) named_barrier_sync(kDqEmptyBarrier + wg, kDqHandoffThreads);
@@ -769,12 +775,12 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   // then waited for once Sᵀ is issued, which needs only Q), issued as two commit groups.
   __device__ void issue_scores(Scores& s, Scores& dp, int stage, int do_stage, uint32_t do_phase) {
     wgmma_fence();
-    issue_transposed_scores(s, sm.k(), sm.q(stage));
+    issue_transposed_scores<Cfg::kProductCols>(s, sm.k(), sm.q(stage));
     if constexpr (Cfg::kSeparateDoRing) {
       mbarrier_wait(&sm.do_full()[do_stage], do_phase);
       wgmma_fence();  // after the wait's branch ptxas would insert one itself
     }
-    issue_transposed_scores(dp, sm.v(), sm.dout(do_stage));
+    issue_transposed_scores<Cfg::kProductColsV>(dp, sm.v(), sm.dout(do_stage));
   }
 
   // The rest of one query block once its Sᵀ and dPᵀ are issued: P, dV, dS, then dQ and dK issued (not waited
@@ -784,7 +790,7 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   // kMask: whether the block needs a mask, as consume knows it (kMaskKnownNo / kMaskKnownYes: its two copies of the
   // iteration) or not yet (kMaskUnknown: needs_mask decides here).
   template <bool kSoftcap, bool kAlibi, int kMask = kMaskUnknown>
-  __device__ void gradients(Scores& s, Scores& dp, float (&dq)[Cfg::kDqTileCols / 2], int m, int stage,
+  __device__ void gradients(Scores& s, Scores& dp, float (&dq)[kDqCols / 2], int m, int stage,
                             int do_stage, int ds_buffer, float alibi_slope2) {
     const uint8_t* q_tile = sm.q(stage);
     const uint8_t* do_tile = sm.dout(do_stage);
@@ -864,8 +870,8 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
 // runs; the block's stage goes back once dK has landed (bench/results/hopper-backward.md, 81ae37a). Issuing the
 // next block's Sᵀ and dPᵀ behind dQ instead of waiting was slower at hd 64 (324 -> 262 TFLOP/s at 16k) and
 // spilled at hd 128 (53a4bb5).
-template <typename T, typename Cfg, bool kSoftcap, bool kAlibi>
-__device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int heads_per_kv) {
+template <typename T, typename Cfg, int kDqCols, bool kSoftcap, bool kAlibi>
+__device__ void consume(BackwardConsumer<T, Cfg, kDqCols>& c, const KeyBlockWork& w, int heads_per_kv) {
   // Dropout: block i's keep bits are drawn during block i - 1 (under its Sᵀ and dPᵀ) into buffer i % 2, which the
   // barrier on which both warpgroups meet in each block (gradients) hands over; block 0's before the loop, while K
   // and V load.
@@ -886,7 +892,7 @@ __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int 
   // Query block i (query head `head`, block m): its Sᵀ and dPᵀ issued once its stage is full, then gradients, dQ
   // handed to the writer and the stage released. `mask`: what is known of its mask (gradients' kMask).
   const auto block = [&](int i, int head, int m, auto mask) {
-    typename BackwardConsumer<T, Cfg>::Scores s, dp;
+    typename BackwardConsumer<T, Cfg, kDqCols>::Scores s, dp;
     mbarrier_wait(&c.sm.full()[pos.index], pos.phase);
     const int do_stage = Cfg::kSeparateDoRing ? do_pos.index : pos.index;
     c.issue_scores(s, dp, pos.index, do_stage, do_pos.phase);
@@ -894,7 +900,7 @@ __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int 
       if (i + 1 < order.blocks)
         c.draw_keep_bits(order.head(w, heads_per_kv, i + 1), order.block(w, i + 1), (i + 1) % 2);
     }
-    float dq[Cfg::kDqTileCols / 2];
+    float dq[kDqCols / 2];
     const float alibi_slope2 =
         kAlibi ? Alibi32::make(c.a.alibi_slopes, c.a.alibi_batch_stride, w.batch, head, w.seqlen_q, w.seqlen_k)
                      .slope_log2()
@@ -936,6 +942,20 @@ __device__ void consume(BackwardConsumer<T, Cfg>& c, const KeyBlockWork& w, int 
     for (int i = 0; i < order.blocks; ++i)
       block(i, order.head(w, heads_per_kv, i), order.block(w, i), std::integral_constant<int, kMaskUnknown>{});
   }
+}
+
+// One consumer warpgroup's whole part: its query blocks, then its dK and dV.
+template <typename T, typename Cfg, int kDqCols>
+__device__ void run_consumer(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, const BackwardKernelArgs& args,
+                             const ScoreDescales& descales, int consumer_wg, bool has_work) {
+  BackwardConsumer<T, Cfg, kDqCols> c(sm, w, args, descales, consumer_wg);
+  if (has_work) {
+    if (args.softcap > 0.f)
+      consume<T, Cfg, kDqCols, true, Cfg::kExtras>(c, w, args.heads_per_kv);
+    else
+      consume<T, Cfg, kDqCols, false, Cfg::kExtras>(c, w, args.heads_per_kv);
+  }
+  c.epilogue();
 }
 
 // Cfg::kExtras (ALiBi) and Cfg::kDropout: kernels of their own, so that the plain kernel's register allocation
@@ -980,14 +1000,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   } else {
     setmaxnreg_increase<Cfg::kConsumerRegisters>();
-    BackwardConsumer<T, Cfg> c(sm, w, args, descales, wg - 1);
-    if (has_work) {
-      if (args.softcap > 0.f)
-        consume<T, Cfg, true, Cfg::kExtras>(c, w, args.heads_per_kv);
+    if constexpr (Cfg::kDqTileColsLast != Cfg::kDqTileCols) {
+      if (wg == Cfg::kConsumerWarpgroups)
+        run_consumer<T, Cfg, Cfg::kDqTileColsLast>(sm, w, args, descales, wg - 1, has_work);
       else
-        consume<T, Cfg, false, Cfg::kExtras>(c, w, args.heads_per_kv);
+        run_consumer<T, Cfg, Cfg::kDqTileCols>(sm, w, args, descales, wg - 1, has_work);
+    } else {
+      run_consumer<T, Cfg, Cfg::kDqTileCols>(sm, w, args, descales, wg - 1, has_work);
     }
-    c.epilogue();
   }
 }
 
@@ -1038,19 +1058,22 @@ __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel
           int64_t(head) * a.dq_head_stride;
   const float scale =
       Cfg::kDescaled ? a.scale * descale_of(a.descales.k, a.descales.k_strides, b, head / a.heads_per_kv) : a.scale;
-  const float* tile = a.dq_accum + (int64_t(head) * a.ws_head_stride + ws_row) * Cfg::kHeadDim;
+  const float* tile = a.dq_accum + (int64_t(head) * a.ws_head_stride + ws_row) * Cfg::kDqRowCols;
   const int t = threadIdx.x, quad = t % 4;
   static_assert(Cfg::kDqStageCols % 16 == 0, "dq_convert_fragments_kernel: float4s in pairs");
+  // Piece p is warpgroup p / kDqStagePieces's; the last warpgroup's may be narrower (kDqStageColsLast).
   constexpr int kPieces = Cfg::kConsumerWarpgroups * Cfg::kDqStagePieces, kFloat4s = Cfg::kDqStageCols / 8;
+  constexpr auto float4s_of = [](int piece) { return Cfg::dq_stage_cols(piece / Cfg::kDqStagePieces) / 8; };
   // Every load of the tile issued before the first store: dq may alias dq_accum for all the compiler knows, so
   // loads left between the stores wait for them, one tile's worth of latency at a time (ncu: 76 of 80 cycles per
   // instruction stalled on them, 72 us against 64 for FlashAttention-4's conversion at hd 64, B·S = 16k, H100).
   float4 v[kPieces][kFloat4s];
 #pragma unroll
   for (int piece = 0; piece < kPieces; ++piece) {
-    const float4* stage = reinterpret_cast<const float4*>(tile + piece * (Cfg::kDqStageBytes / 4));
+    const float4* stage = reinterpret_cast<const float4*>(
+        tile + Cfg::dq_piece_offset(piece / Cfg::kDqStagePieces, piece % Cfg::kDqStagePieces));
 #pragma unroll
-    for (int k = 0; k < kFloat4s; ++k) v[piece][k] = stage[k * kWarpgroupThreads + t];
+    for (int k = 0; k < float4s_of(piece); ++k) v[piece][k] = stage[k * kWarpgroupThreads + t];
   }
 #pragma unroll
   for (int piece = 0; piece < kPieces; ++piece) {
@@ -1058,7 +1081,7 @@ __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel
     const int col0 = Cfg::kDqSplitRows ? 0 : piece * Cfg::kDqStageCols;
     if (a.chunk_stores) {
 #pragma unroll
-      for (int k = 0; k < kFloat4s; k += 2) {
+      for (int k = 0; k < float4s_of(piece); k += 2) {
         const float4 v0 = v[piece][k], v1 = v[piece][k + 1];
         // Word c: float4 k + c / 2, row half c % 2; after the transpose, this thread's chunk c = quad.
         uint32_t words[4] = {
@@ -1074,7 +1097,7 @@ __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel
       continue;
     }
 #pragma unroll
-    for (int k = 0; k < kFloat4s; ++k) {
+    for (int k = 0; k < float4s_of(piece); ++k) {
       const float4 f = v[piece][k];
       const int col = col0 + 8 * k + 2 * (t % 4);
       if (col >= a.head_dim) continue;
@@ -1105,9 +1128,13 @@ namespace {
 using sm90_checks::aligned;
 using sm90_checks::tma_stride_ok;
 
-template <typename T, int kHeadDim, bool kExtras, bool kDropout, bool kDescaled>
+template <typename T, int kHeadDim, bool kExtras, bool kDropout, bool kDescaled, int kProductCols = kHeadDim,
+          int kProductColsV = kProductCols>
 Status launch(const BwdParams& p) {
-  using Cfg = cuda::sm90::BackwardConfig<kHeadDim, kExtras, kDropout, kDescaled>;
+  using Cfg = cuda::sm90::BackwardConfig<kHeadDim, kExtras, kDropout, kDescaled, kProductCols, kProductColsV>;
+  // The conversion depends only on dq_accum's layout: the bucket kernel's unless the product columns narrow it.
+  using ConvertCfg = std::conditional_t<Cfg::kDqRowCols == kHeadDim,
+                                        cuda::sm90::BackwardConfig<kHeadDim, kExtras, kDropout, kDescaled>, Cfg>;
   cuda::sm90::ScoreDescales descales{p.q_descale, p.k_descale, {}, {}};
   for (int i = 0; i < 2; ++i)
     descales.q_strides[i] = p.q_descale_strides[i], descales.k_strides[i] = p.k_descale_strides[i];
@@ -1116,7 +1143,7 @@ Status launch(const BwdParams& p) {
   cuda::sm80::BwdKernelArgs rows = sm80_backward_args(p);
   // Rows of the Q / dO and K / V tensor maps: one sequence's (padded batch) or every sequence's (varlen).
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
-  // Workspace: D, LSE·log2e [heads_q][ws_head_stride] and dq_accum [heads_q][ws_head_stride][d]. Every sequence
+  // Workspace: D, LSE·log2e [heads_q][ws_head_stride] and dq_accum [heads_q][ws_head_stride][Cfg::kDqRowCols]. Every sequence
   // starts at a multiple of Cfg::kWsAlign rows (sm80::ws_sequence_start, which needs up to batch * kWsAlign rows
   // of slack): a whole query block for the fragment-ordered dq_accum tiles, at least 4 for TMA's 16-byte aligned
   // boxes of LSE and D; the head stride is a multiple of it (at least one, so the maps over D and LSE always have
@@ -1127,7 +1154,7 @@ Status launch(const BwdParams& p) {
   const size_t row_elems = size_t(p.heads_q) * size_t(ws_head_stride);
   // Deterministic mode: one turn counter per (query head, workspace query block), after dq_accum.
   const size_t turn_counters = p.deterministic ? row_elems / Cfg::kBlockM : 0;
-  const size_t ws_bytes = (2 * row_elems + row_elems * kHeadDim) * sizeof(float) + turn_counters * sizeof(int);
+  const size_t ws_bytes = (2 * row_elems + row_elems * Cfg::kDqRowCols) * sizeof(float) + turn_counters * sizeof(int);
   void* ws = nullptr;
   if (ws_bytes > 0) {
     Status got = workspace_alloc(&ws, ws_bytes, p.device.index, stream);
@@ -1194,7 +1221,7 @@ Status launch(const BwdParams& p) {
       a.dv_batch_stride = p.dv_batch_stride, a.dv_row_stride = p.dv_row_stride, a.dv_head_stride = p.dv_head_stride;
       a.head_dim = int(p.head_dim), a.head_dim_v = int(p.head_dim_v);
       a.dq_accum = rows.dq_accum;
-      a.dq_turns = turn_counters ? reinterpret_cast<int*>(rows.dq_accum + row_elems * kHeadDim) : nullptr;
+      a.dq_turns = turn_counters ? reinterpret_cast<int*>(rows.dq_accum + row_elems * Cfg::kDqRowCols) : nullptr;
       a.last_key_block_first = turn_counters && (rows.causal || rows.window_right >= 0);
       // One CTA per SM (backward_config.h): a wave is the SM count.
       a.tail_pairs = cuda::tail_pairs_for_wave(uint32_t(key_blocks),
@@ -1242,7 +1269,7 @@ Status launch(const BwdParams& p) {
     c.chunk_stores = aligned(p.dq, 16) && tma_stride_ok(p.dq_row_stride) && tma_stride_ok(p.dq_head_stride) &&
                      (varlen || tma_stride_ok(p.dq_batch_stride)) && p.head_dim % 8 == 0;
     const dim3 grid(unsigned(ws_head_stride / Cfg::kBlockM), unsigned(p.heads_q));
-    cuda::sm90::dq_convert_fragments_kernel<T, Cfg><<<grid, cuda::sm90::kWarpgroupThreads, 0, stream>>>(c);
+    cuda::sm90::dq_convert_fragments_kernel<T, ConvertCfg><<<grid, cuda::sm90::kWarpgroupThreads, 0, stream>>>(c);
     FA_CUDA_TRY(cudaGetLastError());
     return Status::success();
   }();
@@ -1253,14 +1280,30 @@ Status launch(const BwdParams& p) {
   return st;
 }
 
+// The product columns of the narrower plain kernels (BackwardConfig::kProductCols, kProductColsV): 96 in the 128
+// bucket; 192, and 192 / 128 (MLA), in the 256 bucket.
+constexpr int kNarrowProductCols = 96;
+constexpr int kMlaProductCols = 192, kMlaProductColsV = 128;
+
 // ALiBi runs in the kernels with kExtras, dropout in the one with kDropout, float8 inputs' descales in the ones with
 // kDescaled (backward_config.h).
 template <typename T, bool kExtras, bool kDropout, bool kDescaled = false>
 Status launch_head_dim(const BwdParams& p) {
   switch (sm90_checks::head_dim_bucket(p.head_dim, p.head_dim_v, sm90_checks::Pass::backward)) {
     case 64: return launch<T, 64, kExtras, kDropout, kDescaled>(p);
-    case 128: return launch<T, 128, kExtras, kDropout, kDescaled>(p);
-    default: return launch<T, 256, kExtras, kDropout, kDescaled>(p);
+    case 128:
+      // Head dims up to 96 (80, 96: Phi-2, Phi-3, ViT-H) compute 96 of the bucket's columns in the plain kernel.
+      if (!kExtras && !kDescaled && std::max(p.head_dim, p.head_dim_v) <= kNarrowProductCols)
+        return launch<T, 128, false, false, false, kNarrowProductCols>(p);
+      return launch<T, 128, kExtras, kDropout, kDescaled>(p);
+    default:
+      // d up to 192 (hd 192; DeepSeek's MLA, d_v 128): the scores' k-steps stop at 192 (128 for d_v).
+      if (!kExtras && !kDescaled && p.head_dim <= kMlaProductCols && p.head_dim_v <= kMlaProductCols) {
+        if (p.head_dim_v <= kMlaProductColsV)
+          return launch<T, 256, false, false, false, kMlaProductCols, kMlaProductColsV>(p);
+        return launch<T, 256, false, false, false, kMlaProductCols>(p);
+      }
+      return launch<T, 256, kExtras, kDropout, kDescaled>(p);
   }
 }
 template <typename T>

@@ -127,6 +127,10 @@ __device__ __forceinline__ void fence_registers(uint32_t (&r)[kN]) {
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
   "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
   "%80, %81, %82, %83, %84, %85, %86, %87" "}"
+#define FA_SM90_ACC_REGS_48 "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47" "}"
 #define FA_SM90_ACC_REGS_64 "{" \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
@@ -154,6 +158,7 @@ __device__ __forceinline__ void fence_registers(uint32_t (&r)[kN]) {
       "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
 #define FA_SM90_D16(d) FA_SM90_D8(d, 0), FA_SM90_D8(d, 8)
 #define FA_SM90_D32(d, i) FA_SM90_D8(d, (i)), FA_SM90_D8(d, (i) + 8), FA_SM90_D8(d, (i) + 16), FA_SM90_D8(d, (i) + 24)
+#define FA_SM90_D48(d) FA_SM90_D32(d, 0), FA_SM90_D8(d, 32), FA_SM90_D8(d, 40)
 #define FA_SM90_D64(d) FA_SM90_D32(d, 0), FA_SM90_D32(d, 32)
 #define FA_SM90_D40(d) FA_SM90_D32(d, 0), FA_SM90_D8(d, 32)
 #define FA_SM90_D88(d) FA_SM90_D32(d, 0), FA_SM90_D32(d, 32), FA_SM90_D8(d, 64), FA_SM90_D8(d, 72), FA_SM90_D8(d, 80)
@@ -303,11 +308,14 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
     static_assert(kTransB == 0, "wgmma_rs: e4m3 operands are K-major");
     wgmma_rs_fp8<N>(d, a, desc_b, accumulate);
   } else {
-    static_assert(N == 64 || N == 128 || N == 192 || N == 256, "wgmma_rs: N must be 64, 128, 192 or 256");
+    static_assert(N == 64 || N == 96 || N == 128 || N == 192 || N == 256,
+                  "wgmma_rs: N must be 64, 96, 128, 192 or 256");
     const uint32_t acc = accumulate ? 1u : 0u;
 #define FA_SM90_RS_INS "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc), "n"(kTransB)
 #define FA_SM90_RS64(TYPE) \
   FA_SM90_WGMMA_RS("64", TYPE, FA_SM90_ACC_REGS_32, "{%32, %33, %34, %35}", "%36", "%37", "%38")
+#define FA_SM90_RS96(TYPE) \
+  FA_SM90_WGMMA_RS("96", TYPE, FA_SM90_ACC_REGS_48, "{%48, %49, %50, %51}", "%52", "%53", "%54")
 #define FA_SM90_RS128(TYPE) \
   FA_SM90_WGMMA_RS("128", TYPE, FA_SM90_ACC_REGS_64, "{%64, %65, %66, %67}", "%68", "%69", "%70")
 #define FA_SM90_RS192(TYPE) \
@@ -316,6 +324,8 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
   FA_SM90_WGMMA_RS("256", TYPE, FA_SM90_ACC_REGS_128, "{%128, %129, %130, %131}", "%132", "%133", "%134")
     if constexpr (N == 64) {
       FA_SM90_ASM_FOR_TYPE(FA_SM90_RS64, FA_SM90_D32(d, 0), FA_SM90_RS_INS);
+    } else if constexpr (N == 96) {
+      FA_SM90_ASM_FOR_TYPE(FA_SM90_RS96, FA_SM90_D48(d), FA_SM90_RS_INS);
     } else if constexpr (N == 128) {
       FA_SM90_ASM_FOR_TYPE(FA_SM90_RS128, FA_SM90_D64(d), FA_SM90_RS_INS);
     } else if constexpr (N == 192) {
@@ -326,6 +336,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
   }
 #undef FA_SM90_RS_INS
 #undef FA_SM90_RS64
+#undef FA_SM90_RS96
 #undef FA_SM90_RS128
 #undef FA_SM90_RS192
 #undef FA_SM90_RS256
