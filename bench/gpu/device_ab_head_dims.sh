@@ -5,7 +5,8 @@
 # cuDNN in its own process, so the two builds compare through their ratios to the same anchor). Summary last.
 #   HDAB_TESTS=<gtest filter>, HDAB_SANITIZE=<gtest filter> (empty: none), HDAB_BENCH="<head_dims_bench.py args>"
 #   (several runs: separated by " ; "), HDAB_VARIANTS="a b": more modules timed the same way (.devbin/_C-<name>.patch
-#   or .devbin/python-<name>.tar.xz, unpack_prebuilt_variant), not tested
+#   or .devbin/python-<name>.tar.xz, unpack_prebuilt_variant), not tested; HDAB_PYTEST="<pytest args>": pytest on the
+#   tree's module
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/gpu/device_common.sh
@@ -27,6 +28,12 @@ if [ -n "${HDAB_SANITIZE-*GpuBackward.ModelHeadDims/*bf16*auto*}" ]; then
   timeout 200 compute-sanitizer --tool memcheck $t \
     --gtest_filter="${HDAB_SANITIZE-*GpuBackward.ModelHeadDims/*bf16*auto*}" > "$OUT/sanitizer.log" 2>&1
   grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$OUT/sanitizer.log" | tee -a "$summary"
+fi
+if [ -n "${HDAB_PYTEST:-}" ]; then
+  PYTHONPATH=$tree_py timeout 300 python3 -m pytest -q $HDAB_PYTEST > "$OUT/pytest.log" 2>&1
+  echo "pytest rc=$?" >> "$summary"
+  tail -3 "$OUT/pytest.log" >> "$summary"
+  grep -E "^FAILED|^E  " "$OUT/pytest.log" | head -20 >> "$summary"
 fi
 for v in ${HDAB_VARIANTS:-}; do
   unpack_prebuilt_variant "$v" || echo "variant $v: no prebuilt module carried" >> "$summary"

@@ -51,9 +51,11 @@ namespace flashattn::cuda::sm90 {
 
 // kProductCols_, kProductColsV_: the columns of d and of d_v that the products compute, at most the bucket's
 // kHeadDim; the tiles keep the bucket's layout and TMA's zeros past the true head dims (support_checks.h), so the
-// products skip only zeros. Without kColumnSplit they bound every product (equal: dK and dV share kOutCols); under
-// it only the scores' k-steps (Sᵀ over d, dPᵀ over d_v), dK, dV and dQ keeping each warpgroup's 128 columns. The
-// plain kernels only (launch_head_dim).
+// products skip only zeros. They bound the scores' k-steps (Sᵀ over d, dPᵀ over d_v) and the gradients' columns:
+// without kColumnSplit every warpgroup's dK and dV (equal: they share kOutCols) and dQ's split; under it the last
+// warpgroup's dK, dQ (d) and dV (d_v) columns, none at all for dV where d_v <= 128 (MLA). A last warpgroup with
+// fewer columns than the others runs a consumer copy of its own (kNarrowLast). The plain kernels only
+// (launch_head_dim).
 template <int kHeadDim_, bool kExtras_ = false, bool kDropout_ = false, bool kDescaled_ = false,
           int kProductCols_ = kHeadDim_, int kProductColsV_ = kProductCols_>
 struct BackwardConfig {
@@ -116,20 +118,41 @@ struct BackwardConfig {
   // warpgroup, kWgmmaRows x kDqStageCols floats).
   static constexpr int kDqStagePieces = kColumnSplit ? (kDropout ? 4 : 2) : 1;
   static constexpr int kDqStageCols = kDqTileCols / kDqStagePieces;
-  // dq_accum's row: the bucket's columns, or without the column split the product columns, of which the last
-  // consumer warpgroup takes what the others leave (hd 96's kernel: 64 and 32). A narrower last warpgroup computes
-  // and hands over only its columns: fewer products, and a quarter less dq_accum to zero, add into and convert.
-  static constexpr int kDqRowCols = kColumnSplit || kDqSplitRows ? kHeadDim : kProductCols;
+  // dq_accum's row: the product columns (the bucket's with 128-row blocks), of which the last consumer warpgroup
+  // takes what the others leave (hd 96's kernel: 64 and 32; hd 192's: 128 and 64). A narrower last warpgroup
+  // computes and hands over only its columns: fewer products, and less dq_accum to zero, add into and convert.
+  static constexpr int kDqRowCols = kDqSplitRows ? kHeadDim : kProductCols;
   static constexpr int kDqTileColsLast = kDqSplitRows ? kDqTileCols : kDqRowCols - (kConsumerWarpgroups - 1) * kDqTileCols;
-  static constexpr int kDqStageColsLast = kDqTileColsLast / kDqStagePieces;
-  static_assert(kDqTileColsLast > 0 && kDqTileColsLast <= kDqTileCols && kDqStageColsLast % 16 == 0,
-                "sm90 backward: the last warpgroup's dQ columns within a whole piece, in pairs of float4s");
-  // Warpgroup wg's columns per hand-off, and where piece `piece` of it starts in a dq_accum tile (floats): the
-  // warpgroups' pieces one after another, every warpgroup but the last a full kDqStageCols wide.
-  static constexpr int dq_stage_cols(int wg) { return wg + 1 == kConsumerWarpgroups ? kDqStageColsLast : kDqStageCols; }
-  static constexpr int dq_piece_offset(int wg, int piece) {
-    return wg * kDqStagePieces * kWgmmaRows * kDqStageCols + piece * kWgmmaRows * dq_stage_cols(wg);
+  // Warpgroup wg's dQ columns, its columns per hand-off (narrower pieces, or under kColumnSplit fewer of them, for a
+  // narrower last warpgroup), its hand-offs per block, and where its piece `piece` starts in a dq_accum tile
+  // (floats): the warpgroups' pieces one after another, every warpgroup but the last a full kDqTileCols wide.
+  static constexpr int dq_tile_cols(int wg) { return wg + 1 == kConsumerWarpgroups ? kDqTileColsLast : kDqTileCols; }
+  static constexpr int dq_stage_cols(int wg) {
+    return kColumnSplit ? kDqStageCols : dq_tile_cols(wg) / kDqStagePieces;
   }
+  static constexpr int dq_pieces(int wg) { return dq_tile_cols(wg) / dq_stage_cols(wg); }
+  static constexpr int dq_piece_offset(int wg, int piece) {
+    return wg * kWgmmaRows * kDqTileCols + piece * kWgmmaRows * dq_stage_cols(wg);
+  }
+  // Whether (wg, piece) is a block's last hand-off in the writer's order (pieces, then warpgroups).
+  static constexpr bool dq_last_handoff(int wg, int piece) {
+    for (int p = piece; p < kDqStagePieces; ++p)
+      for (int g = p == piece ? wg + 1 : 0; g < kConsumerWarpgroups; ++g)
+        if (p < dq_pieces(g)) return false;
+    return piece < dq_pieces(wg);
+  }
+  static_assert(kDqTileColsLast > 0 && kDqTileColsLast <= kDqTileCols &&
+                    dq_stage_cols(kConsumerWarpgroups - 1) % 16 == 0 &&
+                    dq_pieces(kConsumerWarpgroups - 1) * dq_stage_cols(kConsumerWarpgroups - 1) == kDqTileColsLast,
+                "sm90 backward: the last warpgroup's dQ in whole pieces, each in pairs of float4s");
+  // The last consumer warpgroup's dK and dV columns (kColumnSplit: the product columns past the others'; dV's may
+  // be none), and whether it needs a consumer copy of its own.
+  static constexpr int kDkColsLast = kColumnSplit ? kProductCols - (kConsumerWarpgroups - 1) * kOutCols : kOutCols;
+  static constexpr int kDvColsLast = kColumnSplit ? kProductColsV - (kConsumerWarpgroups - 1) * kOutCols : kOutCols;
+  static_assert(kDkColsLast > 0 && kDkColsLast <= kOutCols && kDvColsLast >= 0 && kDvColsLast <= kOutCols,
+                "sm90 backward: the last warpgroup's dK columns past the others', and dV's at most as many");
+  static constexpr bool kNarrowLast =
+      kDqTileColsLast != kDqTileCols || kDkColsLast != kOutCols || kDvColsLast != kOutCols;
   static constexpr int kDqStageBytes = kWgmmaRows * kDqStageCols * 4;
   // Rows of the workspace arrays at which every sequence starts: a whole query block for the fragment-ordered
   // tiles of dq_accum (a multiple of 4, as TMA's 16-byte aligned boxes of LSE and D need).

@@ -357,8 +357,9 @@ __device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, con
     for (int piece = 0; piece < Cfg::kDqStagePieces; ++piece) {
 #pragma unroll
       for (int wg = 0; wg < Cfg::kConsumerWarpgroups; ++wg) {
+        if (piece >= Cfg::dq_pieces(wg)) continue;  // a narrower last warpgroup (BackwardConfig::dq_pieces)
         named_barrier_sync(kDqFullBarrier + wg, kDqHandoffThreads);
-        const bool last_piece = wg + 1 == Cfg::kConsumerWarpgroups && piece + 1 == Cfg::kDqStagePieces;
+        const bool last_piece = Cfg::dq_last_handoff(wg, piece);
         if (leader) {
           if (turns && wg == 0 && piece == 0) {
             wait_for_turn(turns, dq_turn<Cfg>(a, w, m));
@@ -377,7 +378,7 @@ __device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, con
         }
         __syncwarp();
         // The consumers wait for an empty stage before every hand-off but their first.
-        if (i + 1 < order.blocks || piece + 1 < Cfg::kDqStagePieces)
+        if (i + 1 < order.blocks || piece + 1 < Cfg::dq_pieces(wg))
           named_barrier_arrive(kDqEmptyBarrier + wg, kDqHandoffThreads);
       }
     }
@@ -396,12 +397,14 @@ struct ConsumerDescales<true> {
 };
 
 // ---- consumer: one warpgroup, 64 keys ----
-// kDqCols_: this warpgroup's dQ columns (BackwardConfig::kDqTileCols, or kDqTileColsLast for the last warpgroup), a
-// compile-time constant of each warpgroup's copy of the consumer: the products of different N in one copy, behind
-// a branch on the warpgroup, made ptxas serialise every wgmma (C7520).
-template <typename T, typename Cfg, int kDqCols_ = Cfg::kDqTileCols>
+// kLast: the copy of the last consumer warpgroup where it has fewer gradient columns than the others
+// (BackwardConfig::kNarrowLast), its dQ, dK and dV widths compile-time constants: products of different N in one
+// copy, behind a branch on the warpgroup, made ptxas serialise every wgmma (C7520).
+template <typename T, typename Cfg, bool kLast = false>
 struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
-  static constexpr int kDqCols = kDqCols_;
+  static constexpr int kDqCols = kLast ? Cfg::kDqTileColsLast : Cfg::kDqTileCols;
+  static constexpr int kDkCols = kLast ? Cfg::kDkColsLast : Cfg::kOutCols;
+  static constexpr int kDvCols = kLast ? Cfg::kDvColsLast : Cfg::kOutCols;
   static constexpr int kM = Cfg::kBlockM;
   static constexpr int kN = Cfg::kBlockN;
   static constexpr int kSQ = Cfg::kScoreQueries;
@@ -437,7 +440,8 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
     if constexpr (Cfg::kDescaled) return this->descaled_dk;
     return a.scale;
   }
-  float dk[kOutCols / 2], dv[kOutCols / 2];
+  // dV's registers: one unused where this warpgroup has no dV columns (kDvCols = 0).
+  float dk[kDkCols / 2], dv[kDvCols > 0 ? kDvCols / 2 : 1];
   // Dropout's keep bits of the current block (Cfg::kDropout): bit i for Sᵀ's element i.
   static constexpr int kKeepWords = Cfg::kKeepWords;
   uint32_t keep[kKeepWords];
@@ -468,7 +472,9 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
       query_hi[r] = int(hi);
     }
 #pragma unroll
-    for (int i = 0; i < kOutCols / 2; ++i) dk[i] = dv[i] = 0.f;
+    for (int i = 0; i < kDkCols / 2; ++i) dk[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < (kDvCols > 0 ? kDvCols / 2 : 1); ++i) dv[i] = 0.f;
   }
 
   // Dropout's keep bits of query block m of `head` into buffer `buffer`, in the consumers' layout: kKeepWords words
@@ -577,27 +583,29 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
     wgmma_commit();
   }
 
-  // acc(64 x kOutCols) += fragments(64 x kM) * rows(kM x this warpgroup's kOutCols columns), rows N-major from a
+  // acc(64 x 2 kRegs) += fragments(64 x kM) * rows(kM x this warpgroup's 2 kRegs columns), rows N-major from a
   // staged Q or dO tile.
-  __device__ void issue_accumulate(float (&acc)[kOutCols / 2], const Fragments& f, const uint8_t* rows) const {
+  template <int kRegs>
+  __device__ void issue_accumulate(float (&acc)[kRegs], const Fragments& f, const uint8_t* rows) const {
     const uint32_t addr = smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes;
     const uint64_t desc = warp_uniform_desc(make_desc_mn_major(addr, kM * kSwizzleBytes));
 #pragma unroll
     for (int kk = 0; kk < kM / kWgmmaK; ++kk)
-      wgmma_rs<T, kOutCols, 1>(acc, f[kk], step_desc(desc, kk * kWgmmaK * kSwizzleBytes), true);
+      wgmma_rs<T, 2 * kRegs, 1>(acc, f[kk], step_desc(desc, kk * kWgmmaK * kSwizzleBytes), true);
     wgmma_commit();
   }
 
   // kColumnSplit: the same product with the 64 x kM left operand read K-major from a shared score tile (Pᵀ or dSᵀ,
   // queries contiguous, as the key tiles of the scores).
-  __device__ void issue_accumulate_shared(float (&acc)[kOutCols / 2], const uint8_t* tile, const uint8_t* rows) const {
+  template <int kRegs>
+  __device__ void issue_accumulate_shared(float (&acc)[kRegs], const uint8_t* tile, const uint8_t* rows) const {
     const uint32_t tile_addr = smem_address(tile);
     const uint32_t addr = smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes;
     const uint64_t tile_desc = warp_uniform_desc(make_desc_k_major(tile_addr));
     const uint64_t rows_desc = warp_uniform_desc(make_desc_mn_major(addr, kM * kSwizzleBytes));
 #pragma unroll
     for (int kk = 0; kk < kM / kWgmmaK; ++kk)
-      wgmma_ss<T, kOutCols, 1>(acc, step_desc(tile_desc, (kk / 4) * kN * kSwizzleBytes + (kk % 4) * kWgmmaK * 2),
+      wgmma_ss<T, 2 * kRegs, 1>(acc, step_desc(tile_desc, (kk / 4) * kN * kSwizzleBytes + (kk % 4) * kWgmmaK * 2),
                                step_desc(rows_desc, kk * kWgmmaK * kSwizzleBytes), true);
     wgmma_commit();
   }
@@ -741,16 +749,18 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
     wgmma_commit();
   }
 
-  // This thread's dQ fragment into the warpgroup's stage, kDqCols / kDqStagePieces columns per hand-off to the dQ
-  // writer:
+  // This thread's dQ fragment into the warpgroup's stage, Cfg::dq_stage_cols columns per hand-off to the dQ writer:
   // float4 k of thread t at 16 (128 k + t) bytes (a warp's stores cover 512 contiguous bytes: no bank conflicts).
   // The stage is reused once the writer has read the previous hand-off (`wait_empty`: every block but the
   // first; every piece but a block's first).
   __device__ void stage_dq(const float (&dq)[kDqCols / 2], bool wait_empty) const {
     float4* stage = reinterpret_cast<float4*>(sm.dq_stage(wg)) + threadIdx.x % kWarpgroupThreads;
-    constexpr int kChunks = kDqCols / Cfg::kDqStagePieces / 8;
+    constexpr int kLastWg = Cfg::kConsumerWarpgroups - 1;
+    constexpr int kChunks = (kLast ? Cfg::dq_stage_cols(kLastWg) : Cfg::dq_stage_cols(0)) / 8;
+    constexpr int kPieces = kLast ? Cfg::dq_pieces(kLastWg) : Cfg::dq_pieces(0);
+    static_assert(kPieces * kChunks * 8 == kDqCols, "stage_dq: the warpgroup's dQ in whole hand-offs");
 #pragma unroll
-    for (int piece = 0; piece < Cfg::kDqStagePieces; ++piece) {
+    for (int piece = 0; piece < kPieces; ++piece) {
       if (wait_empty || piece > 0) named_barrier_sync(kDqEmptyBarrier + wg, kDqHandoffThreads);
 #pragma unroll
       for (int k = 0; k < kChunks; ++k) {
@@ -810,7 +820,7 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
       fence_async_shared();
       named_barrier_sync(kDsReadyBarrier, Cfg::kConsumerWarpgroups * kWarpgroupThreads);
       wgmma_fence();
-      issue_accumulate_shared(dv, pt_tile, do_tile);
+      if constexpr (kDvCols > 0) issue_accumulate_shared(dv, pt_tile, do_tile);
       issue_dq(dq, ds_tile);
       issue_accumulate_shared(dk, ds_tile, q_tile);
     } else {
@@ -853,12 +863,12 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
       T* dv_row = static_cast<T*>(a.dv) + row * a.dv_row_stride + int64_t(w.kv_head) * a.dv_head_stride +
                   (varlen ? 0 : int64_t(w.batch) * a.dv_batch_stride);
 #pragma unroll
-      for (int j = 0; j < kOutCols / 8; ++j) {
+      for (int j = 0; j < kDkCols / 8; ++j) {
         const int col = out_col0 + 8 * j + 2 * quad;
         if (col < a.head_dim)
           *reinterpret_cast<uint32_t*>(dk_row + col) =
               pack_pair<T>(dk[4 * j + 2 * r] * dk_factor, dk[4 * j + 2 * r + 1] * dk_factor);
-        if (col < a.head_dim_v)
+        if (j < kDvCols / 8 && col < a.head_dim_v)
           *reinterpret_cast<uint32_t*>(dv_row + col) =
               pack_pair<T>(dv[4 * j + 2 * r] * dv_scale, dv[4 * j + 2 * r + 1] * dv_scale);
       }
@@ -870,8 +880,8 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
 // runs; the block's stage goes back once dK has landed (bench/results/hopper-backward.md, 81ae37a). Issuing the
 // next block's Sᵀ and dPᵀ behind dQ instead of waiting was slower at hd 64 (324 -> 262 TFLOP/s at 16k) and
 // spilled at hd 128 (53a4bb5).
-template <typename T, typename Cfg, int kDqCols, bool kSoftcap, bool kAlibi>
-__device__ void consume(BackwardConsumer<T, Cfg, kDqCols>& c, const KeyBlockWork& w, int heads_per_kv) {
+template <typename T, typename Cfg, bool kLast, bool kSoftcap, bool kAlibi>
+__device__ void consume(BackwardConsumer<T, Cfg, kLast>& c, const KeyBlockWork& w, int heads_per_kv) {
   // Dropout: block i's keep bits are drawn during block i - 1 (under its Sᵀ and dPᵀ) into buffer i % 2, which the
   // barrier on which both warpgroups meet in each block (gradients) hands over; block 0's before the loop, while K
   // and V load.
@@ -892,7 +902,7 @@ __device__ void consume(BackwardConsumer<T, Cfg, kDqCols>& c, const KeyBlockWork
   // Query block i (query head `head`, block m): its Sᵀ and dPᵀ issued once its stage is full, then gradients, dQ
   // handed to the writer and the stage released. `mask`: what is known of its mask (gradients' kMask).
   const auto block = [&](int i, int head, int m, auto mask) {
-    typename BackwardConsumer<T, Cfg, kDqCols>::Scores s, dp;
+    typename BackwardConsumer<T, Cfg, kLast>::Scores s, dp;
     mbarrier_wait(&c.sm.full()[pos.index], pos.phase);
     const int do_stage = Cfg::kSeparateDoRing ? do_pos.index : pos.index;
     c.issue_scores(s, dp, pos.index, do_stage, do_pos.phase);
@@ -900,7 +910,7 @@ __device__ void consume(BackwardConsumer<T, Cfg, kDqCols>& c, const KeyBlockWork
       if (i + 1 < order.blocks)
         c.draw_keep_bits(order.head(w, heads_per_kv, i + 1), order.block(w, i + 1), (i + 1) % 2);
     }
-    float dq[kDqCols / 2];
+    float dq[BackwardConsumer<T, Cfg, kLast>::kDqCols / 2];
     const float alibi_slope2 =
         kAlibi ? Alibi32::make(c.a.alibi_slopes, c.a.alibi_batch_stride, w.batch, head, w.seqlen_q, w.seqlen_k)
                      .slope_log2()
@@ -945,15 +955,15 @@ __device__ void consume(BackwardConsumer<T, Cfg, kDqCols>& c, const KeyBlockWork
 }
 
 // One consumer warpgroup's whole part: its query blocks, then its dK and dV.
-template <typename T, typename Cfg, int kDqCols>
+template <typename T, typename Cfg, bool kLast>
 __device__ void run_consumer(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, const BackwardKernelArgs& args,
                              const ScoreDescales& descales, int consumer_wg, bool has_work) {
-  BackwardConsumer<T, Cfg, kDqCols> c(sm, w, args, descales, consumer_wg);
+  BackwardConsumer<T, Cfg, kLast> c(sm, w, args, descales, consumer_wg);
   if (has_work) {
     if (args.softcap > 0.f)
-      consume<T, Cfg, kDqCols, true, Cfg::kExtras>(c, w, args.heads_per_kv);
+      consume<T, Cfg, kLast, true, Cfg::kExtras>(c, w, args.heads_per_kv);
     else
-      consume<T, Cfg, kDqCols, false, Cfg::kExtras>(c, w, args.heads_per_kv);
+      consume<T, Cfg, kLast, false, Cfg::kExtras>(c, w, args.heads_per_kv);
   }
   c.epilogue();
 }
@@ -1000,13 +1010,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   } else {
     setmaxnreg_increase<Cfg::kConsumerRegisters>();
-    if constexpr (Cfg::kDqTileColsLast != Cfg::kDqTileCols) {
+    if constexpr (Cfg::kNarrowLast) {
       if (wg == Cfg::kConsumerWarpgroups)
-        run_consumer<T, Cfg, Cfg::kDqTileColsLast>(sm, w, args, descales, wg - 1, has_work);
+        run_consumer<T, Cfg, true>(sm, w, args, descales, wg - 1, has_work);
       else
-        run_consumer<T, Cfg, Cfg::kDqTileCols>(sm, w, args, descales, wg - 1, has_work);
+        run_consumer<T, Cfg, false>(sm, w, args, descales, wg - 1, has_work);
     } else {
-      run_consumer<T, Cfg, Cfg::kDqTileCols>(sm, w, args, descales, wg - 1, has_work);
+      run_consumer<T, Cfg, false>(sm, w, args, descales, wg - 1, has_work);
     }
   }
 }
@@ -1061,9 +1071,13 @@ __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel
   const float* tile = a.dq_accum + (int64_t(head) * a.ws_head_stride + ws_row) * Cfg::kDqRowCols;
   const int t = threadIdx.x, quad = t % 4;
   static_assert(Cfg::kDqStageCols % 16 == 0, "dq_convert_fragments_kernel: float4s in pairs");
-  // Piece p is warpgroup p / kDqStagePieces's; the last warpgroup's may be narrower (kDqStageColsLast).
+  // Piece p is warpgroup p / kDqStagePieces's; a narrower last warpgroup has narrower pieces, or fewer
+  // (BackwardConfig::dq_stage_cols, dq_pieces).
   constexpr int kPieces = Cfg::kConsumerWarpgroups * Cfg::kDqStagePieces, kFloat4s = Cfg::kDqStageCols / 8;
-  constexpr auto float4s_of = [](int piece) { return Cfg::dq_stage_cols(piece / Cfg::kDqStagePieces) / 8; };
+  constexpr auto float4s_of = [](int piece) {
+    const int wg = piece / Cfg::kDqStagePieces;
+    return piece % Cfg::kDqStagePieces < Cfg::dq_pieces(wg) ? Cfg::dq_stage_cols(wg) / 8 : 0;
+  };
   // Every load of the tile issued before the first store: dq may alias dq_accum for all the compiler knows, so
   // loads left between the stores wait for them, one tile's worth of latency at a time (ncu: 76 of 80 cycles per
   // instruction stalled on them, 72 us against 64 for FlashAttention-4's conversion at hd 64, B·S = 16k, H100).
@@ -1133,8 +1147,9 @@ template <typename T, int kHeadDim, bool kExtras, bool kDropout, bool kDescaled,
 Status launch(const BwdParams& p) {
   using Cfg = cuda::sm90::BackwardConfig<kHeadDim, kExtras, kDropout, kDescaled, kProductCols, kProductColsV>;
   // The conversion depends only on dq_accum's layout: the bucket kernel's unless the product columns narrow it.
-  using ConvertCfg = std::conditional_t<Cfg::kDqRowCols == kHeadDim,
-                                        cuda::sm90::BackwardConfig<kHeadDim, kExtras, kDropout, kDescaled>, Cfg>;
+  using ConvertCfg =
+      std::conditional_t<Cfg::kDqRowCols == kHeadDim, cuda::sm90::BackwardConfig<kHeadDim, kExtras, kDropout, kDescaled>,
+                         cuda::sm90::BackwardConfig<kHeadDim, kExtras, kDropout, kDescaled, kProductCols>>;
   cuda::sm90::ScoreDescales descales{p.q_descale, p.k_descale, {}, {}};
   for (int i = 0; i < 2; ++i)
     descales.q_strides[i] = p.q_descale_strides[i], descales.k_strides[i] = p.k_descale_strides[i];
