@@ -40,9 +40,9 @@
 // Head dims between the buckets (kProductCols below): d, d_v <= 96 run the 128 bucket's layout with 96-column
 // products (wgmma N = 96 reads half of the second 64-column panel; Sᵀ, dPᵀ 6 k-steps; dK, dV 48 registers each)
 // and dQ split 64 / 32 between the warpgroups (each warpgroup its own copy of the consumer); d, d_v <= 192 run the
-// 256 bucket with the scores' k-steps stopping at 192 (dPᵀ's at 128 where d_v <= 128, DeepSeek's MLA). Measured on
-// an H100 (bench/results/head-dims.md, 2026-12-06): backward hd 80 / 96 +8-15% over the 128 bucket's whole
-// products, hd 192 +2-5%, MLA 192 / 128 +4%.
+// 256 bucket with the scores' k-steps stopping at 192 (dPᵀ's at 128 where d_v <= 128, DeepSeek's MLA) and the
+// second warpgroup computing only the columns past 128. Measured on an H100 (bench/results/head-dims.md,
+// 2026-12-06): backward hd 80 / 96 +8-12% over the buckets' whole products, hd 192 +23-29%, MLA 192 / 128 +32%.
 #pragma once
 
 #include "cuda/sm90/forward_config.h"
