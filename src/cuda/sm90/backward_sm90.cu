@@ -1158,11 +1158,11 @@ Status launch(const BwdParams& p) {
   cuda::sm80::BwdKernelArgs rows = sm80_backward_args(p);
   // Rows of the Q / dO and K / V tensor maps: one sequence's (padded batch) or every sequence's (varlen).
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
-  // Workspace: D, LSE·log2e [heads_q][ws_head_stride] and dq_accum [heads_q][ws_head_stride][Cfg::kDqRowCols]. Every sequence
-  // starts at a multiple of Cfg::kWsAlign rows (sm80::ws_sequence_start, which needs up to batch * kWsAlign rows
-  // of slack): a whole query block for the fragment-ordered dq_accum tiles, at least 4 for TMA's 16-byte aligned
-  // boxes of LSE and D; the head stride is a multiple of it (at least one, so the maps over D and LSE always have
-  // a base).
+  // Workspace: D, LSE·log2e [heads_q][ws_head_stride] and dq_accum [heads_q][ws_head_stride][Cfg::kDqRowCols].
+  // Every sequence starts at a multiple of Cfg::kWsAlign rows (sm80::ws_sequence_start, which needs up to batch *
+  // kWsAlign rows of slack): a whole query block for the fragment-ordered dq_accum tiles, at least 4 for TMA's
+  // 16-byte aligned boxes of LSE and D; the head stride is a multiple of it (at least one, so the maps over D and
+  // LSE always have a base).
   constexpr int kWsAlign = Cfg::kWsAlign;
   const int64_t ws_rows = rows.rows_q + int64_t(p.batch) * kWsAlign;
   const int64_t ws_head_stride = std::max<int64_t>((ws_rows + kWsAlign - 1) / kWsAlign * kWsAlign, kWsAlign);
