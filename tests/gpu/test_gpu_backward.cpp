@@ -391,17 +391,17 @@ TEST_P(GpuBackward, HeadDims) {
 TEST_P(GpuBackward, ModelHeadDims) {
   FA_REQUIRE_GPU();
   for (auto [d, dv] : {std::pair<int64_t, int64_t>{32, 32}, {80, 80}, {96, 96}, {160, 160}, {192, 192},
-                       {192, 128}, {128, 64}, {64, 128}, {96, 64}, {72, 88}}) {
+                       {192, 128}, {128, 64}, {64, 128}, {96, 64}, {72, 88}, {112, 48}}) {
     BwdCase c = base(GetParam(), 200, 260, d);
     c.dv = dv;
     c.hq = 4, c.hkv = 2, c.causal = true;
     run_case(c);
   }
-  // Up to 96 columns on Hopper: the 128 bucket's kernel with 96-column products (backward_config.h kProductCols),
+  // The 128 bucket's kernels with narrower products on Hopper (backward_config.h kProductCols: 96, and 128 / 64),
   // over several key and query blocks without a mask.
-  for (int64_t d : {96, 80}) {
+  for (auto [d, dv] : {std::pair<int64_t, int64_t>{96, 96}, {80, 80}, {128, 64}}) {
     BwdCase c = base(GetParam(), 333, 400, d);
-    c.batch = 2;
+    c.dv = dv, c.batch = 2;
     run_case(c);
   }
   BwdCase c = base(GetParam(), 0, 0, 96);

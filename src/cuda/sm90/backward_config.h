@@ -52,7 +52,7 @@ namespace flashattn::cuda::sm90 {
 // kProductCols_, kProductColsV_: the columns of d and of d_v that the products compute, at most the bucket's
 // kHeadDim; the tiles keep the bucket's layout and TMA's zeros past the true head dims (support_checks.h), so the
 // products skip only zeros. They bound the scores' k-steps (Sᵀ over d, dPᵀ over d_v) and the gradients' columns:
-// without kColumnSplit every warpgroup's dK and dV (equal: they share kOutCols) and dQ's split; under it the last
+// without kColumnSplit every warpgroup's dK (kOutCols) and dV (kOutColsV) and dQ's split; under it the last
 // warpgroup's dK, dQ (d) and dV (d_v) columns, none at all for dV where d_v <= 128 (MLA). A last warpgroup with
 // fewer columns than the others runs a consumer copy of its own (kNarrowLast). The plain kernels only
 // (launch_head_dim).
@@ -73,10 +73,10 @@ struct BackwardConfig {
   static constexpr bool kColumnSplit = kHeadDim == 256;
   static constexpr int kBlockN = kColumnSplit ? kWgmmaRows : kConsumerWarpgroups * kWgmmaRows;  // keys per CTA
   static constexpr int kOutCols = kColumnSplit ? kHeadDim / kConsumerWarpgroups : kProductCols;  // dK, dV columns per warpgroup
+  static constexpr int kOutColsV = kColumnSplit ? kOutCols : kProductColsV;  // dV columns per warpgroup
   static_assert(kProductCols % kWgmmaK == 0 && kProductColsV % kWgmmaK == 0 && kProductCols <= kHeadDim &&
-                    kProductColsV <= kHeadDim && (kColumnSplit || kProductCols == kProductColsV),
-                "sm90 backward: product columns in whole k-steps within the bucket, d's and d_v's equal unless the "
-                "column split leaves dK and dV whole");
+                    kProductColsV <= kHeadDim,
+                "sm90 backward: product columns in whole k-steps within the bucket");
   // Queries per streamed block: 128 at hd 64, where a 64-row block's Sᵀ and dPᵀ (wgmma N = 64, 4 k-steps)
   // leave the tensor pipe idle between barriers; 64 elsewhere (registers).
   static constexpr int kBlockM = kHeadDim == 64 ? kConsumerWarpgroups * kWgmmaRows : kWgmmaRows;
@@ -148,11 +148,11 @@ struct BackwardConfig {
   // The last consumer warpgroup's dK and dV columns (kColumnSplit: the product columns past the others'; dV's may
   // be none), and whether it needs a consumer copy of its own.
   static constexpr int kDkColsLast = kColumnSplit ? kProductCols - (kConsumerWarpgroups - 1) * kOutCols : kOutCols;
-  static constexpr int kDvColsLast = kColumnSplit ? kProductColsV - (kConsumerWarpgroups - 1) * kOutCols : kOutCols;
-  static_assert(kDkColsLast > 0 && kDkColsLast <= kOutCols && kDvColsLast >= 0 && kDvColsLast <= kOutCols,
+  static constexpr int kDvColsLast = kColumnSplit ? kProductColsV - (kConsumerWarpgroups - 1) * kOutCols : kOutColsV;
+  static_assert(kDkColsLast > 0 && kDkColsLast <= kOutCols && kDvColsLast >= 0 && kDvColsLast <= kOutColsV,
                 "sm90 backward: the last warpgroup's dK columns past the others', and dV's at most as many");
   static constexpr bool kNarrowLast =
-      kDqTileColsLast != kDqTileCols || kDkColsLast != kOutCols || kDvColsLast != kOutCols;
+      kDqTileColsLast != kDqTileCols || kDkColsLast != kOutCols || kDvColsLast != kOutColsV;
   static constexpr int kDqStageBytes = kWgmmaRows * kDqStageCols * 4;
   // Rows of the workspace arrays at which every sequence starts: a whole query block for the fragment-ordered
   // tiles of dq_accum (a multiple of 4, as TMA's 16-byte aligned boxes of LSE and D need).

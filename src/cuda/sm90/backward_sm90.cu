@@ -404,7 +404,7 @@ template <typename T, typename Cfg, bool kLast = false>
 struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   static constexpr int kDqCols = kLast ? Cfg::kDqTileColsLast : Cfg::kDqTileCols;
   static constexpr int kDkCols = kLast ? Cfg::kDkColsLast : Cfg::kOutCols;
-  static constexpr int kDvCols = kLast ? Cfg::kDvColsLast : Cfg::kOutCols;
+  static constexpr int kDvCols = kLast ? Cfg::kDvColsLast : Cfg::kOutColsV;
   static constexpr int kM = Cfg::kBlockM;
   static constexpr int kN = Cfg::kBlockN;
   static constexpr int kSQ = Cfg::kScoreQueries;
@@ -863,9 +863,9 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
       T* dv_row = static_cast<T*>(a.dv) + row * a.dv_row_stride + int64_t(w.kv_head) * a.dv_head_stride +
                   (varlen ? 0 : int64_t(w.batch) * a.dv_batch_stride);
 #pragma unroll
-      for (int j = 0; j < kDkCols / 8; ++j) {
+      for (int j = 0; j < (kDkCols > kDvCols ? kDkCols : kDvCols) / 8; ++j) {
         const int col = out_col0 + 8 * j + 2 * quad;
-        if (col < a.head_dim)
+        if (j < kDkCols / 8 && col < a.head_dim)
           *reinterpret_cast<uint32_t*>(dk_row + col) =
               pack_pair<T>(dk[4 * j + 2 * r] * dk_factor, dk[4 * j + 2 * r + 1] * dk_factor);
         if (j < kDvCols / 8 && col < a.head_dim_v)
@@ -1295,9 +1295,9 @@ Status launch(const BwdParams& p) {
   return st;
 }
 
-// The product columns of the narrower plain kernels (BackwardConfig::kProductCols, kProductColsV): 96 in the 128
-// bucket; 192, and 192 / 128 (MLA), in the 256 bucket.
-constexpr int kNarrowProductCols = 96;
+// The product columns of the narrower plain kernels (BackwardConfig::kProductCols, kProductColsV): 96, and 128 / 64,
+// in the 128 bucket; 192, and 192 / 128 (MLA), in the 256 bucket.
+constexpr int kNarrowProductCols = 96, kNarrowProductColsV = 64;
 constexpr int kMlaProductCols = 192, kMlaProductColsV = 128;
 
 // ALiBi runs in the kernels with kExtras, dropout in the one with kDropout, float8 inputs' descales in the ones with
@@ -1307,9 +1307,12 @@ Status launch_head_dim(const BwdParams& p) {
   switch (sm90_checks::head_dim_bucket(p.head_dim, p.head_dim_v, sm90_checks::Pass::backward)) {
     case 64: return launch<T, 64, kExtras, kDropout, kDescaled>(p);
     case 128:
-      // Head dims up to 96 (80, 96: Phi-2, Phi-3, ViT-H) compute 96 of the bucket's columns in the plain kernel.
+      // Head dims up to 96 (80, 96: Phi-2, Phi-3, ViT-H) compute 96 of the bucket's columns in the plain kernel,
+      // and d_v up to 64 beside a larger d (128 / 64) 64 columns of dV and dPᵀ's k-steps.
       if (!kExtras && !kDescaled && std::max(p.head_dim, p.head_dim_v) <= kNarrowProductCols)
         return launch<T, 128, false, false, false, kNarrowProductCols>(p);
+      if (!kExtras && !kDescaled && p.head_dim_v <= kNarrowProductColsV)
+        return launch<T, 128, false, false, false, 128, kNarrowProductColsV>(p);
       return launch<T, 128, kExtras, kDropout, kDescaled>(p);
     default:
       // d up to 192 (hd 192; DeepSeek's MLA, d_v 128): the scores' k-steps stop at 192 (128 for d_v).
