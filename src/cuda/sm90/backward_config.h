@@ -41,8 +41,9 @@
 // products (wgmma N = 96 reads half of the second 64-column panel; Sᵀ, dPᵀ 6 k-steps; dK, dV 48 registers each)
 // and dQ split 64 / 32 between the warpgroups (each warpgroup its own copy of the consumer); d, d_v <= 192 run the
 // 256 bucket with the scores' k-steps stopping at 192 (dPᵀ's at 128 where d_v <= 128, DeepSeek's MLA) and the
-// second warpgroup computing only the columns past 128. Measured on an H100 (bench/results/head-dims.md,
-// 2026-12-06): backward hd 80 / 96 +8-12% over the buckets' whole products, hd 192 +23-29%, MLA 192 / 128 +32%.
+// second warpgroup computing only the columns past 128; d_v <= 64 beside d <= 128 runs 64 columns of dV and dPᵀ.
+// Measured on an H100 (bench/results/head-dims.md, 2026-12-06): backward hd 80 / 96 +8-12% over the buckets' whole
+// products, hd 192 +23-29%, MLA 192 / 128 +32%, 128 / 64 +11%.
 #pragma once
 
 #include "cuda/sm90/forward_config.h"
