@@ -73,8 +73,9 @@ struct BackwardConfig {
   // The warpgroups share the CTA's keys and split the gradients' columns (hd 256), or own 64 keys each.
   static constexpr bool kColumnSplit = kHeadDim == 256;
   static constexpr int kBlockN = kColumnSplit ? kWgmmaRows : kConsumerWarpgroups * kWgmmaRows;  // keys per CTA
-  static constexpr int kOutCols = kColumnSplit ? kHeadDim / kConsumerWarpgroups : kProductCols;  // dK, dV columns per warpgroup
-  static constexpr int kOutColsV = kColumnSplit ? kOutCols : kProductColsV;  // dV columns per warpgroup
+  // dK's (and under kColumnSplit dV's) columns per warpgroup; dV's without the column split.
+  static constexpr int kOutCols = kColumnSplit ? kHeadDim / kConsumerWarpgroups : kProductCols;
+  static constexpr int kOutColsV = kColumnSplit ? kOutCols : kProductColsV;
   static_assert(kProductCols % kWgmmaK == 0 && kProductColsV % kWgmmaK == 0 && kProductCols <= kHeadDim &&
                     kProductColsV <= kHeadDim,
                 "sm90 backward: product columns in whole k-steps within the bucket");
