@@ -147,14 +147,20 @@ struct BackwardConfig {
                     dq_stage_cols(kConsumerWarpgroups - 1) % 16 == 0 &&
                     dq_pieces(kConsumerWarpgroups - 1) * dq_stage_cols(kConsumerWarpgroups - 1) == kDqTileColsLast,
                 "sm90 backward: the last warpgroup's dQ in whole pieces, each in pairs of float4s");
-  // The last consumer warpgroup's dK and dV columns (kColumnSplit: the product columns past the others'; dV's may
-  // be none), and whether it needs a consumer copy of its own.
-  static constexpr int kDkColsLast = kColumnSplit ? kProductCols - (kConsumerWarpgroups - 1) * kOutCols : kOutCols;
-  static constexpr int kDvColsLast = kColumnSplit ? kProductColsV - (kConsumerWarpgroups - 1) * kOutCols : kOutColsV;
-  static_assert(kDkColsLast > 0 && kDkColsLast <= kOutCols && kDvColsLast >= 0 && kDvColsLast <= kOutColsV,
+  // Warpgroup wg's dK and dV columns: under kColumnSplit the last one's are the product columns past the others'
+  // (dV's may be none); and whether the last warpgroup, with fewer, needs a consumer copy of its own.
+  static constexpr int dk_cols(int wg) {
+    return kColumnSplit && wg + 1 == kConsumerWarpgroups ? kProductCols - wg * kOutCols : kOutCols;
+  }
+  static constexpr int dv_cols(int wg) {
+    return kColumnSplit && wg + 1 == kConsumerWarpgroups ? kProductColsV - wg * kOutCols : kOutColsV;
+  }
+  static constexpr int kLastWarpgroup = kConsumerWarpgroups - 1;
+  static_assert(dk_cols(kLastWarpgroup) > 0 && dk_cols(kLastWarpgroup) <= kOutCols && dv_cols(kLastWarpgroup) >= 0 &&
+                    dv_cols(kLastWarpgroup) <= kOutColsV,
                 "sm90 backward: the last warpgroup's dK columns past the others', and dV's at most as many");
-  static constexpr bool kNarrowLast =
-      kDqTileColsLast != kDqTileCols || kDkColsLast != kOutCols || kDvColsLast != kOutColsV;
+  static constexpr bool kNarrowLast = dq_tile_cols(kLastWarpgroup) != dq_tile_cols(0) ||
+                                      dk_cols(kLastWarpgroup) != dk_cols(0) || dv_cols(kLastWarpgroup) != dv_cols(0);
   static constexpr int kDqStageBytes = kWgmmaRows * kDqStageCols * 4;
   // Rows of the workspace arrays at which every sequence starts: a whole query block for the fragment-ordered
   // tiles of dq_accum (a multiple of 4, as TMA's 16-byte aligned boxes of LSE and D need).

@@ -402,9 +402,12 @@ struct ConsumerDescales<true> {
 // copy, behind a branch on the warpgroup, made ptxas serialise every wgmma (C7520).
 template <typename T, typename Cfg, bool kLast = false>
 struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
-  static constexpr int kDqCols = kLast ? Cfg::kDqTileColsLast : Cfg::kDqTileCols;
-  static constexpr int kDkCols = kLast ? Cfg::kDkColsLast : Cfg::kOutCols;
-  static constexpr int kDvCols = kLast ? Cfg::kDvColsLast : Cfg::kOutColsV;
+  // The warpgroup whose column shares this copy has: the last one's, or those of every other (warpgroup 0's).
+  static constexpr int kShareOf = kLast ? Cfg::kLastWarpgroup : 0;
+  static constexpr int kDqCols = Cfg::dq_tile_cols(kShareOf);
+  static constexpr int kDkCols = Cfg::dk_cols(kShareOf);
+  static constexpr int kDvCols = Cfg::dv_cols(kShareOf);
+  static constexpr int kDvRegs = kDvCols > 0 ? kDvCols / 2 : 1;  // one unused register without dV columns
   static constexpr int kM = Cfg::kBlockM;
   static constexpr int kN = Cfg::kBlockN;
   static constexpr int kSQ = Cfg::kScoreQueries;
@@ -440,8 +443,7 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
     if constexpr (Cfg::kDescaled) return this->descaled_dk;
     return a.scale;
   }
-  // dV's registers: one unused where this warpgroup has no dV columns (kDvCols = 0).
-  float dk[kDkCols / 2], dv[kDvCols > 0 ? kDvCols / 2 : 1];
+  float dk[kDkCols / 2], dv[kDvRegs];
   // Dropout's keep bits of the current block (Cfg::kDropout): bit i for Sᵀ's element i.
   static constexpr int kKeepWords = Cfg::kKeepWords;
   uint32_t keep[kKeepWords];
@@ -474,7 +476,7 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
 #pragma unroll
     for (int i = 0; i < kDkCols / 2; ++i) dk[i] = 0.f;
 #pragma unroll
-    for (int i = 0; i < (kDvCols > 0 ? kDvCols / 2 : 1); ++i) dv[i] = 0.f;
+    for (int i = 0; i < kDvRegs; ++i) dv[i] = 0.f;
   }
 
   // Dropout's keep bits of query block m of `head` into buffer `buffer`, in the consumers' layout: kKeepWords words
@@ -755,9 +757,8 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   // first; every piece but a block's first).
   __device__ void stage_dq(const float (&dq)[kDqCols / 2], bool wait_empty) const {
     float4* stage = reinterpret_cast<float4*>(sm.dq_stage(wg)) + threadIdx.x % kWarpgroupThreads;
-    constexpr int kLastWg = Cfg::kConsumerWarpgroups - 1;
-    constexpr int kChunks = (kLast ? Cfg::dq_stage_cols(kLastWg) : Cfg::dq_stage_cols(0)) / 8;
-    constexpr int kPieces = kLast ? Cfg::dq_pieces(kLastWg) : Cfg::dq_pieces(0);
+    constexpr int kChunks = Cfg::dq_stage_cols(kShareOf) / 8;
+    constexpr int kPieces = Cfg::dq_pieces(kShareOf);
     static_assert(kPieces * kChunks * 8 == kDqCols, "stage_dq: the warpgroup's dQ in whole hand-offs");
 #pragma unroll
     for (int piece = 0; piece < kPieces; ++piece) {
@@ -863,7 +864,7 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
       T* dv_row = static_cast<T*>(a.dv) + row * a.dv_row_stride + int64_t(w.kv_head) * a.dv_head_stride +
                   (varlen ? 0 : int64_t(w.batch) * a.dv_batch_stride);
 #pragma unroll
-      for (int j = 0; j < (kDkCols > kDvCols ? kDkCols : kDvCols) / 8; ++j) {
+      for (int j = 0; j < std::max(kDkCols, kDvCols) / 8; ++j) {
         const int col = out_col0 + 8 * j + 2 * quad;
         if (j < kDkCols / 8 && col < a.head_dim)
           *reinterpret_cast<uint32_t*>(dk_row + col) =
@@ -1011,7 +1012,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   } else {
     setmaxnreg_increase<Cfg::kConsumerRegisters>();
     if constexpr (Cfg::kNarrowLast) {
-      if (wg == Cfg::kConsumerWarpgroups)
+      if (wg - 1 == Cfg::kLastWarpgroup)
         run_consumer<T, Cfg, true>(sm, w, args, descales, wg - 1, has_work);
       else
         run_consumer<T, Cfg, false>(sm, w, args, descales, wg - 1, has_work);
@@ -1304,19 +1305,20 @@ constexpr int kMlaProductCols = 192, kMlaProductColsV = 128;
 // kDescaled (backward_config.h).
 template <typename T, bool kExtras, bool kDropout, bool kDescaled = false>
 Status launch_head_dim(const BwdParams& p) {
+  constexpr bool kPlain = !kExtras && !kDescaled;  // the kernels that have narrower copies (dropout needs kExtras)
   switch (sm90_checks::head_dim_bucket(p.head_dim, p.head_dim_v, sm90_checks::Pass::backward)) {
     case 64: return launch<T, 64, kExtras, kDropout, kDescaled>(p);
     case 128:
       // Head dims up to 96 (80, 96: Phi-2, Phi-3, ViT-H) compute 96 of the bucket's columns in the plain kernel,
       // and d_v up to 64 beside a larger d (128 / 64) 64 columns of dV and dPᵀ's k-steps.
-      if (!kExtras && !kDescaled && std::max(p.head_dim, p.head_dim_v) <= kNarrowProductCols)
+      if (kPlain && std::max(p.head_dim, p.head_dim_v) <= kNarrowProductCols)
         return launch<T, 128, false, false, false, kNarrowProductCols>(p);
-      if (!kExtras && !kDescaled && p.head_dim_v <= kNarrowProductColsV)
+      if (kPlain && p.head_dim_v <= kNarrowProductColsV)
         return launch<T, 128, false, false, false, 128, kNarrowProductColsV>(p);
       return launch<T, 128, kExtras, kDropout, kDescaled>(p);
     default:
       // d up to 192 (hd 192; DeepSeek's MLA, d_v 128): the scores' k-steps stop at 192 (128 for d_v).
-      if (!kExtras && !kDescaled && p.head_dim <= kMlaProductCols && p.head_dim_v <= kMlaProductCols) {
+      if (kPlain && p.head_dim <= kMlaProductCols && p.head_dim_v <= kMlaProductCols) {
         if (p.head_dim_v <= kMlaProductColsV)
           return launch<T, 256, false, false, false, kMlaProductCols, kMlaProductColsV>(p);
         return launch<T, 256, false, false, false, kMlaProductCols>(p);
