@@ -70,6 +70,7 @@ struct BackwardConfig {
   static_assert(!(kDescaled && kExtras), "sm90 backward: float8 inputs' descales without ALiBi or dropout");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "sm90 backward: head dim 64, 128 or 256");
   static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kLastWarpgroup = kConsumerWarpgroups - 1;
   // The warpgroups share the CTA's keys and split the gradients' columns (hd 256), or own 64 keys each.
   static constexpr bool kColumnSplit = kHeadDim == 256;
   static constexpr int kBlockN = kColumnSplit ? kWgmmaRows : kConsumerWarpgroups * kWgmmaRows;  // keys per CTA
@@ -124,11 +125,11 @@ struct BackwardConfig {
   // takes what the others leave (hd 96's kernel: 64 and 32; hd 192's: 128 and 64). A narrower last warpgroup
   // computes and hands over only its columns: fewer products, and less dq_accum to zero, add into and convert.
   static constexpr int kDqRowCols = kDqSplitRows ? kHeadDim : kProductCols;
-  static constexpr int kDqTileColsLast = kDqSplitRows ? kDqTileCols : kDqRowCols - (kConsumerWarpgroups - 1) * kDqTileCols;
+  static constexpr int kDqTileColsLast = kDqSplitRows ? kDqTileCols : kDqRowCols - kLastWarpgroup * kDqTileCols;
   // Warpgroup wg's dQ columns, its columns per hand-off (narrower pieces, or under kColumnSplit fewer of them, for a
   // narrower last warpgroup), its hand-offs per block, and where its piece `piece` starts in a dq_accum tile
   // (floats): the warpgroups' pieces one after another, every warpgroup but the last a full kDqTileCols wide.
-  static constexpr int dq_tile_cols(int wg) { return wg + 1 == kConsumerWarpgroups ? kDqTileColsLast : kDqTileCols; }
+  static constexpr int dq_tile_cols(int wg) { return wg == kLastWarpgroup ? kDqTileColsLast : kDqTileCols; }
   static constexpr int dq_stage_cols(int wg) {
     return kColumnSplit ? kDqStageCols : dq_tile_cols(wg) / kDqStagePieces;
   }
@@ -144,18 +145,17 @@ struct BackwardConfig {
     return piece < dq_pieces(wg);
   }
   static_assert(kDqTileColsLast > 0 && kDqTileColsLast <= kDqTileCols &&
-                    dq_stage_cols(kConsumerWarpgroups - 1) % 16 == 0 &&
-                    dq_pieces(kConsumerWarpgroups - 1) * dq_stage_cols(kConsumerWarpgroups - 1) == kDqTileColsLast,
+                    dq_stage_cols(kLastWarpgroup) % 16 == 0 &&
+                    dq_pieces(kLastWarpgroup) * dq_stage_cols(kLastWarpgroup) == kDqTileColsLast,
                 "sm90 backward: the last warpgroup's dQ in whole pieces, each in pairs of float4s");
   // Warpgroup wg's dK and dV columns: under kColumnSplit the last one's are the product columns past the others'
   // (dV's may be none); and whether the last warpgroup, with fewer, needs a consumer copy of its own.
   static constexpr int dk_cols(int wg) {
-    return kColumnSplit && wg + 1 == kConsumerWarpgroups ? kProductCols - wg * kOutCols : kOutCols;
+    return kColumnSplit && wg == kLastWarpgroup ? kProductCols - wg * kOutCols : kOutCols;
   }
   static constexpr int dv_cols(int wg) {
-    return kColumnSplit && wg + 1 == kConsumerWarpgroups ? kProductColsV - wg * kOutCols : kOutColsV;
+    return kColumnSplit && wg == kLastWarpgroup ? kProductColsV - wg * kOutCols : kOutColsV;
   }
-  static constexpr int kLastWarpgroup = kConsumerWarpgroups - 1;
   static_assert(dk_cols(kLastWarpgroup) > 0 && dk_cols(kLastWarpgroup) <= kOutCols && dv_cols(kLastWarpgroup) >= 0 &&
                     dv_cols(kLastWarpgroup) <= kOutColsV,
                 "sm90 backward: the last warpgroup's dK columns past the others', and dV's at most as many");
