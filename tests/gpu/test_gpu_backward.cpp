@@ -514,9 +514,9 @@ TEST_P(GpuBackward, Deterministic) {
   c.lens_k = {0, 9, 300, 70};
   c.causal = true, c.deterministic = true, c.pad = 5;
   run_case(c);
-  // The Hopper kernel's orders of addition: key order (left edge only), last key block first (right edges), over
-  // varlen sequences with GQA and sequences shorter than the grid's key blocks.
-  for (auto [wl, wr] : {std::pair<int64_t, int64_t>{200, -1}, {100, 40}, {-1, 0}}) {
+  // The Hopper kernel's orders of addition: key order (left edge only, or no mask), last key block first (right
+  // edges), over varlen sequences with GQA and sequences shorter than the grid's key blocks.
+  for (auto [wl, wr] : {std::pair<int64_t, int64_t>{200, -1}, {100, 40}, {-1, 0}, {-1, -1}}) {
     c = base(GetParam(), 0, 0, wl == 100 ? 64 : 128);
     c.lens_q = {300, 0, 70, 513}, c.lens_k = {400, 5, 130, 260};
     c.hq = 4, c.hkv = 2, c.wl = wl, c.wr = wr, c.deterministic = true;

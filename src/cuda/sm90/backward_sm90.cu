@@ -95,6 +95,17 @@ constexpr int kDqEmptyBarrier = 5;
 constexpr int kDqWriterWarp = 1;  // of the producer warpgroup (warp 0's first thread issues the loads)
 constexpr int kDqHandoffThreads = kWarpgroupThreads + 32;
 
+// Both consumer warpgroups meet on kDsReadyBarrier. Where each runs a consumer copy of its own (kNarrowLast), they
+// reach it from different instructions, which bar.sync does not allow (compute-sanitizer's synccheck).
+template <typename Cfg>
+__device__ __forceinline__ void consumers_meet() {
+  constexpr int kThreads = Cfg::kConsumerWarpgroups * kWarpgroupThreads;
+  if constexpr (Cfg::kNarrowLast)
+    named_barrier_sync_unaligned(kDsReadyBarrier, kThreads);
+  else
+    named_barrier_sync(kDsReadyBarrier, kThreads);
+}
+
 // What the kernel reads besides the tensor maps; lengths and strides in elements.
 struct BackwardKernelArgs {
   void* dk;
@@ -819,7 +830,7 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
       fence_registers(dp);
       score_grads(s, dp, dsf, sm.dsum(stage), ds_tile);
       fence_async_shared();
-      named_barrier_sync(kDsReadyBarrier, Cfg::kConsumerWarpgroups * kWarpgroupThreads);
+      consumers_meet<Cfg>();
       wgmma_fence();
       if constexpr (kDvCols > 0) issue_accumulate_shared(dv, pt_tile, do_tile);
       issue_dq(dq, ds_tile);
@@ -844,7 +855,7 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
       fence_async_shared();
       wgmma_fence();
       if constexpr (Cfg::kScoresBeforeDv) issue_accumulate(dv, pf, do_tile);
-      named_barrier_sync(kDsReadyBarrier, Cfg::kConsumerWarpgroups * kWarpgroupThreads);
+      consumers_meet<Cfg>();
       issue_dq(dq, ds_tile);
       issue_accumulate(dk, dsf, q_tile);
     }
@@ -889,7 +900,7 @@ __device__ void consume(BackwardConsumer<T, Cfg, kLast>& c, const KeyBlockWork& 
   if constexpr (Cfg::kDropout) {
     const QueryBlockOrder first(w, heads_per_kv);
     c.draw_keep_bits(first.head(w, heads_per_kv, 0), first.block(w, 0), 0);
-    named_barrier_sync(kDsReadyBarrier, Cfg::kConsumerWarpgroups * kWarpgroupThreads);
+    consumers_meet<Cfg>();
   }
   mbarrier_wait(c.sm.kv_full(), 0);
   const QueryBlockOrder order(w, heads_per_kv);

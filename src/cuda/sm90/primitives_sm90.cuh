@@ -372,6 +372,11 @@ __device__ __forceinline__ void setmaxnreg_decrease() {
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// named_barrier_sync for threads that reach the barrier from different instructions (code copies of their own):
+// bar.sync is barrier.sync.aligned, which requires every thread to execute the same one.
+__device__ __forceinline__ void named_barrier_sync_unaligned(int id, int threads) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
