@@ -385,41 +385,6 @@ cudaError_t quad_transpose_words(const uint32_t* in, uint32_t* out) {
   return finish(cudaSuccess);
 }
 
-static_assert(kSummedTestStateWords == kSummedTileWords, "the test's state words are the primitive's");
-
-__global__ void summed_tiles_kernel(int tiles, float* sums, int* state) {
-  constexpr int kFloats = kSummedTestParts * kSummedTestPartFloats;
-  __shared__ alignas(16) float parts[kFloats];
-  for (int i = int(threadIdx.x); i < kFloats; i += int(blockDim.x))
-    parts[i] = float(int(blockIdx.x) + 1 + i % kSummedTestPartFloats % 7);
-  fence_async_shared();
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  for (int k = 0; k < tiles; ++k) {
-    const int t = (int(blockIdx.x) + k) % tiles;
-    int* tile_state = state + t * kSummedTileWords;
-    float* tile = sums + size_t(t) * kFloats;
-    const bool first = t == int(blockIdx.x);
-    if (!first) wait_for_first_parts(tile_state);
-    for (int p = 0; p < kSummedTestParts; ++p) {
-      float* dst = tile + p * kSummedTestPartFloats;
-      const float* src = parts + p * kSummedTestPartFloats;
-      if (first)
-        bulk_store_f32(dst, src, kSummedTestPartFloats * 4);
-      else
-        bulk_reduce_add_f32(dst, src, kSummedTestPartFloats * 4);
-      bulk_commit();
-    }
-    if (first) publish_first_parts(tile_state);
-  }
-  bulk_wait<0>();
-}
-
-cudaError_t summed_tiles(int ctas, int tiles, float* sums, int* state) {
-  summed_tiles_kernel<<<ctas, 128>>>(tiles, sums, state);
-  return finish(cudaSuccess);
-}
-
 int descriptor_advance_mismatches(uint32_t* first_base, uint32_t* first_bytes) {
   constexpr uint32_t kWindowBytes = 227 * 1024, kMaxStep = 64 * 1024, kAddressLimit = 1u << 18;
   // MN-major leading offsets in use (V panels of 80-, 128- and 176-key tiles).

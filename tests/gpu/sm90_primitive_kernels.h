@@ -43,14 +43,6 @@ cudaError_t tma_ring_copy(const CUtensorMap& map, int tiles, uint16_t* out);
 // forward's epilogue) and stores its four words to out[4l .. 4l+3].
 cudaError_t quad_transpose_words(const uint32_t* in, uint32_t* out);
 
-// The summed-tile protocol (bulk_store_f32 / bulk_reduce_add_f32, publish_first_parts, wait_for_first_parts):
-// each of `ctas` CTAs writes kSummedTestParts parts of kSummedTestPartFloats floats into every one of `tiles` tiles
-// of `sums` (not zeroed), CTA c starting at tile c % tiles, element i of each part being c + 1 + i % 7; CTA t is
-// tile t's first writer; `state` holds tiles * kSummedTestStateWords zeroed ints (primitives_sm90.cuh's
-// kSummedTileWords).
-constexpr int kSummedTestParts = 2, kSummedTestPartFloats = 1024, kSummedTestStateWords = 2;
-cudaError_t summed_tiles(int ctas, int tiles, float* sums, int* state);
-
 // Host-only check of desc_advance against encoding the advanced address anew (both descriptor layouts) over
 // every 1024-byte tile base of the 227 KB window and every 16-byte step up to 64 KB past it, while the address stays
 // below 2^18: the number of mismatches; the first one's base and step in *first_base, *first_bytes.

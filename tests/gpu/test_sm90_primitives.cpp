@@ -290,31 +290,6 @@ TEST(Sm90Primitives, QuadTransposeSwapsWordsAcrossTheQuad) {
     }
 }
 
-// Tiles that start as garbage (NaN) end as the exact sum of every CTA's parts: the first writer stored, the others
-// added after it, none lost (more CTAs than can run at once, each starting at a different tile).
-TEST(Sm90Primitives, SummedTilesStoreFirstAndAddTheRest) {
-  FA_REQUIRE_SM90();
-  constexpr int kCtas = 1000, kTiles = 6;
-  constexpr size_t kTileFloats = size_t(test::sm90::kSummedTestParts) * test::sm90::kSummedTestPartFloats;
-  DeviceBuffer<float> sums(kTiles * kTileFloats);
-  DeviceBuffer<int> state(kTiles * test::sm90::kSummedTestStateWords);
-  sums.upload(std::vector<float>(sums.count, std::nanf("")));
-  state.upload(std::vector<int>(state.count, 0));
-  FA_CUDA_CHECK(test::sm90::summed_tiles(kCtas, kTiles, sums.ptr, state.ptr));
-  const std::vector<float> got = sums.download();
-  int wrong = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const int seven = int(i % test::sm90::kSummedTestPartFloats % 7);
-    const float want = float(kCtas * (kCtas + 1) / 2 + kCtas * seven);  // exact: below 2^24
-    if (got[i] != want && ++wrong <= 5) ADD_FAILURE() << "element " << i << ": got " << got[i] << " want " << want;
-  }
-  EXPECT_EQ(wrong, 0);
-  const std::vector<int> words = state.download();
-  for (int t = 0; t < kTiles; ++t) {
-    EXPECT_EQ(words[size_t(t) * test::sm90::kSummedTestStateWords + 1], 1) << "landed flag of tile " << t;
-  }
-}
-
 TEST(Sm90Primitives, SwizzleOffsetFollowsThe128BytePattern) {
   // The host-side layout function every other test relies on.
   FA_REQUIRE_SM90();

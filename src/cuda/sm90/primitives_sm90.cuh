@@ -528,10 +528,6 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, const float* sm
   ::cuda::ptx::cp_reduce_async_bulk(::cuda::ptx::space_global, ::cuda::ptx::space_shared, ::cuda::ptx::op_add, gmem,
                                     smem, bytes);
 }
-// gmem[0 .. bytes/4) = smem[0 .. bytes/4): bulk_reduce_add_f32's plain copy, with the same rules.
-__device__ __forceinline__ void bulk_store_f32(float* gmem, const float* smem, uint32_t bytes) {
-  ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_global, ::cuda::ptx::space_shared, gmem, smem, bytes);
-}
 __device__ __forceinline__ void bulk_commit() { ::cuda::ptx::cp_async_bulk_commit_group(); }
 // Until the shared memory of every committed group but the newest kPending has been read (it may be reused).
 template <int kPending>
@@ -561,23 +557,6 @@ __device__ __forceinline__ void wait_for_turn(const int* counter, int turn) {
 // Passes the turn on (release: this thread's earlier global writes are visible to the next holder).
 __device__ __forceinline__ void pass_turn(int* counter) {
   ::cuda::atomic_ref<int, ::cuda::thread_scope_device>(*counter).fetch_add(1, ::cuda::memory_order_release);
-}
-
-// ---- an fp32 tile summed by many CTAs' bulk operations without being zeroed first ----
-// Its state is kSummedTileWords zeroed ints; the second is the landed flag. One CTA, fixed in advance, is the tile's
-// first writer: its issuing thread writes its parts with bulk_store_f32, commits them and calls
-// publish_first_parts after the last; every other one calls wait_for_first_parts before its first
-// bulk_reduce_add_f32. The first writer must never wait for the others, and must be running, or able to start,
-// while they wait. After the grid, the flag is set iff the first writer wrote.
-constexpr int kSummedTileWords = 2;
-__device__ __forceinline__ void publish_first_parts(int* state) {
-  bulk_wait<0>();  // the stores have completed, not only read shared memory
-  fence_async_global();
-  pass_turn(state + 1);
-}
-__device__ __forceinline__ void wait_for_first_parts(const int* state) {
-  wait_for_turn(state + 1, 1);
-  fence_async_global();  // the bulk additions that follow come after the first stores
 }
 
 // Pulls a tensor map's descriptor into the cache ahead of its first use.
