@@ -385,6 +385,40 @@ cudaError_t quad_transpose_words(const uint32_t* in, uint32_t* out) {
   return finish(cudaSuccess);
 }
 
+// CTA c's parts: element i of each is c + 1 + i % 7.
+__global__ void turn_ordered_tiles_kernel(int tiles, float* sums, int* turns) {
+  constexpr int kFloats = kTurnTestParts * kTurnTestPartFloats;
+  __shared__ alignas(16) float parts[kFloats];
+  for (int i = int(threadIdx.x); i < kFloats; i += int(blockDim.x))
+    parts[i] = float(int(blockIdx.x) + 1 + i % kTurnTestPartFloats % 7);
+  fence_async_shared();
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const int turn = int(blockIdx.x);
+  for (int t = 0; t < tiles; ++t) {
+    float* tile = sums + size_t(t) * kFloats;
+    wait_for_turn(turns + t, turn);
+    fence_async_global();
+    for (int p = 0; p < kTurnTestParts; ++p) {
+      float* dst = tile + p * kTurnTestPartFloats;
+      const float* src = parts + p * kTurnTestPartFloats;
+      if (turn == 0)
+        bulk_store_f32(dst, src, kTurnTestPartFloats * 4);
+      else
+        bulk_reduce_add_f32(dst, src, kTurnTestPartFloats * 4);
+      bulk_commit();
+    }
+    bulk_wait<0>();
+    fence_async_global();
+    pass_turn(turns + t);
+  }
+}
+
+cudaError_t turn_ordered_tiles(int ctas, int tiles, float* sums, int* turns) {
+  turn_ordered_tiles_kernel<<<ctas, 128>>>(tiles, sums, turns);
+  return finish(cudaSuccess);
+}
+
 int descriptor_advance_mismatches(uint32_t* first_base, uint32_t* first_bytes) {
   constexpr uint32_t kWindowBytes = 227 * 1024, kMaxStep = 64 * 1024, kAddressLimit = 1u << 18;
   // MN-major leading offsets in use (V panels of 80-, 128- and 176-key tiles).

@@ -290,6 +290,28 @@ TEST(Sm90Primitives, QuadTransposeSwapsWordsAcrossTheQuad) {
     }
 }
 
+// Tiles that start as garbage (NaN) end as the exact sum of every CTA's parts: turn 0 stored, the others added
+// after it, none lost or added twice, and every counter passed by each CTA.
+TEST(Sm90Primitives, TurnOrderedTilesStoreFirstAndAddTheRest) {
+  FA_REQUIRE_SM90();
+  constexpr int kCtas = 64, kTiles = 6;  // one CTA of 128 threads per SM at most: all resident
+  constexpr size_t kTileFloats = size_t(test::sm90::kTurnTestParts) * test::sm90::kTurnTestPartFloats;
+  DeviceBuffer<float> sums(kTiles * kTileFloats);
+  DeviceBuffer<int> turns(kTiles);
+  sums.upload(std::vector<float>(sums.count, std::nanf("")));
+  turns.upload(std::vector<int>(turns.count, 0));
+  FA_CUDA_CHECK(test::sm90::turn_ordered_tiles(kCtas, kTiles, sums.ptr, turns.ptr));
+  const std::vector<float> got = sums.download();
+  int wrong = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const int seven = int(i % test::sm90::kTurnTestPartFloats % 7);
+    const float want = float(kCtas * (kCtas + 1) / 2 + kCtas * seven);  // exact: below 2^24
+    if (got[i] != want && ++wrong <= 5) ADD_FAILURE() << "element " << i << ": got " << got[i] << " want " << want;
+  }
+  EXPECT_EQ(wrong, 0);
+  for (int counter : turns.download()) EXPECT_EQ(counter, kCtas);
+}
+
 TEST(Sm90Primitives, SwizzleOffsetFollowsThe128BytePattern) {
   // The host-side layout function every other test relies on.
   FA_REQUIRE_SM90();

@@ -6,24 +6,26 @@
 // global memory.
 //
 // Launch sequence on the call's stream (the row-wise preprocess is the sm80 backward's, backward_rows.cu):
-//   memset of the workspace; bwd_preprocess_kernel (D = rowsum(dO∘O), LSE·log2e); backward_kernel (below);
-//   dq_convert_fragments_kernel (dQ = dq_accum · scale as the dtype, from fragment-ordered tiles). In the
-//   workspace every sequence starts at a multiple of BackwardConfig::kWsAlign rows (sm80::ws_sequence_start): a
-//   query block, where dq_accum's tiles start (and a multiple of 4, as TMA boxes of LSE and D need).
+//   memset of the workspace (but dq_accum in the deterministic mode); bwd_preprocess_kernel (D = rowsum(dO∘O),
+//   LSE·log2e); backward_kernel (below); dq_convert_fragments_kernel (dQ = dq_accum · scale as the dtype, from
+//   fragment-ordered tiles). In the workspace every sequence starts at a multiple of BackwardConfig::kWsAlign rows
+//   (sm80::ws_sequence_start): a query block, where dq_accum's tiles start (and a multiple of 4, as TMA boxes of LSE
+//   and D need).
 //
 // backward_kernel: one CTA per (block of kBlockN = 128 keys (64 at hd 256), KV head, batch entry); key blocks with
 // the most visible queries (the first, under a causal mask) are launched first, in the last wave's heads key
 // block by key block (key_block_work, grid_order.h), except in the deterministic mode under a mask with a right
-// edge (dq_turn). It loops over the query heads of its KV group and, for each, over the
-// query blocks of kBlockM rows (64; 128 at hd 64) that see any of its keys (MaskSpec::query_range_for_keys), so dK
-// and dV of a KV head sum over its query heads in registers, without atomics.
+// edge, or without a mask over few key blocks (dq_turn). It loops over the query heads of its KV group and, for
+// each, over the query blocks of kBlockM rows (64; 128 at hd 64) that see any of its keys
+// (MaskSpec::query_range_for_keys; from a block of its own under rotate_sweeps), so dK and dV of a KV head sum over
+// its query heads in registers, without atomics.
 // Warp roles (384 threads):
 //   warpgroup 0  producer: gives registers away (setmaxnreg); one thread loads K and V once, then streams each
 //                query block's Q, dO (128-byte swizzled panels) and LSE·log2e, D (fp32 rows) through a
 //                kStages-deep ring with TMA (full/empty mbarriers; at hd 256 dO in a one-stage ring of its
 //                own). Its warp 1 adds each consumer warpgroup's dQ stage to dq_accum with one bulk reduce-add
-//                per hand-off (named barriers dq full / dq empty per warpgroup), in key-block order under
-//                deterministic (turn counters in the workspace).
+//                per hand-off (named barriers dq full / dq empty per warpgroup); under deterministic in a fixed
+//                order (dq_turn; a turn counter per tile in the workspace), the first turn storing.
 //   warpgroups 1, 2  consumers, 64 keys each (setmaxnreg; at hd 256 the same 64 keys, half of dK/dV/dQ's columns
 //                and half of the block's queries in Sᵀ, dPᵀ each: backward_config.h, kColumnSplit). Per query
 //                block, in the transposed orientation so that the 64 keys are the wgmma's M and P, dS land in
@@ -117,12 +119,16 @@ struct BackwardKernelArgs {
   int head_dim, head_dim_v;
   float* dq_accum;         // [heads_q][ws_head_stride][BackwardConfig::kDqRowCols]
   int64_t ws_head_stride;  // rows per head of the workspace arrays (a multiple of BackwardConfig::kWsAlign)
-  // Deterministic mode: a counter per (query head, workspace query block), zeroed; the key
-  // blocks add into a dq_accum tile one after another, each when the counter says it is its turn (dq_turn).
-  int* dq_turns;           // [heads_q][ws_head_stride / kBlockM], or null: additions in any order
+  // Deterministic mode: a turn counter per dq_accum tile (one per query head and workspace query block), zeroed; the
+  // key blocks write a tile one after another, each when the counter says it is its turn (dq_turn), the first
+  // storing (dq_accum is then not zeroed). Null otherwise: additions in any order into a zeroed dq_accum.
+  int* dq_turns;           // [heads_q][ws_head_stride / kBlockM], or null
   // Deterministic mode under a mask with a right edge (causal, window_right >= 0): key blocks launch from the last
   // to the first and add into a tile in that order (dq_turn).
   bool last_key_block_first;
+  // Deterministic mode without a mask, each KV head's key blocks at most half the GPU's CTA slots: each key block
+  // starts its sweep at its own query block (KeyBlockWork::m_begin) and the grid starts x fastest (dq_turn).
+  bool rotate_sweeps;
   uint32_t tail_pairs;  // the last (KV head, batch entry) pairs whose CTAs start key block by key block
   int ws_seq_align;        // sequences start at multiples of this in the workspace (sm80::ws_sequence_start)
   const int32_t* cu_seqlens_q;  // null: padded batch
@@ -223,7 +229,9 @@ struct KeyBlockWork {
   int ws_row0;               // first row of this sequence in the workspace arrays
   int batch_coord;           // TMA batch coordinate (0 in varlen)
   int seqlen_q, seqlen_k;
-  int m_begin, m_end;        // query blocks [m_begin, m_end)
+  // The sweep: query blocks [m_begin, m_end) in order; under rotate_sweeps, key block n of N starts at block
+  // n · M / N of the sequence's M and the range runs past its last block, wrapping around (sweep_block).
+  int m_begin, m_end;
   WindowMaskSpec mask;
 };
 
@@ -260,8 +268,36 @@ __device__ KeyBlockWork key_block_work(const BackwardKernelArgs& a) {
       w.m_end = int((hi + Cfg::kBlockM - 1) / Cfg::kBlockM);
     }
   }
+  if (a.rotate_sweeps) {  // no mask: [m_begin, m_end) = [0, M)
+    const int64_t key_blocks = (w.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+    const int shift = int(int64_t(w.key0 / Cfg::kBlockN) * w.m_end / key_blocks);
+    w.m_begin += shift, w.m_end += shift;
+  }
   return w;
 }
+
+// The query block at sweep position m (KeyBlockWork::m_begin): m itself, or past the sequence's last block under
+// rotate_sweeps, from its first again. No state beyond the range: the producer and writer warps run on 24
+// registers (kProducerRegisters), and a third bound made them spill.
+template <typename Cfg>
+__device__ __forceinline__ int sweep_block(const KeyBlockWork& w, int m) {
+  return m * Cfg::kBlockM < w.seqlen_q ? m : m - (w.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+}
+
+// The query blocks a CTA visits, in the order every role walks them: each query head of the KV group, then its
+// sweep [m_begin, m_end).
+template <typename Cfg>
+struct QueryBlockOrder {
+  int blocks_per_head, blocks;
+  __device__ QueryBlockOrder(const KeyBlockWork& w, int heads_per_kv)
+      : blocks_per_head(w.m_end - w.m_begin), blocks(heads_per_kv * (w.m_end - w.m_begin)) {}
+  __device__ int head(const KeyBlockWork& w, int heads_per_kv, int i) const {
+    return w.kv_head * heads_per_kv + i / blocks_per_head;
+  }
+  __device__ int block(const KeyBlockWork& w, int i) const {
+    return sweep_block<Cfg>(w, w.m_begin + i % blocks_per_head);
+  }
+};
 
 // ---- producer: one thread loads K and V, then streams Q, dO, LSE, D per (query head, query block) ----
 template <typename Cfg>
@@ -281,7 +317,8 @@ __device__ void produce(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, int 
   RingPosition<Cfg::kDoStages> do_pos;
   for (int g = 0; g < heads_per_kv; ++g) {
     const int head = w.kv_head * heads_per_kv + g;
-    for (int m = w.m_begin; m < w.m_end; ++m) {
+    for (int step = w.m_begin; step < w.m_end; ++step) {
+      const int m = sweep_block<Cfg>(w, step);
       mbarrier_wait(&sm.empty()[pos.index], pos.phase ^ 1u);
       uint64_t* full = &sm.full()[pos.index];
       mbarrier_arrive_expect_tx(full, Cfg::kStageTxBytes);
@@ -315,23 +352,12 @@ __device__ void produce(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, int 
 // What consume knows of a query block's mask when it calls gradients (consume's two copies of the iteration).
 constexpr int kMaskUnknown = 0, kMaskKnownNo = 1, kMaskKnownYes = 2;
 
-// The query blocks a CTA visits, in the order every role walks them: each query head of the KV group, then its
-// blocks [m_begin, m_end).
-struct QueryBlockOrder {
-  int blocks_per_head, blocks;
-  __device__ QueryBlockOrder(const KeyBlockWork& w, int heads_per_kv)
-      : blocks_per_head(w.m_end - w.m_begin), blocks(heads_per_kv * (w.m_end - w.m_begin)) {}
-  __device__ int head(const KeyBlockWork& w, int heads_per_kv, int i) const {
-    return w.kv_head * heads_per_kv + i / blocks_per_head;
-  }
-  __device__ int block(const KeyBlockWork& w, int i) const { return w.m_begin + i % blocks_per_head; }
-};
-
-// dq_accum's tile of query block m of `head`: kBlockM x kDqRowCols floats, kDqStagePieces pieces per consumer
-// warpgroup, each in its register fragments' order (BackwardConfig::dq_piece_offset).
+// The index of query block m of `head` among dq_accum's tiles (kBlockM x kDqRowCols floats, kDqStagePieces pieces
+// per consumer warpgroup, each in its register fragments' order: BackwardConfig::dq_piece_offset) and their turn
+// counters (BackwardKernelArgs::dq_turns). 32 bits: a tile is at least 16 KB of workspace.
 template <typename Cfg>
-__device__ float* dq_accum_tile(const BackwardKernelArgs& a, const KeyBlockWork& w, int head, int m) {
-  return a.dq_accum + (int64_t(head) * a.ws_head_stride + w.ws_row0 + int64_t(m) * Cfg::kBlockM) * Cfg::kDqRowCols;
+__device__ int dq_tile_index(const BackwardKernelArgs& a, const KeyBlockWork& w, int head, int m) {
+  return int((int64_t(head) * a.ws_head_stride + w.ws_row0) / Cfg::kBlockM) + m;
 }
 
 // ---- dQ writer: one warp of the producer warpgroup adds each consumer warpgroup's dQ stage to dq_accum with one
@@ -345,23 +371,43 @@ __device__ float* dq_accum_tile(const BackwardKernelArgs& a, const KeyBlockWork&
 // first block in that order. The grid launches key blocks in the same order (last_key_block_first), and CTAs
 // start in that order within a (KV head, batch entry) (key_block_work), so every block ahead in the run has started
 // (or finished) when this one waits.
+// Without a mask every key block adds into every tile, and in key order the N key blocks of a KV head reached
+// each tile in a queue that grew by one hand-off per key block (hd 256 at 2k: 0.68-0.77x the default). Under
+// rotate_sweeps key block n starts at query block n · M / N, so at any step the key blocks are at different tiles,
+// and each tile takes them in the order they reach it: first the last key block that started at or before it,
+// then down from there, wrapping around. Key blocks wait here for later ones, so all N must be able to run at
+// once (rotate_sweeps' condition), with the grid started x fastest: a KV head's key blocks start before the
+// next's, and those of a KV head that has started are never all stuck behind ones that cannot.
 template <typename Cfg>
 __device__ int dq_turn(const BackwardKernelArgs& a, const KeyBlockWork& w, int m) {
+  const int block = w.key0 / Cfg::kBlockN;
+  if (a.rotate_sweeps) {
+    // The key blocks that start at or before query block m, n · M / N <= m (M query blocks, N key blocks). 32 bits:
+    // N is at most half the SM count.
+    const unsigned key_blocks = (w.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+    const unsigned query_blocks = (w.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+    const int started = int(min(key_blocks, ((unsigned(m) + 1) * key_blocks + query_blocks - 1) / query_blocks));
+    const int turn = started - 1 - block;
+    return turn < 0 ? turn + int(key_blocks) : turn;
+  }
   int64_t first_key, end_key;
   w.mask.key_range_for_rows(int64_t(m) * Cfg::kBlockM, min(int64_t(m + 1) * Cfg::kBlockM, int64_t(w.seqlen_q)),
                             &first_key, &end_key);
-  const int block = w.key0 / Cfg::kBlockN;
   return a.last_key_block_first ? int((end_key - 1) / Cfg::kBlockN) - block : block - int(first_key / Cfg::kBlockN);
 }
 
+// In the deterministic mode dq_accum is not zeroed (a memset of 134 MB at B·S = 16k, H·D = 2048: 3-4% of a call
+// at 2k): turn 0 of each tile stores its pieces and the later turns add theirs; a tile nobody writes holds
+// garbage, and the conversion writes zeros for it.
 template <typename Cfg>
 __device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, const BackwardKernelArgs& a) {
   const bool leader = threadIdx.x % 32 == 0;
-  const QueryBlockOrder order(w, a.heads_per_kv);
+  const QueryBlockOrder<Cfg> order(w, a.heads_per_kv);
   for (int i = 0; i < order.blocks; ++i) {
     const int head = order.head(w, a.heads_per_kv, i), m = order.block(w, i);
-    float* tile = dq_accum_tile<Cfg>(a, w, head, m);
-    int* turns = a.dq_turns ? a.dq_turns + (int64_t(head) * a.ws_head_stride + w.ws_row0) / Cfg::kBlockM + m : nullptr;
+    // An index, pointers made from it at each use: the writer warp has 24 registers (kProducerRegisters).
+    const int tile = dq_tile_index<Cfg>(a, w, head, m);
+    bool first = false;
     // Piece by piece, the warpgroups in turn: a warpgroup's second hand-off waits behind one of the other's, not
     // behind all of them (hd 256: 2 pieces per warpgroup and block).
 #pragma unroll
@@ -372,17 +418,23 @@ __device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, con
         named_barrier_sync(kDqFullBarrier + wg, kDqHandoffThreads);
         const bool last_piece = Cfg::dq_last_handoff(wg, piece);
         if (leader) {
-          if (turns && wg == 0 && piece == 0) {
-            wait_for_turn(turns, dq_turn<Cfg>(a, w, m));
-            fence_async_global();  // the bulk additions below come after the previous holder's, as the turn says
+          if (a.dq_turns && wg == 0 && piece == 0) {
+            const int turn = dq_turn<Cfg>(a, w, m);
+            first = turn == 0;
+            wait_for_turn(a.dq_turns + tile, turn);
+            fence_async_global();  // the bulk writes below come after the previous holder's, as the turn says
           }
-          bulk_reduce_add_f32(tile + Cfg::dq_piece_offset(wg, piece), sm.dq_stage(wg),
-                              kWgmmaRows * Cfg::dq_stage_cols(wg) * 4);
+          float* dst = a.dq_accum + int64_t(tile) * Cfg::kBlockM * Cfg::kDqRowCols + Cfg::dq_piece_offset(wg, piece);
+          const uint32_t bytes = kWgmmaRows * Cfg::dq_stage_cols(wg) * 4;
+          if (first)
+            bulk_store_f32(dst, sm.dq_stage(wg), bytes);
+          else
+            bulk_reduce_add_f32(dst, sm.dq_stage(wg), bytes);
           bulk_commit();
-          if (turns && last_piece) {
-            bulk_wait<0>();  // the additions have completed, not only read the stages
+          if (a.dq_turns && last_piece) {
+            bulk_wait<0>();  // the writes have completed, not only read the stages
             fence_async_global();
-            pass_turn(turns);
+            pass_turn(a.dq_turns + tile);
           } else {
             bulk_wait_read<0>();
           }
@@ -898,12 +950,12 @@ __device__ void consume(BackwardConsumer<T, Cfg, kLast>& c, const KeyBlockWork& 
   // barrier on which both warpgroups meet in each block (gradients) hands over; block 0's before the loop, while K
   // and V load.
   if constexpr (Cfg::kDropout) {
-    const QueryBlockOrder first(w, heads_per_kv);
+    const QueryBlockOrder<Cfg> first(w, heads_per_kv);
     c.draw_keep_bits(first.head(w, heads_per_kv, 0), first.block(w, 0), 0);
     consumers_meet<Cfg>();
   }
   mbarrier_wait(c.sm.kv_full(), 0);
-  const QueryBlockOrder order(w, heads_per_kv);
+  const QueryBlockOrder<Cfg> order(w, heads_per_kv);
   RingPosition<Cfg::kStages> pos;
   RingPosition<Cfg::kDoStages> do_pos;
   // hd 64 (kScoresBeforeDv) runs the whole iteration in two copies, one for blocks that need no mask, chosen before
@@ -952,13 +1004,14 @@ __device__ void consume(BackwardConsumer<T, Cfg, kLast>& c, const KeyBlockWork& 
     w.mask.rows_seeing_all_keys(w.key0, int64_t(w.key0) + Cfg::kBlockN, &row_lo, &row_hi);
     const int unmasked_begin = int((row_lo + Cfg::kBlockM - 1) / Cfg::kBlockM);
     const int unmasked_end = int(min(row_hi, int64_t(w.seqlen_q)) / Cfg::kBlockM);
-    int head = order.head(w, heads_per_kv, 0), m = w.m_begin;
+    int head = order.head(w, heads_per_kv, 0), step = w.m_begin;
     for (int i = 0; i < order.blocks; ++i) {
+      const int m = sweep_block<Cfg>(w, step);
       if (m >= unmasked_begin && m < unmasked_end)
         block(i, head, m, std::integral_constant<int, kMaskKnownNo>{});
       else
         block(i, head, m, std::integral_constant<int, kMaskKnownYes>{});
-      if (++m == w.m_end) m = w.m_begin, ++head;
+      if (++step == w.m_end) step = w.m_begin, ++head;
     }
   } else {
     for (int i = 0; i < order.blocks; ++i)
@@ -1038,6 +1091,7 @@ struct DqConvertArgs {
   void* dq;
   int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
   const float* dq_accum;
+  const int* dq_turns;  // BackwardKernelArgs::dq_turns: where not null, a tile whose counter is 0 was never written
   int64_t ws_head_stride;
   const int32_t* cu_seqlens_q;  // null: padded batch of `batch` sequences of seqlen_q rows
   int batch, seqlen_q;
@@ -1057,7 +1111,7 @@ struct DqConvertArgs {
 // two float4s k, k + 1 so that each thread stores 16 bytes: 8 consecutive columns of one row (the 4-byte pair
 // stores ran at a third of HBM speed: 182 us against cuDNN's 56 for its own conversion at hd 128, 2k,
 // bench/results/hopper-backward.md). A block past its sequence's last row (the slack between sequences) writes
-// nothing.
+// nothing; one whose tile no key block wrote (no key visible to its rows) writes zeros.
 template <typename T, typename Cfg>
 __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel(const DqConvertArgs a) {
   const int64_t ws_row = int64_t(blockIdx.x) * Cfg::kBlockM;
@@ -1080,7 +1134,9 @@ __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel
           int64_t(head) * a.dq_head_stride;
   const float scale =
       Cfg::kDescaled ? a.scale * descale_of(a.descales.k, a.descales.k_strides, b, head / a.heads_per_kv) : a.scale;
-  const float* tile = a.dq_accum + (int64_t(head) * a.ws_head_stride + ws_row) * Cfg::kDqRowCols;
+  const int64_t tile_index = (int64_t(head) * a.ws_head_stride + ws_row) / Cfg::kBlockM;
+  const float* tile = a.dq_accum + tile_index * Cfg::kBlockM * Cfg::kDqRowCols;
+  const bool written = !a.dq_turns || a.dq_turns[tile_index] > 0;
   const int t = threadIdx.x, quad = t % 4;
   static_assert(Cfg::kDqStageCols % 16 == 0, "dq_convert_fragments_kernel: float4s in pairs");
   // Piece p is warpgroup p / kDqStagePieces's; a narrower last warpgroup has narrower pieces, or fewer
@@ -1099,7 +1155,8 @@ __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel
     const float4* stage = reinterpret_cast<const float4*>(
         tile + Cfg::dq_piece_offset(piece / Cfg::kDqStagePieces, piece % Cfg::kDqStagePieces));
 #pragma unroll
-    for (int k = 0; k < float4s_of(piece); ++k) v[piece][k] = stage[k * kWarpgroupThreads + t];
+    for (int k = 0; k < float4s_of(piece); ++k)
+      v[piece][k] = written ? stage[k * kWarpgroupThreads + t] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
 #pragma unroll
   for (int piece = 0; piece < kPieces; ++piece) {
@@ -1179,9 +1236,23 @@ Status launch(const BwdParams& p) {
   const int64_t ws_rows = rows.rows_q + int64_t(p.batch) * kWsAlign;
   const int64_t ws_head_stride = std::max<int64_t>((ws_rows + kWsAlign - 1) / kWsAlign * kWsAlign, kWsAlign);
   const size_t row_elems = size_t(p.heads_q) * size_t(ws_head_stride);
-  // Deterministic mode: one turn counter per (query head, workspace query block), after dq_accum.
-  const size_t turn_counters = p.deterministic ? row_elems / Cfg::kBlockM : 0;
-  const size_t ws_bytes = (2 * row_elems + row_elems * Cfg::kDqRowCols) * sizeof(float) + turn_counters * sizeof(int);
+  const int64_t key_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  // One CTA per SM (backward_config.h): a wave is the SM count.
+  const int sms = device_attribute(cudaDevAttrMultiProcessorCount, 1);
+  const bool no_mask = !rows.causal && rows.window_left < 0 && rows.window_right < 0;
+  // Rotated sweeps make a key block wait for later ones (dq_turn), so all of a KV head's must be able to run at
+  // once: at most half the SMs, so that kernels on other streams (a data-parallel all-reduce) holding some of them
+  // delay the call but do not stall it. Past that (long sequences) key order costs little: the queue at a tile is
+  // short beside the sweep (bench/results/hopper-backward.md).
+  const bool rotate_sweeps = p.deterministic && no_mask && 2 * key_blocks <= sms;
+  // Deterministic mode: the tiles' turn counters after D and LSE, and dq_accum after them on a 512-byte boundary,
+  // as it is without them (a build that left it on a 16-byte boundary ran 4-5% slower at hd 256, 16k). Zeroed up to
+  // dq_accum, which its first writers store into.
+  constexpr size_t kDqAccumAlignInts = 512 / sizeof(int);
+  const size_t turn_ints =
+      p.deterministic ? (row_elems / Cfg::kBlockM + kDqAccumAlignInts - 1) / kDqAccumAlignInts * kDqAccumAlignInts : 0;
+  const size_t ws_bytes = (2 + Cfg::kDqRowCols) * row_elems * sizeof(float) + turn_ints * sizeof(int);
+  const size_t zeroed_bytes = p.deterministic ? 2 * row_elems * sizeof(float) + turn_ints * sizeof(int) : ws_bytes;
   void* ws = nullptr;
   if (ws_bytes > 0) {
     Status got = workspace_alloc(&ws, ws_bytes, p.device.index, stream);
@@ -1191,17 +1262,17 @@ Status launch(const BwdParams& p) {
   rows.ws_seq_align = kWsAlign;
   rows.dsum = static_cast<float*>(ws);
   rows.lse_log2 = rows.dsum + row_elems;
-  rows.dq_accum = rows.lse_log2 + row_elems;
+  int* const dq_turns = p.deterministic ? reinterpret_cast<int*>(rows.lse_log2 + row_elems) : nullptr;
+  rows.dq_accum = reinterpret_cast<float*>(reinterpret_cast<int*>(rows.lse_log2 + row_elems) + turn_ints);
 
   Status st = [&]() -> Status {
     if (ws_bytes == 0) return Status::success();
-    // Zeroed whole: dq_accum is summed into, the turn counters count from 0, and the slack rows between
-    // sequences, which the tiles past a sequence's end load, must hold finite D values (their P is 0, but
+    // Zeroed up to dq_accum, or with it where it is summed into: the turn counters count from 0, and the slack rows
+    // between sequences, which the tiles past a sequence's end load, must hold finite D values (their P is 0, but
     // 0 · (dP − NaN) is not).
-    FA_CUDA_TRY(cudaMemsetAsync(ws, 0, ws_bytes, stream));
+    FA_CUDA_TRY(cudaMemsetAsync(ws, 0, zeroed_bytes, stream));
     Status pre = sm80_backward_preprocess(rows, p.dtype, stream);
     if (!pre.ok()) return pre;
-    const int64_t key_blocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
     if (key_blocks > 0 && p.batch > 0 && p.heads_kv > 0 && rows_k > 0) {
       const int64_t batch_dim = varlen ? 1 : p.batch;
       // In varlen the batch dimension has extent 1 and is never stepped; any valid stride will do.
@@ -1248,11 +1319,10 @@ Status launch(const BwdParams& p) {
       a.dv_batch_stride = p.dv_batch_stride, a.dv_row_stride = p.dv_row_stride, a.dv_head_stride = p.dv_head_stride;
       a.head_dim = int(p.head_dim), a.head_dim_v = int(p.head_dim_v);
       a.dq_accum = rows.dq_accum;
-      a.dq_turns = turn_counters ? reinterpret_cast<int*>(rows.dq_accum + row_elems * Cfg::kDqRowCols) : nullptr;
-      a.last_key_block_first = turn_counters && (rows.causal || rows.window_right >= 0);
-      // One CTA per SM (backward_config.h): a wave is the SM count.
-      a.tail_pairs = cuda::tail_pairs_for_wave(uint32_t(key_blocks),
-                                               device_attribute(cudaDevAttrMultiProcessorCount, 1));
+      a.dq_turns = dq_turns;
+      a.last_key_block_first = p.deterministic && (rows.causal || rows.window_right >= 0);
+      a.rotate_sweeps = rotate_sweeps;
+      a.tail_pairs = a.rotate_sweeps ? 0 : cuda::tail_pairs_for_wave(uint32_t(key_blocks), sms);
       a.ws_head_stride = ws_head_stride;
       a.ws_seq_align = kWsAlign;
       a.cu_seqlens_q = p.cu_seqlens_q;
@@ -1283,6 +1353,7 @@ Status launch(const BwdParams& p) {
     c.dq = p.dq;
     c.dq_batch_stride = p.dq_batch_stride, c.dq_row_stride = p.dq_row_stride, c.dq_head_stride = p.dq_head_stride;
     c.dq_accum = rows.dq_accum;
+    c.dq_turns = dq_turns;
     c.ws_head_stride = ws_head_stride;
     c.cu_seqlens_q = p.cu_seqlens_q;
     c.batch = int(p.batch);

@@ -528,6 +528,10 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, const float* sm
   ::cuda::ptx::cp_reduce_async_bulk(::cuda::ptx::space_global, ::cuda::ptx::space_shared, ::cuda::ptx::op_add, gmem,
                                     smem, bytes);
 }
+// gmem[0 .. bytes/4) = smem[0 .. bytes/4): bulk_reduce_add_f32's plain copy, with the same rules.
+__device__ __forceinline__ void bulk_store_f32(float* gmem, const float* smem, uint32_t bytes) {
+  ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_global, ::cuda::ptx::space_shared, gmem, smem, bytes);
+}
 __device__ __forceinline__ void bulk_commit() { ::cuda::ptx::cp_async_bulk_commit_group(); }
 // Until the shared memory of every committed group but the newest kPending has been read (it may be reused).
 template <int kPending>
