@@ -152,7 +152,7 @@ def test_backward_dispatch_on_hopper():
     q = torch.randn(1, 64, 2, 128, dtype=torch.bfloat16, device="cuda")
     choice = flashattn.choose_backend(q, q, q, backward=True)
     assert choice.backend == "cuda_sm90" and choice.supported, choice
-    # The deterministic mode (dQ summed in key-block order) runs on the Hopper kernel at every head dim.
+    # The deterministic mode (dQ summed in an order fixed per tile) runs on the Hopper kernel at every head dim.
     for d in (128, 256):
         qd = torch.randn(1, 64, 2, d, dtype=torch.bfloat16, device="cuda")
         choice = flashattn.choose_backend(qd, qd, qd, backward=True, deterministic=True)
