@@ -1243,7 +1243,8 @@ Status launch(const BwdParams& p) {
   // Rotated sweeps make a key block wait for later ones (dq_turn), so all of a KV head's must be able to run at
   // once: at most half the SMs, so that kernels on other streams (a data-parallel all-reduce) holding some of them
   // delay the call but do not stall it. Past that (long sequences) key order costs little: the queue at a tile is
-  // short beside the sweep (bench/results/hopper-backward.md).
+  // short beside the sweep (bench/results/hopper-backward.md). Not covered: a context held to fewer than half the
+  // SMs this attribute reports (MPS provisioning, green contexts); there the turn wait traps after seconds.
   const bool rotate_sweeps = p.deterministic && no_mask && 2 * key_blocks <= sms;
   // Deterministic mode: the tiles' turn counters after D and LSE, and dq_accum after them on a 512-byte boundary,
   // as it is without them (a build that left it on a 16-byte boundary ran 4-5% slower at hd 256, 16k). Zeroed up to
