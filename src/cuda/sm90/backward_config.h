@@ -184,7 +184,7 @@ struct BackwardConfig {
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0 && kDsBytes % 1024 == 0,
                 "sm90 backward: every tile starts on a 1024-byte swizzle atom");
   // kv_full, full[], empty[] (and do_full[], do_empty[]).
-  static constexpr int kBarrierBytes = 8 * (2 + 2 * kStages + (kSeparateDoRing ? 2 * kDoStages : 0));
+  static constexpr int kBarrierBytes = 8 * (1 + 2 * kStages + (kSeparateDoRing ? 2 * kDoStages : 0));
   static constexpr int kAlignSlack = 1024;
   static constexpr int kSmemBytes = 2 * kKVBytes + (kStages + kDoStages) * kQBytes + 2 * kDsTiles * kDsBytes +
                                     2 * kStages * kRowValueBytes + kStages * kMaskBytes +

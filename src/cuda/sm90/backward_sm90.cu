@@ -215,8 +215,7 @@ struct BackwardSmem {
     return reinterpret_cast<float*>(base + kDqOffset + wg * Cfg::kDqStageBytes);
   }
   __device__ uint64_t* kv_full() const { return reinterpret_cast<uint64_t*>(base + kBarrierOffset); }
-  __device__ uint64_t* v_full() const { return kv_full() + 1; }
-  __device__ uint64_t* full() const { return v_full() + 1; }
+  __device__ uint64_t* full() const { return kv_full() + 1; }
   __device__ uint64_t* empty() const { return full() + Cfg::kStages; }
   // dO's own ring (kSeparateDoRing).
   __device__ uint64_t* do_full() const { return empty() + Cfg::kStages; }
@@ -306,12 +305,14 @@ __device__ void produce(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, int 
                         const CUtensorMap* tm_k, const CUtensorMap* tm_v, const CUtensorMap* tm_do,
                         const CUtensorMap* tm_lse, const CUtensorMap* tm_dsum) {
   constexpr int kPanels = Cfg::kHeadDim / kPanelCols;
-  mbarrier_arrive_expect_tx(sm.kv_full(), Cfg::kKVBytes);
+  mbarrier_arrive_expect_tx(sm.kv_full(), 2 * Cfg::kKVBytes);
 #pragma unroll
-  for (int p = 0; p < kPanels; ++p)
+  for (int p = 0; p < kPanels; ++p) {
     tma_load_4d(sm.k() + p * Cfg::kBlockN * kSwizzleBytes, tm_k, p * kPanelCols, w.k_row0 + w.key0, w.kv_head,
                 w.batch_coord, sm.kv_full());
-  bool v_pending = true;
+    tma_load_4d(sm.v() + p * Cfg::kBlockN * kSwizzleBytes, tm_v, p * kPanelCols, w.k_row0 + w.key0, w.kv_head,
+                w.batch_coord, sm.kv_full());
+  }
   RingPosition<Cfg::kStages> pos;
   RingPosition<Cfg::kDoStages> do_pos;
   for (int g = 0; g < heads_per_kv; ++g) {
@@ -333,14 +334,6 @@ __device__ void produce(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, int 
       tma_load_2d(sm.lse_log2(pos.index), tm_lse, w.ws_row0 + m * Cfg::kBlockM, head, full);
       tma_load_2d(sm.dsum(pos.index), tm_dsum, w.ws_row0 + m * Cfg::kBlockM, head, full);
       pos.advance();
-      if (v_pending) {
-        v_pending = false;
-        mbarrier_arrive_expect_tx(sm.v_full(), Cfg::kKVBytes);
-#pragma unroll
-        for (int p = 0; p < kPanels; ++p)
-          tma_load_4d(sm.v() + p * Cfg::kBlockN * kSwizzleBytes, tm_v, p * kPanelCols, w.k_row0 + w.key0, w.kv_head,
-                      w.batch_coord, sm.v_full());
-      }
       if constexpr (Cfg::kSeparateDoRing) {
         // After the next Q: the consumers release dO once dV has landed, later than the Q stage before it.
         mbarrier_wait(&sm.do_empty()[do_pos.index], do_pos.phase ^ 1u);
@@ -854,12 +847,11 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
 
   // Sᵀ and dPᵀ of the query block staged in `stage` (its dO in `do_stage`, the same stage unless kSeparateDoRing:
   // then waited for once Sᵀ is issued, which needs only Q), issued as two commit groups.
-  __device__ void issue_scores(Scores& s, Scores& dp, int stage, int do_stage, uint32_t do_phase, bool first) {
+  __device__ void issue_scores(Scores& s, Scores& dp, int stage, int do_stage, uint32_t do_phase) {
     wgmma_fence();
     issue_transposed_scores<Cfg::kProductCols>(s, sm.k(), sm.q(stage));
     if constexpr (Cfg::kSeparateDoRing) {
       mbarrier_wait(&sm.do_full()[do_stage], do_phase);
-      if (first) mbarrier_wait(sm.v_full(), 0);
       wgmma_fence();  // after the wait's branch ptxas would insert one itself
     }
     issue_transposed_scores<Cfg::kProductColsV>(dp, sm.v(), sm.dout(do_stage));
@@ -963,9 +955,6 @@ __device__ void consume(BackwardConsumer<T, Cfg, kLast>& c, const KeyBlockWork& 
     consumers_meet<Cfg>();
   }
   mbarrier_wait(c.sm.kv_full(), 0);
-  // V's own barrier: waited for here where dO shares Q's stage (a wait between the two products made ptxas inject
-  // warpgroup arrives at hd 64 / 128), before the first dPᵀ where dO has a ring of its own (issue_scores).
-  if constexpr (!Cfg::kSeparateDoRing) mbarrier_wait(c.sm.v_full(), 0);
   const QueryBlockOrder<Cfg> order(w, heads_per_kv);
   RingPosition<Cfg::kStages> pos;
   RingPosition<Cfg::kDoStages> do_pos;
@@ -980,7 +969,7 @@ __device__ void consume(BackwardConsumer<T, Cfg, kLast>& c, const KeyBlockWork& 
     typename BackwardConsumer<T, Cfg, kLast>::Scores s, dp;
     mbarrier_wait(&c.sm.full()[pos.index], pos.phase);
     const int do_stage = Cfg::kSeparateDoRing ? do_pos.index : pos.index;
-    c.issue_scores(s, dp, pos.index, do_stage, do_pos.phase, i == 0);
+    c.issue_scores(s, dp, pos.index, do_stage, do_pos.phase);
     if constexpr (Cfg::kDropout) {
       if (i + 1 < order.blocks)
         c.draw_keep_bits(order.head(w, heads_per_kv, i + 1), order.block(w, i + 1), (i + 1) % 2);
@@ -1058,7 +1047,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (w.key0 >= w.seqlen_k) return;  // a varlen sequence shorter than this block: the whole CTA leaves
   if (threadIdx.x == 0) {
     mbarrier_init(sm.kv_full(), 1);
-    mbarrier_init(sm.v_full(), 1);
     for (int s = 0; s < Cfg::kStages; ++s) {
       mbarrier_init(&sm.full()[s], 1);
       mbarrier_init(&sm.empty()[s], Cfg::kConsumerWarps);
