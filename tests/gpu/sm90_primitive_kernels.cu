@@ -397,8 +397,7 @@ __global__ void turn_ordered_tiles_kernel(int tiles, float* sums, int* turns) {
   const int turn = int(blockIdx.x);
   for (int t = 0; t < tiles; ++t) {
     float* tile = sums + size_t(t) * kFloats;
-    wait_for_turn(turns + t, turn);
-    fence_async_global();
+    take_bulk_turn(turns + t, turn);
     for (int p = 0; p < kTurnTestParts; ++p) {
       float* dst = tile + p * kTurnTestPartFloats;
       const float* src = parts + p * kTurnTestPartFloats;
@@ -408,9 +407,7 @@ __global__ void turn_ordered_tiles_kernel(int tiles, float* sums, int* turns) {
         bulk_reduce_add_f32(dst, src, kTurnTestPartFloats * 4);
       bulk_commit();
     }
-    bulk_wait<0>();
-    fence_async_global();
-    pass_turn(turns + t);
+    pass_bulk_turn(turns + t);
   }
 }
 

@@ -43,8 +43,8 @@ cudaError_t tma_ring_copy(const CUtensorMap& map, int tiles, uint16_t* out);
 // forward's epilogue) and stores its four words to out[4l .. 4l+3].
 cudaError_t quad_transpose_words(const uint32_t* in, uint32_t* out);
 
-// The deterministic backward's dQ protocol (wait_for_turn, bulk_store_f32 / bulk_reduce_add_f32, pass_turn): each
-// of `ctas` CTAs, all resident at once, writes kTurnTestParts parts of kTurnTestPartFloats floats into each of
+// The deterministic backward's dQ protocol (take_bulk_turn, bulk_store_f32 / bulk_reduce_add_f32, pass_bulk_turn):
+// each of `ctas` CTAs, all resident at once, writes kTurnTestParts parts of kTurnTestPartFloats floats into each of
 // `tiles` tiles of `sums` (not zeroed) in turn, CTA c's turn being c: turn 0 stores, the others add. Element i of
 // CTA c's parts is c + 1 + i % 7; `turns` holds `tiles` zeroed counters.
 constexpr int kTurnTestParts = 2, kTurnTestPartFloats = 1024;

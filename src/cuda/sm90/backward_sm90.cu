@@ -352,12 +352,17 @@ __device__ void produce(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, int 
 // What consume knows of a query block's mask when it calls gradients (consume's two copies of the iteration).
 constexpr int kMaskUnknown = 0, kMaskKnownNo = 1, kMaskKnownYes = 2;
 
-// The index of query block m of `head` among dq_accum's tiles (kBlockM x kDqRowCols floats, kDqStagePieces pieces
-// per consumer warpgroup, each in its register fragments' order: BackwardConfig::dq_piece_offset) and their turn
-// counters (BackwardKernelArgs::dq_turns). 32 bits: a tile is at least 16 KB of workspace.
+// dq_accum's tiles (kBlockM x kDqRowCols floats, kDqStagePieces pieces per consumer warpgroup, each in its register
+// fragments' order: BackwardConfig::dq_piece_offset) and their turn counters (BackwardKernelArgs::dq_turns), by
+// index: the tile of `head` whose first workspace row is ws_row (a multiple of kBlockM), and the tile itself. The
+// writer (write_dq) and the conversion (dq_convert_fragments_kernel) both address them so.
 template <typename Cfg>
-__device__ int dq_tile_index(const BackwardKernelArgs& a, const KeyBlockWork& w, int head, int m) {
-  return int((int64_t(head) * a.ws_head_stride + w.ws_row0) / Cfg::kBlockM) + m;
+__device__ __forceinline__ int64_t dq_tile_index(int64_t ws_head_stride, int head, int64_t ws_row) {
+  return (int64_t(head) * ws_head_stride + ws_row) / Cfg::kBlockM;
+}
+template <typename Cfg, typename F>
+__device__ __forceinline__ F* dq_accum_tile(F* dq_accum, int64_t index) {
+  return dq_accum + index * Cfg::kBlockM * Cfg::kDqRowCols;
 }
 
 // ---- dQ writer: one warp of the producer warpgroup adds each consumer warpgroup's dQ stage to dq_accum with one
@@ -405,8 +410,9 @@ __device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, con
   const QueryBlockOrder<Cfg> order(w, a.heads_per_kv);
   for (int i = 0; i < order.blocks; ++i) {
     const int head = order.head(w, a.heads_per_kv, i), m = order.block(w, i);
-    // An index, pointers made from it at each use: the writer warp has 24 registers (kProducerRegisters).
-    const int tile = dq_tile_index<Cfg>(a, w, head, m);
+    // An index in 32 bits (a tile is at least 16 KB of workspace), pointers made from it at each use: the writer
+    // warp has 24 registers (kProducerRegisters).
+    const int tile = int(dq_tile_index<Cfg>(a.ws_head_stride, head, w.ws_row0)) + m;
     bool first = false;
     // Piece by piece, the warpgroups in turn: a warpgroup's second hand-off waits behind one of the other's, not
     // behind all of them (hd 256: 2 pieces per warpgroup and block).
@@ -421,10 +427,9 @@ __device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, con
           if (a.dq_turns && wg == 0 && piece == 0) {
             const int turn = dq_turn<Cfg>(a, w, m);
             first = turn == 0;
-            wait_for_turn(a.dq_turns + tile, turn);
-            fence_async_global();  // the bulk writes below come after the previous holder's, as the turn says
+            take_bulk_turn(a.dq_turns + tile, turn);
           }
-          float* dst = a.dq_accum + int64_t(tile) * Cfg::kBlockM * Cfg::kDqRowCols + Cfg::dq_piece_offset(wg, piece);
+          float* dst = dq_accum_tile<Cfg>(a.dq_accum, tile) + Cfg::dq_piece_offset(wg, piece);
           const uint32_t bytes = kWgmmaRows * Cfg::dq_stage_cols(wg) * 4;
           if (first)
             bulk_store_f32(dst, sm.dq_stage(wg), bytes);
@@ -432,9 +437,7 @@ __device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, con
             bulk_reduce_add_f32(dst, sm.dq_stage(wg), bytes);
           bulk_commit();
           if (a.dq_turns && last_piece) {
-            bulk_wait<0>();  // the writes have completed, not only read the stages
-            fence_async_global();
-            pass_turn(a.dq_turns + tile);
+            pass_bulk_turn(a.dq_turns + tile);
           } else {
             bulk_wait_read<0>();
           }
@@ -1134,8 +1137,8 @@ __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel
           int64_t(head) * a.dq_head_stride;
   const float scale =
       Cfg::kDescaled ? a.scale * descale_of(a.descales.k, a.descales.k_strides, b, head / a.heads_per_kv) : a.scale;
-  const int64_t tile_index = (int64_t(head) * a.ws_head_stride + ws_row) / Cfg::kBlockM;
-  const float* tile = a.dq_accum + tile_index * Cfg::kBlockM * Cfg::kDqRowCols;
+  const int64_t tile_index = dq_tile_index<Cfg>(a.ws_head_stride, head, ws_row);
+  const float* tile = dq_accum_tile<Cfg>(a.dq_accum, tile_index);
   const bool written = !a.dq_turns || a.dq_turns[tile_index] > 0;
   const int t = threadIdx.x, quad = t % 4;
   static_assert(Cfg::kDqStageCols % 16 == 0, "dq_convert_fragments_kernel: float4s in pairs");
@@ -1263,8 +1266,9 @@ Status launch(const BwdParams& p) {
   rows.ws_seq_align = kWsAlign;
   rows.dsum = static_cast<float*>(ws);
   rows.lse_log2 = rows.dsum + row_elems;
-  int* const dq_turns = p.deterministic ? reinterpret_cast<int*>(rows.lse_log2 + row_elems) : nullptr;
-  rows.dq_accum = reinterpret_cast<float*>(reinterpret_cast<int*>(rows.lse_log2 + row_elems) + turn_ints);
+  int* const after_rows = reinterpret_cast<int*>(rows.lse_log2 + row_elems);
+  int* const dq_turns = p.deterministic ? after_rows : nullptr;
+  rows.dq_accum = reinterpret_cast<float*>(after_rows + turn_ints);
 
   Status st = [&]() -> Status {
     if (ws_bytes == 0) return Status::success();

@@ -562,6 +562,18 @@ __device__ __forceinline__ void wait_for_turn(const int* counter, int turn) {
 __device__ __forceinline__ void pass_turn(int* counter) {
   ::cuda::atomic_ref<int, ::cuda::thread_scope_device>(*counter).fetch_add(1, ::cuda::memory_order_release);
 }
+// The same turns for bulk (async-proxy) writes: after take_bulk_turn, the bulk writes this thread issues come after
+// the previous holder's; pass_bulk_turn waits for this thread's committed bulk writes to complete (not only to have
+// read shared memory) and passes the turn on.
+__device__ __forceinline__ void take_bulk_turn(const int* counter, int turn) {
+  wait_for_turn(counter, turn);
+  fence_async_global();
+}
+__device__ __forceinline__ void pass_bulk_turn(int* counter) {
+  bulk_wait<0>();
+  fence_async_global();
+  pass_turn(counter);
+}
 
 // Pulls a tensor map's descriptor into the cache ahead of its first use.
 __device__ __forceinline__ void tma_prefetch_map(const void* map) {
