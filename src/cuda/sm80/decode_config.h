@@ -63,9 +63,8 @@ constexpr int decode_smem_bytes(int bucket, int block_m) {
 constexpr int kMaxDecodeSplits = 256;
 // Splits merged inside the decode kernel (sm_90 and later): the splits of one row block form a thread-block cluster
 // and read each other's partials from shared memory, so no combine kernel and no fp32 workspace: the b = 1 decode
-// step is one launch. Past the portable cluster size (8) on sm_90's non-portable allowance; where a device does not
-// run that many the occupancy query says no and the combine kernel takes them.
-constexpr int kMaxClusterSplits = 16;
+// step is one launch. The portable cluster size: larger split counts take the combine kernel.
+constexpr int kMaxClusterSplits = 8;
 // The split count the heuristic keeps to unless one block per SM takes more (decode_num_splits below).
 constexpr int kDecodeCombineSplits = 16;
 // The most key tiles more per split for which the heuristic takes kMaxClusterSplits clustered splits over more

@@ -106,10 +106,6 @@ Status launch_decode_plan(const FwdParams& p) {
   const bool cached = p.device.index >= 0 && p.device.index < kMaxDevices;
   if (!cached || !smem_set[p.device.index].load(std::memory_order_acquire)) {
     FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    // Clusters past 8 CTAs (kMaxClusterSplits); refused by devices without clusters, which never launch them.
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-      cudaGetLastError();
-    }
     if (cached) smem_set[p.device.index].store(true, std::memory_order_release);
   }
 
