@@ -82,6 +82,17 @@ std::vector<GpuKVParam> gpu_grid() {
     s.seed = 100 + uint64_t(splits);
     out.push_back({s, Backend::cuda_sm90});
   }
+  // Grids that fill the GPU without splitting the keys run the rows16 plan, smaller ones rows16_wide
+  // (decode_launch.cuh launch_decode; every case above is small): 48 x 8 and 32 x 8 row blocks at d 64 and 128 reach
+  // 80% of an H100's / H200's block slots (3 and 2 rows16 blocks per SM); random lengths past a tile, dense and paged,
+  // one query row and four.
+  for (int d : {64, 128}) {
+    KVCaseSpec s;
+    s.batch = d == 64 ? 48 : 32, s.h_q = 32, s.h_kv = 8, s.d = d, s.d_v = d, s.capacity = 300;
+    s.page_size = d == 64 ? 0 : 16, s.s_q = d == 64 ? 1 : 4, s.causal = d == 128, s.s_new = 1;
+    s.seed = 300 + uint64_t(d);
+    out.push_back({s, Backend::cuda_sm90});
+  }
   // Packed rows past one m16 tile (s_q x group > 16) over caches large enough for the 64-row plan
   // (decode_launch.cuh decode_tall_rows; each case is at or above its threshold): one partial block, several blocks, exactly one, one row into
   // the second warp; pages of powers of two and not (3, 48: the division path), leftpads off the page grid,

@@ -1,7 +1,7 @@
 // Every tile-size decision of the split-KV decode kernel (decode_kernel.cuh), in one constexpr place.
 //
-// Compile-time axes: dtype x head-dim bucket (the forward's buckets, forward_config.h). Page size, lengths,
-// GQA ratio, causal / window / softcap and the split count are runtime.
+// Compile-time axes: dtype x head-dim bucket (the forward's buckets, forward_config.h) x plan (DecodePlan). Page
+// size, lengths, GQA ratio, causal / window / softcap and the split count are runtime.
 #pragma once
 
 #include <algorithm>
@@ -20,42 +20,60 @@ struct DecodeTile {
   constexpr int key_warps() const { return warps / row_warps(); }
 };
 
-// Packed-row plans: a call whose seqlen_q x group fits one m16 tile runs kDecodeRowsShort; taller ones run
-// kDecodeRowsTall (the 16-row plan re-reads the whole K/V once per 16 packed rows) where the 16-row plan would
-// read at least this many key rows (batch x heads_kv x capacity x its row blocks), else its more blocks win
-// (decode_launch.cuh decode_tall_rows).
+// The kernel's plans (a template axis of decode_kernel, chosen per call in decode_launch.cuh launch_decode):
+// - rows16: one m16 tile of packed rows, 64-key tiles over 4 warps;
+// - rows16_wide: the same rows, 128-key tiles over 8 warps (head dims up to kDecodeWideMaxBucket), for grids
+//   smaller than the GPU;
+// - rows64: 64 packed rows, 64-key tiles over 4 warps.
+// A call whose seqlen_q x group fits one m16 tile runs a 16-row plan; taller ones run rows64 (the 16-row plans
+// re-read the whole K/V once per 16 packed rows) where a 16-row plan would read at least this many key rows
+// (batch x heads_kv x capacity x its row blocks), else its more blocks win (decode_launch.cuh decode_tall_rows).
+enum class DecodePlan { rows16, rows16_wide, rows64 };
 constexpr int kDecodeRowsShort = 16;
 constexpr int kDecodeRowsTall = 64;
 constexpr int64_t kDecodeTallRowsRead = int64_t(1) << 20;
 constexpr int64_t kDecodeTallPagedRowsRead = int64_t(1) << 18;
+constexpr int kDecodeWideMaxBucket = 128;
 
 // Why these numbers (H100/H200, 2-byte elements): decode is a stream of K/V through shared memory with a few
 // query rows against it, so the tile is sized for bytes in flight, not for FLOPs.
 // - block_m 16: one m16 mma tile. A GQA group of 4-8 query heads at s_q = 1 fills 4-8 of its rows; a 64-row
-//   tile (the forward's) would spend 8-16x the tensor work on padding. Its 4 warps split each K/V tile by keys
+//   tile (the forward's) would spend 8-16x the tensor work on padding. Its warps split each K/V tile by keys
 //   (16 keys each) and keep their own online softmax; they merge once at the end through shared memory.
 // - block_m 64 (speculative decoding, chunked prefill, GQA groups above 16 rows): each warp owns 16 rows and
 //   every key of the tile, so K/V are read once per 64 packed rows; the merge is then a plain copy.
 // - stages: as many 64-key tiles in flight as keep two blocks per SM: d 64: 4 x 16 KB, d 128: 3 x 32 KB
 //   (the 64-row Q tile adds 16 KB: 2 x 113 KB still fit 228 KB), d 256: 2 x 64 KB (one block per SM there).
-constexpr DecodeTile decode_tile(int bucket, int block_m) {
+// - rows16_wide: where the grid is smaller than the GPU (b = 1 or 8 with GQA 32 / 8: 8 or 64 row blocks, split by
+//   keys to fill it), a block's time goes by its warps' latency per key tile (one warp per scheduler, about 0.2
+//   instructions a cycle; bench/results/decode.md), not by bytes: twice the warps take a split's keys in half the
+//   passes. 2 stages of 128 keys: d 128: 132 KB, one block per SM (A100's 164 KB hold it too); d 64: 66 KB. On an
+//   H100 against rows16: b = 8, 1k keys 14.5 -> 12.5 us, b = 1, 1k 8.5 -> 7.9; 3 stages measured level with 2.
+//   Where the rows16 grid fills the GPU without splits (b = 64: 512 row blocks), rows16 stays 3-7% faster (its
+//   second block per SM starts while the first drains).
+constexpr DecodeTile decode_tile(int bucket, DecodePlan plan) {
+  if (plan == DecodePlan::rows16_wide) return DecodeTile{kDecodeRowsShort, 128, 8, 2, 1};
+  const int block_m = plan == DecodePlan::rows64 ? kDecodeRowsTall : kDecodeRowsShort;
   return DecodeTile{block_m, 64, 4, bucket == 64 ? 4 : bucket == 128 ? 3 : 2, 1};
 }
+// The key unit of the split heuristic (decode_num_splits): 64 keys whatever the plan's tile, so that one rule
+// serves both tile widths; the kernel splits its own tiles evenly between the splits it is given.
+constexpr int kDecodeSplitUnit = 64;
 
 // float8_e4m3fn caches (decode_kernel.cuh kFp8): K / V tiles stay e4m3 in shared memory, half a 16-bit tile each, so
-// the 16-bit plan's shared memory holds twice the stages (d 64: 8, d 128: 6, d 256: 4).
-constexpr int decode_fp8_stages(int bucket, int block_m) { return 2 * decode_tile(bucket, block_m).stages; }
+// the 16-bit plan's shared memory holds twice the stages (rows16 d 64: 8, d 128: 6, d 256: 4).
+constexpr int decode_fp8_stages(int bucket, DecodePlan plan) { return 2 * decode_tile(bucket, plan).stages; }
 
 // Dynamic shared memory: Q tile + stages x (K + V), 2-byte elements; the warps' merge reuses the K/V buffers, and
 // behind it the block's partial (O and LSE in fp32) waits for the other splits of its cluster (cluster combine).
-constexpr int decode_merge_bytes(int bucket, int block_m) {
-  const DecodeTile t = decode_tile(bucket, block_m);
+constexpr int decode_merge_bytes(int bucket, DecodePlan plan) {
+  const DecodeTile t = decode_tile(bucket, plan);
   return t.key_warps() * t.block_m * (bucket + 2) * 4;  // per key warp and row: O (fp32) + max and sum
 }
-constexpr int decode_smem_bytes(int bucket, int block_m) {
-  const DecodeTile t = decode_tile(bucket, block_m);
+constexpr int decode_smem_bytes(int bucket, DecodePlan plan) {
+  const DecodeTile t = decode_tile(bucket, plan);
   const int pipeline = (t.block_m + 2 * t.stages * t.block_n) * bucket * 2;
-  const int merge_and_partial = decode_merge_bytes(bucket, block_m) + t.block_m * (bucket + 1) * 4;
+  const int merge_and_partial = decode_merge_bytes(bucket, plan) + t.block_m * (bucket + 1) * 4;
   return pipeline > merge_and_partial ? pipeline : merge_and_partial;
 }
 
@@ -71,8 +89,15 @@ constexpr int kDecodeCombineSplits = 16;
 // splits through the combine kernel (decode_num_splits below).
 constexpr int kClusterExtraTiles = 2;
 
+// Whether a grid of `tiles` blocks (row blocks x KV heads x batch) leaves the GPU's block slots (sms x per_sm) short
+// enough that the keys are split (decode_num_splits' first step): below 80% of them.
+constexpr bool decode_grid_below_gpu(int64_t tiles, int sms, int per_sm) {
+  return tiles < int64_t(std::max(sms, 1)) * std::max(per_sm, 1) * 8 / 10;
+}
+
 // Key splits per sequence when the caller leaves it to us (num_splits = 0). `tiles` = blocks of one split,
-// `key_blocks` = key tiles of the longest possible sequence (the capacity: lengths live on the device); the device
+// `key_blocks` = kDecodeSplitUnit-key units of the longest possible sequence (the capacity: lengths live on the
+// device), the "tiles" below (those of rows16); the device
 // has `sms` SMs of `per_sm` blocks each; cluster_fits(s) says whether s splits would merge in clusters
 // (decode_launch.cuh launch_decode_plan). Each step measured on the H200 (bench/results/decode.md, 2026-12-02):
 // 1. FA2's wave rule over the block slots: among the split counts that keep at least two key tiles per split, the
@@ -93,7 +118,7 @@ template <typename ClusterFits>
 int decode_num_splits(int64_t tiles, int64_t key_blocks, int sms, int per_sm, bool paged, ClusterFits cluster_fits) {
   sms = std::max(sms, 1);
   const int slots = sms * std::max(per_sm, 1);
-  if (tiles <= 0 || tiles >= int64_t(slots) * 8 / 10) return 1;
+  if (tiles <= 0 || !decode_grid_below_gpu(tiles, sms, per_sm)) return 1;
   const int most = int(std::min<int64_t>({int64_t(kMaxDecodeSplits), key_blocks / 2, int64_t(slots)}));
   if (most <= 1) return 1;
   auto efficiency = [&](int s) {

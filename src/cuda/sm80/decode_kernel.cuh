@@ -10,9 +10,9 @@
 // writes its normalised partial O and LSE (fp32) for decode_combine_kernel.
 //
 // Warp roles: none. All threads issue the cp.async copies. The warps split the block's rows into m16 tiles and
-// each tile's keys (decode_config.h: the 16-row plan has 4 warps on 16 keys each of one row tile, the 64-row plan
-// one warp per row tile on all keys); each warp computes S = Q Kᵀ and O += P V for its rows and keys with its own
-// online softmax, and the warps merge (max, sum, O) once at the end through shared memory.
+// each tile's keys (decode_config.h DecodePlan: the 16-row plans have 4 or 8 warps on 16 keys each of one row tile,
+// the 64-row plan one warp per row tile on all keys); each warp computes S = Q Kᵀ and O += P V for its rows and keys
+// with its own online softmax, and the warps merge (max, sum, O) once at the end through shared memory.
 //
 // Shared memory (decode_config.h): Q tile (block_m x D) + stages x (K + V tiles, block_n x D each), swizzled
 // (tile_io.cuh); the merge reuses the K/V buffers, followed by the block's partial in a cluster combine. K/V
@@ -194,25 +194,25 @@ struct PagedTileRows {
   }
 };
 
-template <typename T, int kD, int kRowsPlan, bool kFp8>
+template <typename T, int kD, DecodePlan kPlan, bool kFp8>
 struct DecodeKernel {
   using In = std::conditional_t<kFp8, uint8_t, T>;  // the element type of Q, K and V in global memory
   // The element type of the Q tile and the tensor-core products: float8 widens to float16 exactly in one conversion
   // per pair (to bfloat16 it would take three, through fp32), and P in float16 keeps more bits.
   using Mma = std::conditional_t<kFp8, __half, T>;
-  static constexpr DecodeTile kTile = decode_tile(kD, kRowsPlan);
+  static constexpr DecodeTile kTile = decode_tile(kD, kPlan);
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kWarps = kTile.warps;
   static constexpr int kKeyWarps = kTile.key_warps();
   static constexpr int kStages = kTile.stages;
   // K / V tiles in flight: 16-bit, or e4m3 (half the bytes, so twice as many).
-  static constexpr int kLoadStages = kFp8 ? decode_fp8_stages(kD, kRowsPlan) : kStages;
+  static constexpr int kLoadStages = kFp8 ? decode_fp8_stages(kD, kPlan) : kStages;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpKeys = kBlockN / kKeyWarps;
   static constexpr int kNTiles = kWarpKeys / 8;  // n-tiles of the warp's S
   static constexpr int kDTiles = kD / 8;
-  static constexpr int kSmemBytes = decode_smem_bytes(kD, kRowsPlan);
+  static constexpr int kSmemBytes = decode_smem_bytes(kD, kPlan);
   static_assert(!kFp8 || kBlockM * kD * 2 + 2 * kLoadStages * kBlockN * kD <= kSmemBytes,
                 "the e4m3 tiles fit the 16-bit plan's shared memory");
   static_assert(kBlockM % 16 == 0 && kTile.row_warps() * kKeyWarps == kWarps, "one m16 tile of rows per warp");
@@ -369,7 +369,11 @@ struct DecodeKernel {
     if constexpr (kFp8) {
       load_e4m3_q<kBlockM, kD, kThreads>(sQ, q_row, a.head_dim, a.q_vec);  // read by all after the first barrier
     } else {
-      gather_tile<kBlockM, kD, kThreads>(sQ, q_row, static_cast<const In*>(a.q), a.head_dim, a.q_vec);
+      // Whole rows per pass: fewer threads than the block where a pass of all of them would span more rows.
+      constexpr int kQThreads = kThreads < kBlockM * kD / 8 ? kThreads : kBlockM * kD / 8;
+      if (int(threadIdx.x) < kQThreads) {
+        gather_tile<kBlockM, kD, kQThreads>(sQ, q_row, static_cast<const In*>(a.q), a.head_dim, a.q_vec);
+      }
     }
     for (int s = 0; s < kLoadStages - 1; ++s) load_kv(s);  // the first group also carries Q
     // Q's fragments in registers for the whole loop where they fit beside O (16-bit, d <= 128: 32 registers at
@@ -454,6 +458,7 @@ struct DecodeKernel {
     for (int half = 0; half < 2; ++half) {
       const int row = row_warp * 16 + g + 8 * half;
       const float sum = quad_sum(softmax.row_sum[0][half]);
+      if (row >= rows) continue;  // padding rows (a GQA group below 16): nobody reads them
       if (q == 0) {
         sMax[key_warp * kBlockM + row] = softmax.row_max[0][half];
         sSum[key_warp * kBlockM + row] = sum;
@@ -470,7 +475,7 @@ struct DecodeKernel {
     __syncthreads();
 
     const bool single = a.num_splits == 1;
-    float* sPartialO = sMerge + decode_merge_bytes(kD, kBlockM) / 4;  // [kBlockM][kD] (cluster combine)
+    float* sPartialO = sMerge + decode_merge_bytes(kD, kPlan) / 4;  // [kBlockM][kD] (cluster combine)
     float* sPartialLse = sPartialO + kBlockM * kD;                     // [kBlockM]
     for (int idx = int(threadIdx.x); idx < rows * kD; idx += kThreads) {
       const int row = idx / kD, c = idx % kD;
@@ -557,9 +562,9 @@ struct DecodeKernel {
   }
 };
 
-template <typename T, int kD, int kRowsPlan, bool kFp8>
-__global__ void __launch_bounds__(DecodeKernel<T, kD, kRowsPlan, kFp8>::kThreads,
-                                  decode_tile(kD, kRowsPlan).min_blocks_sm)
+template <typename T, int kD, DecodePlan kPlan, bool kFp8>
+__global__ void __launch_bounds__(DecodeKernel<T, kD, kPlan, kFp8>::kThreads,
+                                  decode_tile(kD, kPlan).min_blocks_sm)
     decode_kernel(const __grid_constant__ DecodeKernelArgs args) {
   extern __shared__ __align__(128) unsigned char smem[];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -567,7 +572,7 @@ __global__ void __launch_bounds__(DecodeKernel<T, kD, kRowsPlan, kFp8>::kThreads
   // slots now and wait there for this grid's partials: its launch overlaps the decode instead of following it.
   cudaTriggerProgrammaticLaunchCompletion();
 #endif
-  DecodeKernel<T, kD, kRowsPlan, kFp8>::run(args, smem);
+  DecodeKernel<T, kD, kPlan, kFp8>::run(args, smem);
 }
 
 // Merges the splits' partial outputs: per (packed query row, head) one block reads every split's LSE, weighs the

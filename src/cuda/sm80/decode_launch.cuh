@@ -1,6 +1,6 @@
-// Host side of the split-KV decode: FwdParams -> DecodeKernelArgs, the split count, the partials' workspace and
-// the launches (decode_kernel; then decode_combine_kernel when split and not merged in clusters). Instantiated once per head-dim
-// bucket in decode_hd*.cu so that the buckets compile in parallel.
+// Host side of the split-KV decode: the plan, FwdParams -> DecodeKernelArgs, the split count, the partials'
+// workspace and the launches (decode_kernel; then decode_combine_kernel when split and not merged in clusters).
+// Instantiated once per head-dim bucket in decode_hd*.cu so that the buckets compile in parallel.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -51,18 +51,18 @@ bool sm90_binary(int device) {
   return sm90;
 }
 
-// How many clusters of `splits` CTAs of decode_kernel<T, kD, kRowsPlan> run at once on the current device,
+// How many clusters of `splits` CTAs of decode_kernel<T, kD, kPlan> run at once on the current device,
 // `device`: 0 where the binary that runs there is older than sm_90. Asked once per device, kernel and cluster size
 // (static storage: -1 stored as 0 = not asked).
-template <typename T, int kD, int kRowsPlan, bool kFp8>
+template <typename T, int kD, DecodePlan kPlan, bool kFp8>
 int decode_cluster_capacity(int device, int splits) {
-  using Kernel = DecodeKernel<T, kD, kRowsPlan, kFp8>;
+  using Kernel = DecodeKernel<T, kD, kPlan, kFp8>;
   static std::atomic<int> asked[kMaxDevices][kMaxClusterSplits + 1];  // capacity + 1; 0: not asked
   const bool cached = device >= 0 && device < kMaxDevices && splits >= 0 && splits <= kMaxClusterSplits;
   const int known = cached ? asked[device][splits].load(std::memory_order_relaxed) : 0;
   if (known != 0) return known - 1;
   int capacity = 0;
-  constexpr auto kernel = decode_kernel<T, kD, kRowsPlan, kFp8>;
+  constexpr auto kernel = decode_kernel<T, kD, kPlan, kFp8>;
   if (sm90_binary<kernel>(device)) {
     cudaLaunchAttribute cluster{};
     const cudaLaunchConfig_t config = cluster_launch_config(dim3(unsigned(splits)), Kernel::kThreads,
@@ -74,9 +74,40 @@ int decode_cluster_capacity(int device, int splits) {
   return capacity;
 }
 
-template <typename T, int kD, int kRowsPlan, bool kFp8>
+// The device's SMs and how many blocks of decode_kernel<T, kD, kPlan, kFp8> each holds, with the kernel's dynamic
+// shared memory allowance set (it must be before a launch or an occupancy query). Asked once per device (static
+// storage: 0, "not asked").
+struct DecodeOccupancy {
+  int sms = 1, per_sm = 1;
+};
+template <typename T, int kD, DecodePlan kPlan, bool kFp8>
+cudaError_t decode_occupancy(int device, DecodeOccupancy* out) {
+  using Kernel = DecodeKernel<T, kD, kPlan, kFp8>;
+  constexpr auto kernel = decode_kernel<T, kD, kPlan, kFp8>;
+  static std::atomic<int> sms_asked[kMaxDevices], per_sm_asked[kMaxDevices];
+  const bool cached = device >= 0 && device < kMaxDevices;
+  int sms = cached ? sms_asked[device].load(std::memory_order_acquire) : 0;
+  int per_sm = cached ? per_sm_asked[device].load(std::memory_order_acquire) : 0;
+  if (sms == 0 || per_sm == 0) {
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSmemBytes);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err == cudaSuccess) {
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Kernel::kThreads, Kernel::kSmemBytes);
+    }
+    if (err != cudaSuccess) return err;
+    sms = std::max(sms, 1), per_sm = std::max(per_sm, 1);
+    if (cached) {
+      per_sm_asked[device].store(per_sm, std::memory_order_release);
+      sms_asked[device].store(sms, std::memory_order_release);
+    }
+  }
+  out->sms = sms, out->per_sm = per_sm;
+  return cudaSuccess;
+}
+
+template <typename T, int kD, DecodePlan kPlan, bool kFp8>
 Status launch_decode_plan(const FwdParams& p) {
-  using Kernel = DecodeKernel<T, kD, kRowsPlan, kFp8>;
+  using Kernel = DecodeKernel<T, kD, kPlan, kFp8>;
   constexpr int kSmem = Kernel::kSmemBytes;
   DecodeKernelArgs a{};
   fill_attention_args(p, &a);
@@ -101,13 +132,10 @@ Status launch_decode_plan(const FwdParams& p) {
   detail::DeviceGuard guard(p.device.index);
   FA_CUDA_TRY(guard.status());
   auto stream = static_cast<cudaStream_t>(p.stream);
-  constexpr auto kernel = decode_kernel<T, kD, kRowsPlan, kFp8>;
-  static std::atomic<bool> smem_set[kMaxDevices];
-  const bool cached = p.device.index >= 0 && p.device.index < kMaxDevices;
-  if (!cached || !smem_set[p.device.index].load(std::memory_order_acquire)) {
-    FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    if (cached) smem_set[p.device.index].store(true, std::memory_order_release);
-  }
+  constexpr auto kernel = decode_kernel<T, kD, kPlan, kFp8>;
+  DecodeOccupancy occupancy;
+  FA_CUDA_TRY((decode_occupancy<T, kD, kPlan, kFp8>(p.device.index, &occupancy)));
+  const int sms = occupancy.sms, per_sm = occupancy.per_sm;
 
   const int64_t m_blocks = (p.seqlen_q * a.head_group + Kernel::kBlockM - 1) / Kernel::kBlockM;
   const int64_t tiles = m_blocks * p.heads_kv * p.batch;
@@ -117,24 +145,11 @@ Status launch_decode_plan(const FwdParams& p) {
   // not (measured on the H200: b = 8, 128k keys, 4 splits 1.27x slower in clusters).
   auto cluster_fits = [&](int s) {
     return s > 1 && s <= kMaxClusterSplits &&
-           tiles <= decode_cluster_capacity<T, kD, kRowsPlan, kFp8>(p.device.index, s);
+           tiles <= decode_cluster_capacity<T, kD, kPlan, kFp8>(p.device.index, s);
   };
-  // The device's SMs and blocks per SM for this kernel, asked once per device (static storage: 0, "not asked").
-  static std::atomic<int> sms_asked[kMaxDevices], per_sm_asked[kMaxDevices];
-  int sms = cached ? sms_asked[p.device.index].load(std::memory_order_relaxed) : 0;
-  int per_sm = cached ? per_sm_asked[p.device.index].load(std::memory_order_relaxed) : 0;
-  if (sms == 0 || per_sm == 0) {
-    FA_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device.index));
-    FA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Kernel::kThreads, kSmem));
-    sms = std::max(sms, 1), per_sm = std::max(per_sm, 1);
-    if (cached) {
-      sms_asked[p.device.index].store(sms, std::memory_order_relaxed);
-      per_sm_asked[p.device.index].store(per_sm, std::memory_order_relaxed);
-    }
-  }
   int splits = p.num_splits;
   if (splits == 0) {
-    splits = decode_num_splits(tiles, (p.seqlen_k + Kernel::kBlockN - 1) / Kernel::kBlockN, sms, per_sm,
+    splits = decode_num_splits(tiles, (p.seqlen_k + kDecodeSplitUnit - 1) / kDecodeSplitUnit, sms, per_sm,
                                p.is_paged(), cluster_fits);
   }
   a.num_splits = splits;
@@ -214,11 +229,23 @@ inline bool decode_tall_rows(const FwdParams& p) {
   return rows_read >= double(p.is_paged() ? kDecodeTallPagedRowsRead : kDecodeTallRowsRead);
 }
 
-// T: the output's type (and, unless kFp8, the inputs'); kFp8: float8_e4m3fn Q, K, V.
+// T: the output's type (and, unless kFp8, the inputs'); kFp8: float8_e4m3fn Q, K, V. The 16-row plans
+// (decode_config.h): rows16_wide where the rows16 grid would not fill the GPU without splitting the keys (the
+// split heuristic's own test, decode_num_splits), rows16 where it does.
 template <typename T, int kD, bool kFp8>
 Status launch_decode(const FwdParams& p) {
-  return decode_tall_rows(p) ? launch_decode_plan<T, kD, kDecodeRowsTall, kFp8>(p)
-                             : launch_decode_plan<T, kD, kDecodeRowsShort, kFp8>(p);
+  if (decode_tall_rows(p)) return launch_decode_plan<T, kD, DecodePlan::rows64, kFp8>(p);
+  if constexpr (kD <= kDecodeWideMaxBucket) {
+    detail::DeviceGuard guard(p.device.index);
+    FA_CUDA_TRY(guard.status());
+    DecodeOccupancy narrow;
+    FA_CUDA_TRY((decode_occupancy<T, kD, DecodePlan::rows16, kFp8>(p.device.index, &narrow)));
+    const int64_t m_blocks = (p.seqlen_q * (p.heads_q / p.heads_kv) + kDecodeRowsShort - 1) / kDecodeRowsShort;
+    if (decode_grid_below_gpu(m_blocks * p.heads_kv * p.batch, narrow.sms, narrow.per_sm)) {
+      return launch_decode_plan<T, kD, DecodePlan::rows16_wide, kFp8>(p);
+    }
+  }
+  return launch_decode_plan<T, kD, DecodePlan::rows16, kFp8>(p);
 }
 
 }  // namespace flashattn::cuda::sm80
