@@ -94,8 +94,8 @@ unpack_prebuilt_base() {
 
 # unpack_prebuilt_variant NAME: a variant's Python package into /tmp/build-NAME/python, from
 # .devbin/python-NAME.tar.xz, or as the tree's package (unpack_prebuilt first) with its extension rebuilt from the
-# zstd patch .devbin/_C-NAME.patch (zstd --patch-from the tree's _C.abi3.so; a zstd binary and its liblz4 may travel
-# in .devbin). Fails where neither was carried.
+# zstd patch .devbin/_C-NAME.patch (zstd --patch-from the tree's extension module; a zstd binary and its liblz4
+# may travel in .devbin). Fails where neither was carried.
 unpack_prebuilt_variant() {
   local dir=/tmp/build-$1
   mkdir -p "$dir"
@@ -106,7 +106,10 @@ unpack_prebuilt_variant() {
   [ -f ".devbin/_C-$1.patch" ] || return 1
   local zstd_cmd=zstd
   command -v zstd > /dev/null || zstd_cmd="env LD_LIBRARY_PATH=$PWD/.devbin $PWD/.devbin/zstd"
+  # The extension's file name: _C.abi3.so from a stable-ABI build, _C.cpython-3XX-<platform>.so otherwise.
+  local module
+  module=$(basename "$(ls /tmp/prebuilt/python/flashattn/_C*.so | head -1)")
   rm -rf "$dir/python" && cp -r /tmp/prebuilt/python "$dir/python" &&
-    $zstd_cmd -q -d -f --long=27 --patch-from=/tmp/prebuilt/python/flashattn/_C.abi3.so ".devbin/_C-$1.patch" \
-      -o "$dir/python/flashattn/_C.abi3.so"
+    $zstd_cmd -q -d -f --long=27 --patch-from="/tmp/prebuilt/python/flashattn/$module" ".devbin/_C-$1.patch" \
+      -o "$dir/python/flashattn/$module"
 }
