@@ -21,19 +21,17 @@ struct GridPlace {
 };
 
 // The place of the CTA that starts `linear`-th (0-based) in a grid of nx * ny * nz: the first ny * nz - tail
-// (y, z) pairs x fastest, then the last tail pairs x slowest. Index: an unsigned type that holds nx * ny * nz
-// (32 bits where the caller knows it does: the backward's producer warp runs on 24 registers).
-template <typename Index = uint64_t>
-FA_HD GridPlace tail_x_slowest_place(Index linear, uint32_t nx, uint32_t ny, uint32_t nz, uint32_t tail) {
-  const Index pairs = Index(ny) * nz;
-  const Index t = tail < pairs ? tail : pairs;
-  const Index head_part = (pairs - t) * nx;
-  Index pair, x;
+// (y, z) pairs x fastest, then the last tail pairs x slowest.
+FA_HD GridPlace tail_x_slowest_place(uint64_t linear, uint32_t nx, uint32_t ny, uint32_t nz, uint32_t tail) {
+  const uint64_t pairs = uint64_t(ny) * nz;
+  const uint64_t t = tail < pairs ? tail : pairs;
+  const uint64_t head_part = (pairs - t) * nx;
+  uint64_t pair, x;
   if (linear < head_part) {
     pair = linear / nx;
     x = linear - pair * nx;
   } else {
-    const Index rest = linear - head_part;
+    const uint64_t rest = linear - head_part;
     x = rest / t;
     pair = pairs - t + (rest - x * t);
   }
@@ -44,5 +42,13 @@ FA_HD GridPlace tail_x_slowest_place(Index linear, uint32_t nx, uint32_t ny, uin
 FA_HD uint32_t tail_pairs_for_wave(uint32_t nx, int wave) {
   return nx == 0 ? 1u : uint32_t((uint64_t(wave > 0 ? wave : 1) + nx - 1) / nx);
 }
+
+#ifdef __CUDACC__
+// This CTA's place (tail_x_slowest_place of its linear index in the launch's grid).
+__device__ __forceinline__ GridPlace tail_x_slowest_block(uint32_t tail) {
+  const uint64_t linear = blockIdx.x + uint64_t(gridDim.x) * (blockIdx.y + uint64_t(gridDim.y) * blockIdx.z);
+  return tail_x_slowest_place(linear, gridDim.x, gridDim.y, gridDim.z, tail);
+}
+#endif
 
 }  // namespace flashattn::cuda

@@ -183,13 +183,8 @@ struct BackwardConfig {
   static constexpr int kStageTxBytes = (kSeparateDoRing ? 1 : 2) * kQBytes + 2 * kRowValueBytes;
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0 && kDsBytes % 1024 == 0,
                 "sm90 backward: every tile starts on a 1024-byte swizzle atom");
-  // Work items (key blocks) a persistent CTA's producer has claimed ahead of its readers: the consumer warps and
-  // the dQ writer read the current item's number while the producer posts the next (backward_sm90.cu, WorkItems).
-  static constexpr int kItemRing = 2;
-  // kv_full, kv_empty, full[], empty[] (and do_full[], do_empty[]), item_full[], item_empty[], then the item
-  // numbers (8 bytes a slot).
-  static constexpr int kBarrierBytes =
-      8 * (2 + 2 * kStages + (kSeparateDoRing ? 2 * kDoStages : 0) + 3 * kItemRing);
+  // kv_full, full[], empty[] (and do_full[], do_empty[]).
+  static constexpr int kBarrierBytes = 8 * (1 + 2 * kStages + (kSeparateDoRing ? 2 * kDoStages : 0));
   static constexpr int kAlignSlack = 1024;
   static constexpr int kSmemBytes = 2 * kKVBytes + (kStages + kDoStages) * kQBytes + 2 * kDsTiles * kDsBytes +
                                     2 * kStages * kRowValueBytes + kStages * kMaskBytes +

@@ -12,19 +12,15 @@
 //   (sm80::ws_sequence_start): a query block, where dq_accum's tiles start (and a multiple of 4, as TMA boxes of LSE
 //   and D need).
 //
-// backward_kernel: a work item per (block of kBlockN = 128 keys (64 at hd 256), KV head, batch entry), numbered in
-// the order they start: key blocks with the most visible queries (the first, under a causal mask) first, in the
-// last wave's heads key block by key block (key_block_work, grid_order.h), except in the deterministic mode under
-// a mask with a right edge, or without a mask over few key blocks (dq_turn). A persistent grid (one CTA per SM)
-// claims the items in that order (WorkItems), so that the next item's K, V and first Q / dO stages load while the
-// consumers finish the current one and store its dK, dV; the deterministic mode runs one CTA per item. For each
-// item a CTA loops over the query heads of its KV group and, for each, over the query blocks of kBlockM rows (64;
-// 128 at hd 64) that see any of its keys
+// backward_kernel: one CTA per (block of kBlockN = 128 keys (64 at hd 256), KV head, batch entry); key blocks with
+// the most visible queries (the first, under a causal mask) are launched first, in the last wave's heads key
+// block by key block (key_block_work, grid_order.h), except in the deterministic mode under a mask with a right
+// edge, or without a mask over few key blocks (dq_turn). It loops over the query heads of its KV group and, for
+// each, over the query blocks of kBlockM rows (64; 128 at hd 64) that see any of its keys
 // (MaskSpec::query_range_for_keys; from a block of its own under rotate_sweeps), so dK and dV of a KV head sum over
 // its query heads in registers, without atomics.
 // Warp roles (384 threads):
-//   warpgroup 0  producer: gives registers away (setmaxnreg); one thread claims the work items, loads each one's
-//                K and V (once the consumers have released the previous item's: kv_empty) and streams each
+//   warpgroup 0  producer: gives registers away (setmaxnreg); one thread loads K and V once, then streams each
 //                query block's Q, dO (128-byte swizzled panels) and LSE·log2e, D (fp32 rows) through a
 //                kStages-deep ring with TMA (full/empty mbarriers; at hd 256 dO in a one-stage ring of its
 //                own). Its warp 1 adds each consumer warpgroup's dQ stage to dq_accum with one bulk reduce-add
@@ -67,7 +63,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdint>
 #include <string>
 #include <type_traits>
 
@@ -135,12 +130,6 @@ struct BackwardKernelArgs {
   // starts its sweep at its own query block (KeyBlockWork::m_begin) and the grid starts x fastest (dq_turn).
   bool rotate_sweeps;
   uint32_t tail_pairs;  // the last (KV head, batch entry) pairs whose CTAs start key block by key block
-  // The work items, one per (key block, KV head, batch entry), numbered in the order they start (key_block_work).
-  uint32_t items;
-  int key_blocks, heads_kv, batch;
-  // Persistent grid: the next unclaimed item past the grid's first ones (zeroed before the launch); null: one CTA
-  // per item (the deterministic mode, whose turns need every key block of a run started: dq_turn).
-  unsigned* item_counter;
   int ws_seq_align;        // sequences start at multiples of this in the workspace (sm80::ws_sequence_start)
   const int32_t* cu_seqlens_q;  // null: padded batch
   const int32_t* cu_seqlens_k;
@@ -225,22 +214,12 @@ struct BackwardSmem {
   __device__ float* dq_stage(int wg) const {
     return reinterpret_cast<float*>(base + kDqOffset + wg * Cfg::kDqStageBytes);
   }
-  // K and V of the current work item have landed / are no longer read (the next item's may load).
   __device__ uint64_t* kv_full() const { return reinterpret_cast<uint64_t*>(base + kBarrierOffset); }
-  __device__ uint64_t* kv_empty() const { return kv_full() + 1; }
-  __device__ uint64_t* full() const { return kv_empty() + 1; }
+  __device__ uint64_t* full() const { return kv_full() + 1; }
   __device__ uint64_t* empty() const { return full() + Cfg::kStages; }
   // dO's own ring (kSeparateDoRing).
   __device__ uint64_t* do_full() const { return empty() + Cfg::kStages; }
   __device__ uint64_t* do_empty() const { return do_full() + Cfg::kDoStages; }
-  // The ring of claimed work items (WorkItems): barriers, then the numbers, one 8-byte slot each.
-  __device__ uint64_t* item_full() const {
-    return empty() + Cfg::kStages + (Cfg::kSeparateDoRing ? 2 * Cfg::kDoStages : 0);
-  }
-  __device__ uint64_t* item_empty() const { return item_full() + Cfg::kItemRing; }
-  __device__ uint32_t* item_slot(int slot) const {
-    return reinterpret_cast<uint32_t*>(item_empty() + Cfg::kItemRing + slot);
-  }
 };
 
 // The (batch, KV head, key block) of a CTA and the query blocks that see any of its keys.
@@ -257,14 +236,12 @@ struct KeyBlockWork {
 };
 
 template <typename Cfg>
-__device__ KeyBlockWork key_block_work(const BackwardKernelArgs& a, uint32_t item) {
+__device__ KeyBlockWork key_block_work(const BackwardKernelArgs& a) {
   KeyBlockWork w;
-  // The last (KV head, batch entry) pairs, about a wave of items, start key block by key block (grid_order.h).
-  const GridPlace place =
-      tail_x_slowest_place<uint32_t>(item, uint32_t(a.key_blocks), uint32_t(a.heads_kv), uint32_t(a.batch),
-                                     a.tail_pairs);
+  // The last (KV head, batch entry) pairs, about a wave of CTAs, start key block by key block (grid_order.h).
+  const GridPlace place = tail_x_slowest_block(a.tail_pairs);
   const bool reversed = a.last_key_block_first;
-  w.key0 = int(reversed ? a.key_blocks - 1 - int(place.x) : int(place.x)) * Cfg::kBlockN;
+  w.key0 = int(reversed ? gridDim.x - 1 - place.x : place.x) * Cfg::kBlockN;
   w.kv_head = int(place.y);
   w.batch = int(place.z);
   if (a.cu_seqlens_q) {
@@ -322,118 +299,53 @@ struct QueryBlockOrder {
   }
 };
 
-// Whether a work item's CTA has anything to do (keys of its sequence), and whether anything to load (queries that
-// see those keys; without, dK = dV = 0 are written).
-__device__ __forceinline__ bool has_keys(const KeyBlockWork& w) { return w.key0 < w.seqlen_k; }
-__device__ __forceinline__ bool has_queries(const KeyBlockWork& w) { return has_keys(w) && w.m_end > w.m_begin; }
-
-// The work items one CTA runs, in the order every role walks them. The first is the CTA's index. Persistent grid
-// (BackwardKernelArgs::item_counter): the producer thread claims each next one from the global counter once it
-// has issued the current item's loads, and posts it through a ring of Cfg::kItemRing slots to the readers (each
-// consumer warp and the dQ writer warp), whose arrivals on item_empty free the slot; a number past the end is
-// posted too and ends every role's loop. Otherwise each CTA runs its one item. Claimed in the order of their
-// numbers, the items start in the grid order of a CTA per item (grid_order.h): an SM takes the next as it frees.
-template <typename Cfg>
-struct WorkItems {
-  uint32_t item = blockIdx.x;
-  unsigned posts = 0;  // items passed through the ring so far: slot posts % kItemRing, parity its pass's
-
-  __device__ bool valid(const BackwardKernelArgs& a) const { return item < a.items; }
-  __device__ int slot() const { return int(posts % Cfg::kItemRing); }
-  __device__ uint32_t parity() const { return (posts / Cfg::kItemRing) & 1u; }
-
-  __device__ void next_for_producer(const BackwardKernelArgs& a, const BackwardSmem<Cfg>& sm) {
-    if (!a.item_counter) {
-      item = a.items;
-      return;
-    }
-    item = gridDim.x + atomicAdd(a.item_counter, 1u);
-    mbarrier_wait(&sm.item_empty()[slot()], parity() ^ 1u);
-    *sm.item_slot(slot()) = item;
-    mbarrier_arrive(&sm.item_full()[slot()]);
-    ++posts;
-  }
-  // Every lane of a reader warp: lane 0 reads the number and frees the slot (its arrival orders its read before
-  // the producer's next write), the shuffle hands it to the warp and keeps it in a uniform register.
-  __device__ void next_for_reader(const BackwardKernelArgs& a, const BackwardSmem<Cfg>& sm) {
-    if (!a.item_counter) {
-      item = a.items;
-      return;
-    }
-    mbarrier_wait(&sm.item_full()[slot()], parity());
-    uint32_t posted = 0;
-    if (threadIdx.x % 32 == 0) {
-      posted = *sm.item_slot(slot());
-      mbarrier_arrive(&sm.item_empty()[slot()]);
-    }
-    item = __shfl_sync(0xffffffffu, posted, 0);
-    ++posts;
-  }
-};
-
 // ---- producer: one thread loads K and V, then streams Q, dO, LSE, D per (query head, query block) ----
 template <typename Cfg>
-__device__ void produce(const BackwardSmem<Cfg>& sm, const BackwardKernelArgs& a, const CUtensorMap* tm_q,
+__device__ void produce(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, int heads_per_kv, const CUtensorMap* tm_q,
                         const CUtensorMap* tm_k, const CUtensorMap* tm_v, const CUtensorMap* tm_do,
                         const CUtensorMap* tm_lse, const CUtensorMap* tm_dsum) {
   constexpr int kPanels = Cfg::kHeadDim / kPanelCols;
+  mbarrier_arrive_expect_tx(sm.kv_full(), 2 * Cfg::kKVBytes);
+#pragma unroll
+  for (int p = 0; p < kPanels; ++p) {
+    tma_load_4d(sm.k() + p * Cfg::kBlockN * kSwizzleBytes, tm_k, p * kPanelCols, w.k_row0 + w.key0, w.kv_head,
+                w.batch_coord, sm.kv_full());
+    tma_load_4d(sm.v() + p * Cfg::kBlockN * kSwizzleBytes, tm_v, p * kPanelCols, w.k_row0 + w.key0, w.kv_head,
+                w.batch_coord, sm.kv_full());
+  }
   RingPosition<Cfg::kStages> pos;
   RingPosition<Cfg::kDoStages> do_pos;
-  int kv_loads = 0;  // items whose K and V this CTA has loaded
-  for (WorkItems<Cfg> items; items.valid(a);) {
-    const KeyBlockWork w = key_block_work<Cfg>(a, items.item);
-    if (has_queries(w)) {
-      // K and V go in after the item's first Q / dO stage: an item's first stage can take a ring slot that the
-      // previous item's last blocks have freed, while its K and V wait until the consumers have read the previous
-      // K and V (kv_empty: their last block's dQ has landed).
-      bool kv_pending = true;
-      for (int g = 0; g < a.heads_per_kv; ++g) {
-        const int head = w.kv_head * a.heads_per_kv + g;
-        for (int step = w.m_begin; step < w.m_end; ++step) {
-          const int m = sweep_block<Cfg>(w, step);
-          mbarrier_wait(&sm.empty()[pos.index], pos.phase ^ 1u);
-          uint64_t* full = &sm.full()[pos.index];
-          mbarrier_arrive_expect_tx(full, Cfg::kStageTxBytes);
-          const int row = w.q_row0 + m * Cfg::kBlockM;
+  for (int g = 0; g < heads_per_kv; ++g) {
+    const int head = w.kv_head * heads_per_kv + g;
+    for (int step = w.m_begin; step < w.m_end; ++step) {
+      const int m = sweep_block<Cfg>(w, step);
+      mbarrier_wait(&sm.empty()[pos.index], pos.phase ^ 1u);
+      uint64_t* full = &sm.full()[pos.index];
+      mbarrier_arrive_expect_tx(full, Cfg::kStageTxBytes);
+      const int row = w.q_row0 + m * Cfg::kBlockM;
 #pragma unroll
-          for (int p = 0; p < kPanels; ++p) {
-            tma_load_4d(sm.q(pos.index) + p * Cfg::kBlockM * kSwizzleBytes, tm_q, p * kPanelCols, row, head,
-                        w.batch_coord, full);
-            if constexpr (!Cfg::kSeparateDoRing)
-              tma_load_4d(sm.dout(pos.index) + p * Cfg::kBlockM * kSwizzleBytes, tm_do, p * kPanelCols, row, head,
-                          w.batch_coord, full);
-          }
-          tma_load_2d(sm.lse_log2(pos.index), tm_lse, w.ws_row0 + m * Cfg::kBlockM, head, full);
-          tma_load_2d(sm.dsum(pos.index), tm_dsum, w.ws_row0 + m * Cfg::kBlockM, head, full);
-          pos.advance();
-          if constexpr (Cfg::kSeparateDoRing) {
-            // After the next Q: the consumers release dO once dV has landed, later than the Q stage before it.
-            mbarrier_wait(&sm.do_empty()[do_pos.index], do_pos.phase ^ 1u);
-            uint64_t* do_full = &sm.do_full()[do_pos.index];
-            mbarrier_arrive_expect_tx(do_full, Cfg::kQBytes);
+      for (int p = 0; p < kPanels; ++p) {
+        tma_load_4d(sm.q(pos.index) + p * Cfg::kBlockM * kSwizzleBytes, tm_q, p * kPanelCols, row, head,
+                    w.batch_coord, full);
+        if constexpr (!Cfg::kSeparateDoRing)
+          tma_load_4d(sm.dout(pos.index) + p * Cfg::kBlockM * kSwizzleBytes, tm_do, p * kPanelCols, row, head,
+                      w.batch_coord, full);
+      }
+      tma_load_2d(sm.lse_log2(pos.index), tm_lse, w.ws_row0 + m * Cfg::kBlockM, head, full);
+      tma_load_2d(sm.dsum(pos.index), tm_dsum, w.ws_row0 + m * Cfg::kBlockM, head, full);
+      pos.advance();
+      if constexpr (Cfg::kSeparateDoRing) {
+        // After the next Q: the consumers release dO once dV has landed, later than the Q stage before it.
+        mbarrier_wait(&sm.do_empty()[do_pos.index], do_pos.phase ^ 1u);
+        uint64_t* do_full = &sm.do_full()[do_pos.index];
+        mbarrier_arrive_expect_tx(do_full, Cfg::kQBytes);
 #pragma unroll
-            for (int p = 0; p < kPanels; ++p)
-              tma_load_4d(sm.dout(do_pos.index) + p * Cfg::kBlockM * kSwizzleBytes, tm_do, p * kPanelCols, row,
-                          head, w.batch_coord, do_full);
-            do_pos.advance();
-          }
-          if (kv_pending) {
-            kv_pending = false;
-            if (kv_loads > 0) mbarrier_wait(sm.kv_empty(), (kv_loads - 1) & 1);
-            ++kv_loads;
-            mbarrier_arrive_expect_tx(sm.kv_full(), 2 * Cfg::kKVBytes);
-#pragma unroll
-            for (int p = 0; p < kPanels; ++p) {
-              tma_load_4d(sm.k() + p * Cfg::kBlockN * kSwizzleBytes, tm_k, p * kPanelCols, w.k_row0 + w.key0,
-                          w.kv_head, w.batch_coord, sm.kv_full());
-              tma_load_4d(sm.v() + p * Cfg::kBlockN * kSwizzleBytes, tm_v, p * kPanelCols, w.k_row0 + w.key0,
-                          w.kv_head, w.batch_coord, sm.kv_full());
-            }
-          }
-        }
+        for (int p = 0; p < kPanels; ++p)
+          tma_load_4d(sm.dout(do_pos.index) + p * Cfg::kBlockM * kSwizzleBytes, tm_do, p * kPanelCols, row, head,
+                      w.batch_coord, do_full);
+        do_pos.advance();
       }
     }
-    items.next_for_producer(a, sm);
   }
 }
 
@@ -492,10 +404,8 @@ __device__ int dq_turn(const BackwardKernelArgs& a, const KeyBlockWork& w, int m
 // In the deterministic mode dq_accum is not zeroed (a memset of 134 MB at B·S = 16k, H·D = 2048: 3-4% of a call
 // at 2k): turn 0 of each tile stores its pieces and the later turns add theirs; a tile nobody writes holds
 // garbage, and the conversion writes zeros for it.
-// One work item's hand-offs. The stage is freed after every one, the CTA's last included: the consumers meet that
-// arrival once they have run out of items (run_consumer), as they do not know before which hand-off is the last.
 template <typename Cfg>
-__device__ void write_dq_item(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, const BackwardKernelArgs& a) {
+__device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, const BackwardKernelArgs& a) {
   const bool leader = threadIdx.x % 32 == 0;
   const QueryBlockOrder<Cfg> order(w, a.heads_per_kv);
   for (int i = 0; i < order.blocks; ++i) {
@@ -533,20 +443,13 @@ __device__ void write_dq_item(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w
           }
         }
         __syncwarp();
-        named_barrier_arrive(kDqEmptyBarrier + wg, kDqHandoffThreads);
+        // The consumers wait for an empty stage before every hand-off but their first.
+        if (i + 1 < order.blocks || piece + 1 < Cfg::dq_pieces(wg))
+          named_barrier_arrive(kDqEmptyBarrier + wg, kDqHandoffThreads);
       }
     }
   }
-}
-
-// The dQ writer warp: every work item's hand-offs.
-template <typename Cfg>
-__device__ void write_dq(const BackwardSmem<Cfg>& sm, const BackwardKernelArgs& a) {
-  for (WorkItems<Cfg> items; items.valid(a); items.next_for_reader(a, sm)) {
-    const KeyBlockWork w = key_block_work<Cfg>(a, items.item);
-    if (has_queries(w)) write_dq_item(sm, w, a);
-  }
-  if (threadIdx.x % 32 == 0) bulk_wait<0>();
+  if (leader) bulk_wait<0>();
 }
 
 // A kDescaled consumer's factors for its (batch, KV head): the scores' (BackwardKernelArgs' times q_descale ·
@@ -944,12 +847,6 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
     __syncwarp();
     if (lane == 0) mbarrier_arrive(&sm.do_empty()[do_stage]);
   }
-  // The item's K and V are no longer read (its last block's dQ has landed; dK reads dSᵀ and Q): the producer may
-  // load the next item's.
-  __device__ void release_kv() const {
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(sm.kv_empty());
-  }
 
   // Sᵀ and dPᵀ of the query block staged in `stage` (its dO in `do_stage`, the same stage unless kSeparateDoRing:
   // then waited for once Sᵀ is issued, which needs only Q), issued as two commit groups.
@@ -1050,32 +947,20 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
 // runs; the block's stage goes back once dK has landed (bench/results/hopper-backward.md, 81ae37a). Issuing the
 // next block's Sᵀ and dPᵀ behind dQ instead of waiting was slower at hd 64 (324 -> 262 TFLOP/s at 16k) and
 // spilled at hd 128 (53a4bb5).
-// What a consumer warpgroup carries from one work item to the next.
-template <typename Cfg>
-struct ConsumerProgress {
-  RingPosition<Cfg::kStages> pos;
-  RingPosition<Cfg::kDoStages> do_pos;
-  int kv_loads = 0;     // items whose K and V it has waited for (kv_full's parity)
-  unsigned blocks = 0;  // query blocks done: the dSᵀ and keep-bit double buffers alternate across items too
-};
-
 template <typename T, typename Cfg, bool kLast, bool kSoftcap, bool kAlibi>
-__device__ void consume(BackwardConsumer<T, Cfg, kLast>& c, const KeyBlockWork& w, int heads_per_kv,
-                        ConsumerProgress<Cfg>& progress) {
-  const unsigned done = progress.blocks;
+__device__ void consume(BackwardConsumer<T, Cfg, kLast>& c, const KeyBlockWork& w, int heads_per_kv) {
   // Dropout: block i's keep bits are drawn during block i - 1 (under its Sᵀ and dPᵀ) into buffer i % 2, which the
   // barrier on which both warpgroups meet in each block (gradients) hands over; block 0's before the loop, while K
   // and V load.
   if constexpr (Cfg::kDropout) {
     const QueryBlockOrder<Cfg> first(w, heads_per_kv);
-    c.draw_keep_bits(first.head(w, heads_per_kv, 0), first.block(w, 0), done % 2);
+    c.draw_keep_bits(first.head(w, heads_per_kv, 0), first.block(w, 0), 0);
     consumers_meet<Cfg>();
   }
-  mbarrier_wait(c.sm.kv_full(), progress.kv_loads & 1);
-  ++progress.kv_loads;
+  mbarrier_wait(c.sm.kv_full(), 0);
   const QueryBlockOrder<Cfg> order(w, heads_per_kv);
-  RingPosition<Cfg::kStages>& pos = progress.pos;
-  RingPosition<Cfg::kDoStages>& do_pos = progress.do_pos;
+  RingPosition<Cfg::kStages> pos;
+  RingPosition<Cfg::kDoStages> do_pos;
   // hd 64 (kScoresBeforeDv) runs the whole iteration in two copies, one for blocks that need no mask, chosen before
   // any wgmma of the block is issued: there the per-element mask tests are a quarter of the loop's instructions
   // (FA3 separates its masking iterations at hd <= 64 likewise). Choosing inside probabilities instead, with dPᵀ in
@@ -1090,15 +975,15 @@ __device__ void consume(BackwardConsumer<T, Cfg, kLast>& c, const KeyBlockWork& 
     c.issue_scores(s, dp, pos.index, do_stage, do_pos.phase);
     if constexpr (Cfg::kDropout) {
       if (i + 1 < order.blocks)
-        c.draw_keep_bits(order.head(w, heads_per_kv, i + 1), order.block(w, i + 1), (done + i + 1) % 2);
+        c.draw_keep_bits(order.head(w, heads_per_kv, i + 1), order.block(w, i + 1), (i + 1) % 2);
     }
     float dq[BackwardConsumer<T, Cfg, kLast>::kDqCols / 2];
     const float alibi_slope2 =
         kAlibi ? Alibi32::make(c.a.alibi_slopes, c.a.alibi_batch_stride, w.batch, head, w.seqlen_q, w.seqlen_k)
                      .slope_log2()
                : 0.f;
-    c.template gradients<kSoftcap, kAlibi, decltype(mask)::value>(s, dp, dq, m, pos.index, do_stage,
-                                                                  (done + i) % 2, alibi_slope2);
+    c.template gradients<kSoftcap, kAlibi, decltype(mask)::value>(s, dp, dq, m, pos.index, do_stage, i % 2,
+                                                                  alibi_slope2);
     if constexpr (Cfg::kSeparateDoRing) {
       wgmma_wait<2>();  // dV has landed: dO is no longer read
       fence_registers(c.dv);
@@ -1108,8 +993,7 @@ __device__ void consume(BackwardConsumer<T, Cfg, kLast>& c, const KeyBlockWork& 
     wgmma_wait<1>();  // dV and dQ have landed; dK may still run
     fence_registers(c.dv);
     fence_registers(dq);
-    if (i + 1 == order.blocks) c.release_kv();
-    c.stage_dq(dq, done + i > 0);
+    c.stage_dq(dq, i > 0);
     wgmma_wait<0>();  // dK has landed: this stage's Q and dO are no longer read
     fence_registers(c.dk);
     c.release(pos.index);
@@ -1136,29 +1020,20 @@ __device__ void consume(BackwardConsumer<T, Cfg, kLast>& c, const KeyBlockWork& 
     for (int i = 0; i < order.blocks; ++i)
       block(i, order.head(w, heads_per_kv, i), order.block(w, i), std::integral_constant<int, kMaskUnknown>{});
   }
-  progress.blocks = done + order.blocks;
 }
 
-// One consumer warpgroup's whole part: for each work item its query blocks, then its dK and dV (stored from
-// registers while the producer loads the next item's K and V).
+// One consumer warpgroup's whole part: its query blocks, then its dK and dV.
 template <typename T, typename Cfg, bool kLast>
-__device__ void run_consumer(const BackwardSmem<Cfg>& sm, const BackwardKernelArgs& args,
-                             const ScoreDescales& descales, int consumer_wg) {
-  ConsumerProgress<Cfg> progress;
-  for (WorkItems<Cfg> items; items.valid(args); items.next_for_reader(args, sm)) {
-    const KeyBlockWork w = key_block_work<Cfg>(args, items.item);
-    if (!has_keys(w)) continue;  // a varlen sequence shorter than this key block
-    BackwardConsumer<T, Cfg, kLast> c(sm, w, args, descales, consumer_wg);
-    if (has_queries(w)) {
-      if (args.softcap > 0.f)
-        consume<T, Cfg, kLast, true, Cfg::kExtras>(c, w, args.heads_per_kv, progress);
-      else
-        consume<T, Cfg, kLast, false, Cfg::kExtras>(c, w, args.heads_per_kv, progress);
-    }
-    c.epilogue();  // no query sees these keys: dK = dV = 0
+__device__ void run_consumer(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, const BackwardKernelArgs& args,
+                             const ScoreDescales& descales, int consumer_wg, bool has_work) {
+  BackwardConsumer<T, Cfg, kLast> c(sm, w, args, descales, consumer_wg);
+  if (has_work) {
+    if (args.softcap > 0.f)
+      consume<T, Cfg, kLast, true, Cfg::kExtras>(c, w, args.heads_per_kv);
+    else
+      consume<T, Cfg, kLast, false, Cfg::kExtras>(c, w, args.heads_per_kv);
   }
-  // The writer's arrival after the CTA's last hand-off (write_dq_item).
-  if (progress.blocks > 0) named_barrier_sync(kDqEmptyBarrier + consumer_wg, kDqHandoffThreads);
+  c.epilogue();
 }
 
 // Cfg::kExtras (ALiBi) and Cfg::kDropout: kernels of their own, so that the plain kernel's register allocation
@@ -1171,13 +1046,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                     const __grid_constant__ CUtensorMap tm_dsum, const __grid_constant__ ScoreDescales descales) {
   extern __shared__ uint8_t smem_raw[];
   BackwardSmem<Cfg> sm(smem_raw);
+  const KeyBlockWork w = key_block_work<Cfg>(args);
+  if (w.key0 >= w.seqlen_k) return;  // a varlen sequence shorter than this block: the whole CTA leaves
   if (threadIdx.x == 0) {
     mbarrier_init(sm.kv_full(), 1);
-    mbarrier_init(sm.kv_empty(), Cfg::kConsumerWarps);
-    for (int s = 0; s < Cfg::kItemRing; ++s) {
-      mbarrier_init(&sm.item_full()[s], 1);
-      mbarrier_init(&sm.item_empty()[s], Cfg::kConsumerWarps + 1);  // the consumer warps and the dQ writer
-    }
     for (int s = 0; s < Cfg::kStages; ++s) {
       mbarrier_init(&sm.full()[s], 1);
       mbarrier_init(&sm.empty()[s], Cfg::kConsumerWarps);
@@ -1192,25 +1064,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   __syncthreads();
 
+  // No query sees these keys (or there are none): dK = dV = 0, written without loading anything.
+  const bool has_work = w.m_end > w.m_begin;
   const int wg = threadIdx.x / kWarpgroupThreads;
   if (wg == 0) {
     setmaxnreg_decrease<Cfg::kProducerRegisters>();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && has_work) {
       tma_prefetch_map(&tm_q);
       tma_prefetch_map(&tm_do);
-      produce<Cfg>(sm, args, &tm_q, &tm_k, &tm_v, &tm_do, &tm_lse, &tm_dsum);
-    } else if (threadIdx.x / 32 == kDqWriterWarp) {
-      write_dq<Cfg>(sm, args);
+      produce<Cfg>(sm, w, args.heads_per_kv, &tm_q, &tm_k, &tm_v, &tm_do, &tm_lse, &tm_dsum);
+    } else if (threadIdx.x / 32 == kDqWriterWarp && has_work) {
+      write_dq<Cfg>(sm, w, args);
     }
   } else {
     setmaxnreg_increase<Cfg::kConsumerRegisters>();
     if constexpr (Cfg::kNarrowLast) {
       if (wg - 1 == Cfg::kLastWarpgroup)
-        run_consumer<T, Cfg, true>(sm, args, descales, wg - 1);
+        run_consumer<T, Cfg, true>(sm, w, args, descales, wg - 1, has_work);
       else
-        run_consumer<T, Cfg, false>(sm, args, descales, wg - 1);
+        run_consumer<T, Cfg, false>(sm, w, args, descales, wg - 1, has_work);
     } else {
-      run_consumer<T, Cfg, false>(sm, args, descales, wg - 1);
+      run_consumer<T, Cfg, false>(sm, w, args, descales, wg - 1, has_work);
     }
   }
 }
@@ -1375,13 +1249,12 @@ Status launch(const BwdParams& p) {
   // short beside the sweep (bench/results/hopper-backward.md). Not covered: a context held to fewer than half the
   // SMs this attribute reports (MPS provisioning, green contexts); there the turn wait traps after seconds.
   const bool rotate_sweeps = p.deterministic && no_mask && 2 * key_blocks <= sms;
-  // After D and LSE: in the deterministic mode the tiles' turn counters, otherwise the persistent grid's work-item
-  // counter; dq_accum after them on a 512-byte boundary (a build that left it on a 16-byte boundary ran 4-5%
-  // slower at hd 256, 16k). Zeroed up to dq_accum, which in the deterministic mode its first writers store into.
+  // Deterministic mode: the tiles' turn counters after D and LSE, and dq_accum after them on a 512-byte boundary,
+  // as it is without them (a build that left it on a 16-byte boundary ran 4-5% slower at hd 256, 16k). Zeroed up to
+  // dq_accum, which its first writers store into.
   constexpr size_t kDqAccumAlignInts = 512 / sizeof(int);
   const size_t turn_ints =
-      p.deterministic ? (row_elems / Cfg::kBlockM + kDqAccumAlignInts - 1) / kDqAccumAlignInts * kDqAccumAlignInts
-                      : kDqAccumAlignInts;
+      p.deterministic ? (row_elems / Cfg::kBlockM + kDqAccumAlignInts - 1) / kDqAccumAlignInts * kDqAccumAlignInts : 0;
   const size_t ws_bytes = (2 + Cfg::kDqRowCols) * row_elems * sizeof(float) + turn_ints * sizeof(int);
   const size_t zeroed_bytes = p.deterministic ? 2 * row_elems * sizeof(float) + turn_ints * sizeof(int) : ws_bytes;
   void* ws = nullptr;
@@ -1394,7 +1267,7 @@ Status launch(const BwdParams& p) {
   rows.dsum = static_cast<float*>(ws);
   rows.lse_log2 = rows.dsum + row_elems;
   int* const after_rows = reinterpret_cast<int*>(rows.lse_log2 + row_elems);
-  int* const dq_turns = p.deterministic ? after_rows : nullptr;  // or the item counter (BackwardKernelArgs)
+  int* const dq_turns = p.deterministic ? after_rows : nullptr;
   rows.dq_accum = reinterpret_cast<float*>(after_rows + turn_ints);
 
   Status st = [&]() -> Status {
@@ -1455,15 +1328,6 @@ Status launch(const BwdParams& p) {
       a.last_key_block_first = p.deterministic && (rows.causal || rows.window_right >= 0);
       a.rotate_sweeps = rotate_sweeps;
       a.tail_pairs = a.rotate_sweeps ? 0 : cuda::tail_pairs_for_wave(uint32_t(key_blocks), sms);
-      // A work item per (key block, KV head, batch entry). Outside the deterministic mode a persistent grid of one
-      // CTA per SM (backward_config.h) claims them in order, so that a CTA's next K / V and first Q / dO stages
-      // load while it finishes the previous item; the deterministic mode keeps a CTA per item (dq_turn).
-      const int64_t items = key_blocks * p.heads_kv * p.batch;
-      if (items > int64_t(INT32_MAX))
-        return Status::unsupported("cuda_sm90: the backward's key blocks x KV heads x batch exceed 2^31");
-      a.items = uint32_t(items);
-      a.key_blocks = int(key_blocks), a.heads_kv = int(p.heads_kv), a.batch = int(p.batch);
-      a.item_counter = p.deterministic ? nullptr : reinterpret_cast<unsigned*>(after_rows);
       a.ws_head_stride = ws_head_stride;
       a.ws_seq_align = kWsAlign;
       a.cu_seqlens_q = p.cu_seqlens_q;
@@ -1484,7 +1348,7 @@ Status launch(const BwdParams& p) {
 
       auto kernel = cuda::sm90::backward_kernel<T, Cfg>;
       FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-      const unsigned grid = unsigned(p.deterministic ? items : std::min<int64_t>(items, sms));
+      const dim3 grid(unsigned(key_blocks), unsigned(p.heads_kv), unsigned(p.batch));
       kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a, tm_q, tm_k, tm_v, tm_do, tm_lse, tm_dsum,
                                                                descales);
       FA_CUDA_TRY(cudaGetLastError());
