@@ -12,10 +12,10 @@ namespace flashattn::test {
 inline bool have_gpu() { return flashattn::cuda_device_count() > 0; }
 
 // Head dims the Hopper kernels take (written from the README's feature table, not from the support check):
-// d and d_v multiples of 8, the larger at most 256; the deterministic backward only up to 128.
-inline bool sm90_takes_head_dims(int64_t d, int64_t dv, bool deterministic_backward = false) {
+// d and d_v multiples of 8, the larger at most 256, the deterministic backward included.
+inline bool sm90_takes_head_dims(int64_t d, int64_t dv) {
   const int64_t larger = d > dv ? d : dv;
-  return d % 8 == 0 && dv % 8 == 0 && d > 0 && dv > 0 && larger <= (deterministic_backward ? 128 : 256);
+  return d % 8 == 0 && dv % 8 == 0 && d > 0 && dv > 0 && larger <= 256;
 }
 
 #define FA_REQUIRE_GPU() \
