@@ -105,6 +105,12 @@ cudaError_t decode_occupancy(int device, DecodeOccupancy* out) {
   return cudaSuccess;
 }
 
+// Row blocks of one sequence and KV head: its packed query rows (s_q x the GQA group) in blocks of `block_m`.
+inline int64_t decode_row_blocks(const FwdParams& p, int block_m) {
+  return (p.seqlen_q * (p.heads_q / p.heads_kv) + block_m - 1) / block_m;
+}
+
+// One plan's launch; the caller (launch_decode) holds the call's device.
 template <typename T, int kD, DecodePlan kPlan, bool kFp8>
 Status launch_decode_plan(const FwdParams& p) {
   using Kernel = DecodeKernel<T, kD, kPlan, kFp8>;
@@ -129,15 +135,13 @@ Status launch_decode_plan(const FwdParams& p) {
     a.v_descale_strides[i] = p.v_descale_strides[i];
   }
 
-  detail::DeviceGuard guard(p.device.index);
-  FA_CUDA_TRY(guard.status());
   auto stream = static_cast<cudaStream_t>(p.stream);
   constexpr auto kernel = decode_kernel<T, kD, kPlan, kFp8>;
   DecodeOccupancy occupancy;
   FA_CUDA_TRY((decode_occupancy<T, kD, kPlan, kFp8>(p.device.index, &occupancy)));
   const int sms = occupancy.sms, per_sm = occupancy.per_sm;
 
-  const int64_t m_blocks = (p.seqlen_q * a.head_group + Kernel::kBlockM - 1) / Kernel::kBlockM;
+  const int64_t m_blocks = decode_row_blocks(p, Kernel::kBlockM);
   const int64_t tiles = m_blocks * p.heads_kv * p.batch;
   if (p.heads_kv * p.batch > INT32_MAX) return Status::unsupported("cuda decode: batch x heads_kv above 2^31");
   // Clusters of `s` splits merge in the kernel where every cluster of the grid runs at once: a cluster waits for
@@ -234,14 +238,14 @@ inline bool decode_tall_rows(const FwdParams& p) {
 // split heuristic's own test, decode_num_splits), rows16 where it does.
 template <typename T, int kD, bool kFp8>
 Status launch_decode(const FwdParams& p) {
+  detail::DeviceGuard guard(p.device.index);
+  FA_CUDA_TRY(guard.status());
   if (decode_tall_rows(p)) return launch_decode_plan<T, kD, DecodePlan::rows64, kFp8>(p);
   if constexpr (kD <= kDecodeWideMaxBucket) {
-    detail::DeviceGuard guard(p.device.index);
-    FA_CUDA_TRY(guard.status());
     DecodeOccupancy narrow;
     FA_CUDA_TRY((decode_occupancy<T, kD, DecodePlan::rows16, kFp8>(p.device.index, &narrow)));
-    const int64_t m_blocks = (p.seqlen_q * (p.heads_q / p.heads_kv) + kDecodeRowsShort - 1) / kDecodeRowsShort;
-    if (decode_grid_below_gpu(m_blocks * p.heads_kv * p.batch, narrow.sms, narrow.per_sm)) {
+    const int64_t tiles = decode_row_blocks(p, kDecodeRowsShort) * p.heads_kv * p.batch;
+    if (decode_grid_below_gpu(tiles, narrow.sms, narrow.per_sm)) {
       return launch_decode_plan<T, kD, DecodePlan::rows16_wide, kFp8>(p);
     }
   }
