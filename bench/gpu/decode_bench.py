@@ -94,6 +94,10 @@ def cell(b, ctx, s_q, args, gen):
     for page, kp, vp, table in paged(k, v):
         fns[f"ours paged {page}"] = (lambda kp=kp, vp=vp, table=table: flashattn.flash_attn_with_kvcache(
             q, kp, vp, cache_seqlens=seqlens, block_table=table))
+        for splits in args.paged_splits:
+            fns[f"ours paged {page}, {splits} splits"] = (
+                lambda kp=kp, vp=vp, table=table, splits=splits: flashattn.flash_attn_with_kvcache(
+                    q, kp, vp, cache_seqlens=seqlens, block_table=table, num_splits=splits))
     if args.fp8:
         f8 = torch.float8_e4m3fn
         q8, k8, v8 = q.to(f8), k.to(f8), v.to(f8)
@@ -138,6 +142,8 @@ def main():
     ap.add_argument("--pages", type=int, nargs="*", default=[16, 256])
     ap.add_argument("--splits", type=int, nargs="*", default=[],
                     help="also time the dense cache with these fixed split counts (default: our heuristic only)")
+    ap.add_argument("--paged-splits", type=int, nargs="*", default=[],
+                    help="also time the paged caches with these fixed split counts")
     ap.add_argument("--max-kv-gb", type=float, default=40.0, help="skip cells whose K+V exceed this")
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--reps", type=int, default=10)

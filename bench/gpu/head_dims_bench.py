@@ -83,6 +83,7 @@ def main():
     ap.add_argument("--models", action="store_true", help="the issue's model shapes (with the sm80 column)")
     ap.add_argument("--grid", action="store_true", help="d = d_v in --hd over --seqlens, B·S = 16k, H·D = 2048")
     ap.add_argument("--match", nargs="+", default=[], help="with --models: only the shapes whose label has one of these")
+    ap.add_argument("--dv", type=int, default=0, help="with --grid: d_v for every cell (default: d_v = d)")
     add_grid_options(ap, hd=[80, 96, 192], seqlens=[2048, 4096, 8192, 16384], repeats=2, seconds=0.25)
     args = ap.parse_args()
     print(f"bf16 TFLOP/s, best of {args.repeats} alternating bursts of ~{args.seconds:g} s "
@@ -102,8 +103,9 @@ def main():
             for causal in args.causal:
                 for s in args.seqlens:
                     b, h = 16384 // s, max(1, 2048 // d)
-                    print(row(f"grid hd {d}", b, h, s, d, d, bool(causal),
-                              time_cell(b, h, s, d, d, bool(causal), args.repeats, args.seconds, False)), flush=True)
+                    dv = args.dv or d
+                    print(row(f"grid hd {d}" if dv == d else f"grid hd {d} / {dv}", b, h, s, d, dv, bool(causal),
+                              time_cell(b, h, s, d, dv, bool(causal), args.repeats, args.seconds, False)), flush=True)
                     torch.cuda.empty_cache()
 
 

@@ -323,6 +323,22 @@ std::vector<FwdCase> cases() {
   c.causal = true; add(c);
   c = {}; c.name = "bf16_d192_v128_varlen"; c.head_dim = 192; c.head_dim_v = 128; c.lens_q = {70, 260};
   c.lens_k = {300, 90}; add(c);
+  // d in 129..192 beside d_v <= 128: the 192 / 128 plan (128-key tiles, V and O at 128 columns), over key tails,
+  // GQA, large scores, windows with softcap, d_v below one panel, strided and padded rows, varlen with empty
+  // sequences; chunked attention keeps the 192 plan (f16_d192_v128_causal_chunk128 below).
+  c = {}; c.name = "bf16_d192_v128_gqa_tails_large_scores"; c.head_dim = 192; c.head_dim_v = 128; c.heads_q = 6;
+  c.heads_kv = 2; c.seqlen_q = 200; c.seqlen_k = 333; c.qk_stddev = 3; add(c);
+  c = {}; c.name = "f16_d144_v72_window_softcap"; c.dtype = DType::f16; c.head_dim = 144; c.head_dim_v = 72;
+  c.seqlen_q = c.seqlen_k = 410; c.window_left = 90; c.window_right = 30; c.softcap = 25; add(c);
+  c = {}; c.name = "bf16_d136_v128_causal_bhsd_padded"; c.head_dim = 136; c.head_dim_v = 128; c.seqlen_q = 129;
+  c.seqlen_k = 257; c.causal = true; c.perm = {0, 2, 1, 3}; c.row_pad = 8; add(c);
+  c = {}; c.name = "bf16_d192_v64_varlen_causal"; c.head_dim = 192; c.head_dim_v = 64; c.causal = true;
+  c.lens_q = {130, 0, 300, 1}; c.lens_k = {200, 40, 300, 77}; add(c);
+  // d in 65..128 beside d_v <= 64: the 128 / 64 plan (176-key tiles without a mask, 128 under one).
+  c = {}; c.name = "bf16_d120_v48_gqa_tails_large_scores"; c.head_dim = 120; c.head_dim_v = 48; c.heads_q = 4;
+  c.heads_kv = 1; c.seqlen_q = 190; c.seqlen_k = 555; c.qk_stddev = 3; add(c);
+  c = {}; c.name = "bf16_d128_v64_varlen_causal_padded"; c.head_dim = 128; c.head_dim_v = 64; c.causal = true;
+  c.lens_q = {130, 0, 300, 1}; c.lens_k = {200, 40, 300, 77}; c.row_pad = 8; add(c);
   c = {}; c.name = "f16_d128_v64_window"; c.dtype = DType::f16; c.head_dim = 128; c.head_dim_v = 64;
   c.seqlen_q = c.seqlen_k = 333; c.window_left = 40; add(c);
   c = {}; c.name = "bf16_d64_v128_causal"; c.head_dim = 64; c.head_dim_v = 128; c.seqlen_q = 200; c.seqlen_k = 260;

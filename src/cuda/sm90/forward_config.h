@@ -15,7 +15,9 @@
 //           stages (32 KB + 3 * 64 KB = 224 KB) up to 4k; 128 x 128 (32 KB + 2 * 64 KB = 160 KB) under a causal
 //           or window mask, where narrower key tiles waste less on the diagonal
 //   hd 192: 128 x 80, 2 stages: 48 KB + 2 * 60 KB = 168 KB; under a causal or window mask 128 x 64 (48 KB +
-//           2 * 48 KB = 144 KB)
+//           2 * 48 KB = 144 KB); with d_v <= 128 (MLA) 128 x 128, V and O 128 columns wide: 48 KB + 2 * (48 +
+//           32) KB = 208 KB
+//   d_v <= 64 beside d in 65..128: hd 128's tiles but for the 4k-key plan, V and O 64 columns wide (164 / 128 KB)
 //   hd 256: 128 x 80, 2 stages: 64 KB + 2 * 80 KB = 224 KB; under a causal or window mask 128 x 64 (64 KB +
 //           2 * 64 KB = 192 KB)
 // Wider key tiles spread each tile's fixed costs (barrier waits, the O rescale, the warpgroup turn) over more
@@ -69,11 +71,14 @@ enum class IssueOrder { turns, free };
 // kElemBytes_: 2 for fp16 / bf16, 1 for e4m3, whose V tiles are V_t's (fp8_v_layout.h): kHeadDim rows of kBlockN keys.
 // kFp8StaleLog2_ (e4m3): how far (log2 of P's units) the running maximum may lag before it is raised (the 16-bit
 // kernels' kStaleMaxLog2; e4m3 has less range to spare: forward_mainloop.cuh, Consumer).
+// kHeadDimV_: V's and O's columns (P V's N, O's accumulator, the V tiles), where a plan keeps them narrower than Q's
+// and K's kHeadDim (DeepSeek's MLA, 192 / 128); 0: kHeadDim.
 template <int kHeadDim_, int kBlockN_, int kConsumerWarpgroups_, int kStages_, IssueOrder kIssue_ = IssueOrder::turns,
-          int kPipelines_ = 1, int kClusterCtas_ = 1, int kElemBytes_ = 2, int kFp8StaleLog2_ = 0>
+          int kPipelines_ = 1, int kClusterCtas_ = 1, int kElemBytes_ = 2, int kFp8StaleLog2_ = 0, int kHeadDimV_ = 0>
 struct ForwardConfig {
   static constexpr int kFp8StaleLog2 = kFp8StaleLog2_;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_ == 0 ? kHeadDim_ : kHeadDimV_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
   static constexpr int kStages = kStages_;
@@ -81,6 +86,9 @@ struct ForwardConfig {
   static constexpr bool kTakeTurns = kIssue_ == IssueOrder::turns && kConsumerWarpgroups > 1;
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
                 "sm90 forward: head dim 64, 128, 192 or 256");
+  // V's columns in whole 64-column panels (N-major V), at most Q's; e4m3's V_t tiles are laid out by kHeadDim.
+  static_assert(kHeadDimV % 64 == 0 && kHeadDimV <= kHeadDim && (kElemBytes_ == 2 || kHeadDimV == kHeadDim),
+                "sm90 forward: d_v in whole 64-column panels up to the head dim (16-bit only when narrower)");
   static_assert(kBlockN % (32 / kElemBytes_) == 0 && kBlockN <= 256,
                 "sm90 forward: kBlockN a multiple of one wgmma's K (P V's k-steps)");
   static_assert(kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 3, "sm90 forward: 1 to 3 consumer warpgroups");
@@ -130,13 +138,15 @@ struct ForwardConfig {
   static_assert(kElemBytes == 2 || (kBlockN % kPanelElems == 0 && kFp8KeyPad % kBlockN == 0 && kClusterCtas_ == 1),
                 "sm90 forward: e4m3 key tiles of 128 keys dividing kFp8KeyPad, one CTA per cluster");
   static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;
-  static constexpr int kKVTileBytes = kBlockN * kHeadDim * kElemBytes;
-  static_assert(kKVTileBytes % 1024 == 0, "sm90 forward: every tile starts on a 1024-byte swizzle atom");
+  static constexpr int kKTileBytes = kBlockN * kHeadDim * kElemBytes;
+  static constexpr int kVTileBytes = kBlockN * kHeadDimV * kElemBytes;
+  static_assert(kKTileBytes % 1024 == 0 && kVTileBytes % 1024 == 0,
+                "sm90 forward: every tile starts on a 1024-byte swizzle atom");
   // q_full, q_empty, k_full[], v_full[], k_empty[], v_empty[]; the tile ring's slots (4 bytes each, rounded up to
   // 8 here), tile_full[], tile_empty[].
   static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages) + 8 * 3 * kTileRing;
   static constexpr int kAlignSlack = 1024;                     // the dynamic window rounded up to a swizzle atom
-  static constexpr int kPipelineBytes = kQBytes + 2 * kStages * kKVTileBytes + kBarrierBytes;
+  static constexpr int kPipelineBytes = kQBytes + kStages * (kKTileBytes + kVTileBytes) + kBarrierBytes;
   // Each pipeline's region starts on a swizzle atom (its Q tile first).
   static constexpr int kPipelineStride = (kPipelineBytes + 1023) / 1024 * 1024;
   static constexpr int kSmemBytes = (kPipelines - 1) * kPipelineStride + kPipelineBytes + kAlignSlack;
@@ -157,7 +167,8 @@ struct Plan {
   using ShortKeysPlan = ShortKeysPlan_;
   static constexpr int64_t kShortKeys = kShortKeys_;
 };
-template <int kHeadDim, bool kMasked>
+// kHeadDimV: the V / O bucket where a plan of its own keeps it narrower than kHeadDim (below: 192 / 128).
+template <int kHeadDim, bool kMasked, int kHeadDimV = kHeadDim>
 struct KernelPlan;
 // hd 64: three consumer warpgroups (192-row blocks: the fewest K/V bytes per product). The overlapped ordering
 // against the first kernel's serial one (ce3e0eb: wait for each product, which hd 64 ran until 44259c8): +1-4% past 2k
@@ -196,6 +207,19 @@ template <>
 struct KernelPlan<192, false> : Plan<ForwardConfig<192, 80, 2, 2>> {};
 template <>
 struct KernelPlan<192, true> : Plan<ForwardConfig<192, 64, 2, 2>> {};
+// d in 65..128 beside d_v <= 64: V and O at 64 columns, half of P V's products and of O's registers; hd 128's tiles
+// (128 x 176 without a mask: 32 KB + 2 * (44 + 22) KB = 164 KB; 128 x 128 under one). ALiBi, dropout and chunked
+// attention keep the 128 plan (forward_sm90.cu).
+template <>
+struct KernelPlan<128, false, 64> : Plan<ForwardConfig<128, 176, 2, 2, IssueOrder::free, 1, 1, 2, 0, 64>> {};
+template <>
+struct KernelPlan<128, true, 64> : Plan<ForwardConfig<128, 128, 2, 2, IssueOrder::free, 1, 1, 2, 0, 64>> {};
+// d in 129..192 beside d_v <= 128 (DeepSeek's MLA prefill, 192 / 128): V and O at 128 columns instead of 192, so
+// P V does two thirds of the 192 plan's products and O takes 64 registers instead of 96, which leaves room for
+// 128-key tiles (S 64 registers; FA3 and FA4 run this shape on 128 x 128 tiles too): 48 KB + 2 * (48 + 32) KB =
+// 208 KB. Calls with ALiBi or dropout run the 192 plan (forward_sm90.cu).
+template <bool kMasked>
+struct KernelPlan<192, kMasked, 128> : Plan<ForwardConfig<192, 128, 2, 2, IssueOrder::turns, 1, 1, 2, 0, 128>> {};
 // hd 256 under a mask: 64-key tiles waste less on the diagonal than 80-key ones; causal +10% / +5% / +4.5% / +2%
 // at 512 / 1k / 2k / 4k keys, level beyond (bench/results/hopper-forward.md, d6a87b5).
 template <>

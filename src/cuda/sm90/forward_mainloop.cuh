@@ -46,28 +46,30 @@ template <typename Cfg>
 __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv_head, const CUtensorMap* tm_q,
                         const CUtensorMap* tm_k, const CUtensorMap* tm_v, PipelineState<Cfg::kStages>& st,
                         uint32_t rank) {
-  constexpr int kPanels = Cfg::kHeadDim / Cfg::kQKPanelElems;
+  constexpr int kQKPanels = Cfg::kHeadDim / Cfg::kQKPanelElems;  // of a Q or K row
   if (w.n_end <= w.n_begin) return;  // no visible keys: the consumers neither read Q nor wait for it
   // Tile n's K and V share a stage; pos is V's (tile n), the K load runs one position ahead.
   RingPosition<Cfg::kStages>& pos = st.kv;
-  // values: the V ring, whose e4m3 tiles are V_t's.
+  // values: the V ring (kHeadDimV columns), whose e4m3 tiles are V_t's.
   auto load = [&](auto values, const CUtensorMap* map, uint8_t* ring, uint64_t* empty, uint64_t* full, int n,
                   const RingPosition<Cfg::kStages>& at) {
+    constexpr bool kValues = decltype(values)::value;
+    constexpr int kTileBytes = kValues ? Cfg::kVTileBytes : Cfg::kKTileBytes;
     mbarrier_wait(&empty[at.index], at.phase ^ 1u);
-    mbarrier_arrive_expect_tx(&full[at.index], Cfg::kKVTileBytes);
-    if constexpr (Cfg::kElemBytes == 1 && decltype(values)::value) {
+    mbarrier_arrive_expect_tx(&full[at.index], kTileBytes);
+    if constexpr (Cfg::kElemBytes == 1 && kValues) {
       // V_t (fp8_v_layout.h): kHeadDim rows of the tile's keys, one box per 128-key panel.
 #pragma unroll
       for (int p = 0; p < Cfg::kBlockN / Cfg::kPanelElems; ++p)
-        tma_load_4d(ring + at.index * Cfg::kKVTileBytes + p * Cfg::kHeadDim * kSwizzleBytes, map,
+        tma_load_4d(ring + at.index * kTileBytes + p * Cfg::kHeadDim * kSwizzleBytes, map,
                     w.vt_slot0 + n * Cfg::kBlockN + p * Cfg::kPanelElems, 0, kv_head, w.batch_coord,
                     &full[at.index]);
       return;
     }
-    uint8_t* part = ring + at.index * Cfg::kKVTileBytes + rank * Cfg::kKVPartRows * Cfg::kQKPanelBytes;
+    uint8_t* part = ring + at.index * kTileBytes + rank * Cfg::kKVPartRows * Cfg::kQKPanelBytes;
     const int row = w.k_row0 + n * Cfg::kBlockN + int(rank) * Cfg::kKVPartRows;
 #pragma unroll
-    for (int p = 0; p < kPanels; ++p) {
+    for (int p = 0; p < (kValues ? Cfg::kHeadDimV / Cfg::kQKPanelElems : kQKPanels); ++p) {
       if constexpr (Cfg::kClusterCtas > 1)
         tma_load_4d_multicast(part + p * Cfg::kBlockN * Cfg::kQKPanelBytes, map, p * Cfg::kQKPanelElems, row, kv_head,
                               w.batch_coord, &full[at.index], uint16_t((1u << Cfg::kClusterCtas) - 1));
@@ -81,7 +83,7 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
   mbarrier_wait(sm.q_empty(), st.q_phase ^ 1u);
   mbarrier_arrive_expect_tx(sm.q_full(), Cfg::kQBytes);
 #pragma unroll
-  for (int p = 0; p < kPanels; ++p)
+  for (int p = 0; p < kQKPanels; ++p)
     tma_load_4d(sm.q() + p * Cfg::kBlockM * Cfg::kQKPanelBytes, tm_q, p * Cfg::kQKPanelElems, w.q_row0 + w.m_block * Cfg::kBlockM,
                 w.head, w.batch_coord, sm.q_full());
   st.q_phase ^= 1u;
@@ -107,6 +109,7 @@ template <typename T, typename Cfg_, bool kExtras = false, bool kDropout = false
 struct Consumer {
   using Cfg = Cfg_;
   static constexpr int kHeadDim = Cfg::kHeadDim;
+  static constexpr int kHeadDimV = Cfg::kHeadDimV;  // O's columns
   static constexpr int kN = Cfg::kBlockN;
   static constexpr bool kFp8 = kIsFp8<T>;
   static_assert(kFp8 == (Cfg::kElemBytes == 1), "sm90 forward: the plan's element size is T's");
@@ -130,7 +133,7 @@ struct Consumer {
   // Descriptors of this warpgroup's Q rows and of stage 0's K and V tiles; every operand of a wgmma is one
   // desc_advance from these.
   uint64_t q_desc, k_desc, v_desc;
-  float o[kHeadDim / 2];
+  float o[kHeadDimV / 2];
   float row_max[2] = {-INFINITY, -INFINITY};  // in score units (after softcap), not yet scaled to log2
   float row_sum[2] = {0.f, 0.f};              // this thread's part; the quad's four parts add up at the end
   bool has_slopes = false;  // the call has ALiBi slopes (has_alibi)
@@ -204,14 +207,14 @@ struct Consumer {
     // V_t (e4m3) is K-major, V N-major.
     v_desc = kFp8 ? make_desc_k_major(smem_address(sm.v())) : make_desc_mn_major(smem_address(sm.v()), kN * kSwizzleBytes);
 #pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
+    for (int i = 0; i < kHeadDimV / 2; ++i) o[i] = 0.f;
   }
 
   // S = Q Kᵀ, issued and committed (not waited for). K-major operands; k-step kk (32 bytes of a row, 16-bit or
   // e4m3 alike) is panel kk / kSteps, 32 bytes further per step inside a row.
   __device__ void issue_qk(Scores& s, int stage) {
     constexpr int kSteps = Cfg::kQKPanelBytes / 32;  // k-steps per panel
-    const uint64_t k_stage = desc_advance(k_desc, stage * Cfg::kKVTileBytes);
+    const uint64_t k_stage = desc_advance(k_desc, stage * Cfg::kKTileBytes);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / kWgmmaKFor<T>; ++kk) {
@@ -226,7 +229,7 @@ struct Consumer {
   // converted before the fence: a register write between two wgmmas would make the compiler serialise them.
   // e4m3: V_t is K-major, kHeadDim rows per 128-key panel; k-step kk is panel kk / 4, 32 bytes further per step.
   __device__ void issue_pv(const PFragments& p, int stage) {
-    const uint64_t v_stage = desc_advance(v_desc, stage * Cfg::kKVTileBytes);
+    const uint64_t v_stage = desc_advance(v_desc, stage * Cfg::kVTileBytes);
     wgmma_fence();
     if constexpr (kFp8) {
 #pragma unroll
@@ -236,7 +239,7 @@ struct Consumer {
     } else {
 #pragma unroll
       for (int kk = 0; kk < kN / kWgmmaK; ++kk)
-        wgmma_rs<T, kHeadDim, 1>(o, p[kk], desc_advance(v_stage, kk * kWgmmaK * kSwizzleBytes), true);
+        wgmma_rs<T, kHeadDimV, 1>(o, p[kk], desc_advance(v_stage, kk * kWgmmaK * kSwizzleBytes), true);
     }
     wgmma_commit();
   }
@@ -407,7 +410,7 @@ struct Consumer {
   __device__ void rescale_o(const float (&rescale)[2]) {
     if (!__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) return;
 #pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j)
+    for (int j = 0; j < kHeadDimV / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[4 * j + e] *= rescale[e >> 1];
   }
@@ -485,7 +488,7 @@ struct Consumer {
       TOut* out = static_cast<TOut*>(a.o) + grow * a.o_row_stride + int64_t(w.head) * a.o_head_stride +
                (a.cu_seqlens_q ? 0 : int64_t(w.batch) * a.o_batch_stride);
 #pragma unroll
-      for (int g = 0; g < kHeadDim / 32; ++g) {  // 32 columns: 4 column blocks of 8, one per lane after
+      for (int g = 0; g < kHeadDimV / 32; ++g) {  // 32 columns: 4 column blocks of 8, one per lane after
         uint32_t words[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {

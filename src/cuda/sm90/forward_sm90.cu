@@ -1,6 +1,7 @@
 // Hopper forward: O = softmax(Q Kᵀ · scale) V and LSE, fp16/bf16 in, fp32 accumulation, for head dims d and d_v
-// that are multiples of 8 up to 256, in buckets of 64, 128, 192, 256 (support_checks.h: columns past d / d_v are
-// TMA's zeros), with causal / sliding-window masks, softcap, ALiBi, dropout, GQA, varlen and arbitrary tails.
+// that are multiples of 8 up to 256, in buckets of 64, 128, 192, 256, 128 / 64 and 192 / 128 (d_v at most half
+// the bucket; support_checks.h: columns past d / d_v are TMA's zeros), with causal / sliding-window masks, softcap,
+// ALiBi, dropout, GQA, varlen and arbitrary tails.
 // ALiBi and dropout run in a kernel of their own (kExtras), so that the plain kernel's registers stay as they were.
 //
 // Work: tiles of kBlockM = 64 · (consumer warpgroups) query rows of one (batch, head), numbered head-major
@@ -65,18 +66,32 @@ Status launch_plan_for_extras(const FwdParams& p, Sm90Grid grid) {
   return p.has_extras() ? launch_plan_for_keys<T, Plan, true>(p, grid) : launch_plan_for_keys<T, Plan, false>(p, grid);
 }
 
-template <typename T, int kHeadDim>
+// kExtrasKernels false: the plan has no ALiBi / dropout kernels (the caller sends those calls elsewhere).
+template <typename T, int kHeadDim, int kHeadDimV = kHeadDim, bool kExtrasKernels = true>
 Status launch_planned(const FwdParams& p, Sm90Grid grid) {
-  return p.has_mask() ? launch_plan_for_extras<T, cuda::sm90::KernelPlan<kHeadDim, true>>(p, grid)
-                      : launch_plan_for_extras<T, cuda::sm90::KernelPlan<kHeadDim, false>>(p, grid);
+  using Masked = cuda::sm90::KernelPlan<kHeadDim, true, kHeadDimV>;
+  using Unmasked = cuda::sm90::KernelPlan<kHeadDim, false, kHeadDimV>;
+  if constexpr (kExtrasKernels) {
+    return p.has_mask() ? launch_plan_for_extras<T, Masked>(p, grid) : launch_plan_for_extras<T, Unmasked>(p, grid);
+  } else {
+    return p.has_mask() ? launch_plan_for_keys<T, Masked, false>(p, grid)
+                        : launch_plan_for_keys<T, Unmasked, false>(p, grid);
+  }
 }
 
 template <typename T>
 Status launch_head_dim(const FwdParams& p, Sm90Grid grid) {
   switch (sm90_checks::head_dim_bucket(p.head_dim, p.head_dim_v)) {
     case 64: return launch_planned<T, 64>(p, grid);
-    case 128: return launch_planned<T, 128>(p, grid);
-    case 192: return launch_planned<T, 192>(p, grid);
+    // d_v at most half the bucket (MLA's 192 / 128; 128 / 64): V and O in a plan of their own (forward_config.h), but
+    // for ALiBi, dropout and chunked attention, which keep the bucket's extras kernels rather than compile two more
+    // per dtype.
+    case 128:
+      if (p.head_dim_v <= 64 && !p.has_extras()) return launch_planned<T, 128, 64, false>(p, grid);
+      return launch_planned<T, 128>(p, grid);
+    case 192:
+      if (p.head_dim_v <= 128 && !p.has_extras()) return launch_planned<T, 192, 128, false>(p, grid);
+      return launch_planned<T, 192>(p, grid);
     default: return launch_planned<T, 256>(p, grid);  // sm90_forward_supports passed: the bucket is 256
   }
 }

@@ -17,7 +17,7 @@ namespace flashattn::cuda::sm90 {
 // What the kernel reads besides the tensor maps; lengths and strides in elements.
 struct ForwardKernelArgs {
   void* o;
-  int head_dim_v;  // O's columns: at most the plan's head dim, a multiple of 8 (the epilogue's 16-byte runs)
+  int head_dim_v;  // O's columns: at most the plan's kHeadDimV, a multiple of 8 (the epilogue's 16-byte runs)
   float* lse;
   int64_t o_batch_stride, o_row_stride, o_head_stride;
   int64_t lse_batch_stride, lse_head_stride;
@@ -65,8 +65,8 @@ struct SharedStorage {
   __device__ SharedStorage(uint8_t* raw, int pipeline)
       : base(align_to_swizzle_atom(raw) + pipeline * Cfg::kPipelineStride) {}
   static constexpr int kKOffset = Cfg::kQBytes;
-  static constexpr int kVOffset = kKOffset + Cfg::kStages * Cfg::kKVTileBytes;
-  static constexpr int kBarrierOffset = kVOffset + Cfg::kStages * Cfg::kKVTileBytes;
+  static constexpr int kVOffset = kKOffset + Cfg::kStages * Cfg::kKTileBytes;
+  static constexpr int kBarrierOffset = kVOffset + Cfg::kStages * Cfg::kVTileBytes;
   __device__ uint64_t* barriers() const { return reinterpret_cast<uint64_t*>(base + kBarrierOffset); }
 
   __device__ uint8_t* q() const { return base; }
