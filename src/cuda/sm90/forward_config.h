@@ -167,7 +167,7 @@ struct Plan {
   using ShortKeysPlan = ShortKeysPlan_;
   static constexpr int64_t kShortKeys = kShortKeys_;
 };
-// kHeadDimV: the V / O bucket where a plan of its own keeps it narrower than kHeadDim (below: 192 / 128).
+// kHeadDimV: the V / O bucket where a plan of its own keeps it narrower than kHeadDim (below: 128 / 64, 192 / 128).
 template <int kHeadDim, bool kMasked, int kHeadDimV = kHeadDim>
 struct KernelPlan;
 // hd 64: three consumer warpgroups (192-row blocks: the fewest K/V bytes per product). The overlapped ordering
@@ -217,7 +217,7 @@ struct KernelPlan<128, true, 64> : Plan<ForwardConfig<128, 128, 2, 2, IssueOrder
 // d in 129..192 beside d_v <= 128 (DeepSeek's MLA prefill, 192 / 128): V and O at 128 columns instead of 192, so
 // P V does two thirds of the 192 plan's products and O takes 64 registers instead of 96, which leaves room for
 // 128-key tiles (S 64 registers; FA3 and FA4 run this shape on 128 x 128 tiles too): 48 KB + 2 * (48 + 32) KB =
-// 208 KB. Calls with ALiBi or dropout run the 192 plan (forward_sm90.cu).
+// 208 KB. Calls with ALiBi, dropout or chunked attention run the 192 plan (forward_sm90.cu).
 template <bool kMasked>
 struct KernelPlan<192, kMasked, 128> : Plan<ForwardConfig<192, 128, 2, 2, IssueOrder::turns, 1, 1, 2, 0, 128>> {};
 // hd 256 under a mask: 64-key tiles waste less on the diagonal than 80-key ones; causal +10% / +5% / +4.5% / +2%

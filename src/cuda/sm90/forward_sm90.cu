@@ -1,6 +1,6 @@
 // Hopper forward: O = softmax(Q Kᵀ · scale) V and LSE, fp16/bf16 in, fp32 accumulation, for head dims d and d_v
-// that are multiples of 8 up to 256, in buckets of 64, 128, 192, 256, 128 / 64 and 192 / 128 (d_v at most half
-// the bucket; support_checks.h: columns past d / d_v are TMA's zeros), with causal / sliding-window masks, softcap,
+// that are multiples of 8 up to 256, in buckets of 64, 128, 192, 256, 128 / 64 and 192 / 128 (d_v in the bucket
+// below d's; support_checks.h: columns past d / d_v are TMA's zeros), with causal / sliding-window masks, softcap,
 // ALiBi, dropout, GQA, varlen and arbitrary tails.
 // ALiBi and dropout run in a kernel of their own (kExtras), so that the plain kernel's registers stay as they were.
 //
@@ -83,7 +83,7 @@ template <typename T>
 Status launch_head_dim(const FwdParams& p, Sm90Grid grid) {
   switch (sm90_checks::head_dim_bucket(p.head_dim, p.head_dim_v)) {
     case 64: return launch_planned<T, 64>(p, grid);
-    // d_v at most half the bucket (MLA's 192 / 128; 128 / 64): V and O in a plan of their own (forward_config.h), but
+    // d_v in the bucket below d's (128 / 64; MLA's 192 / 128): V and O in a plan of their own (forward_config.h), but
     // for ALiBi, dropout and chunked attention, which keep the bucket's extras kernels rather than compile two more
     // per dtype.
     case 128:
