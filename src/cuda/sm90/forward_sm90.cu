@@ -66,12 +66,13 @@ Status launch_plan_for_extras(const FwdParams& p, Sm90Grid grid) {
   return p.has_extras() ? launch_plan_for_keys<T, Plan, true>(p, grid) : launch_plan_for_keys<T, Plan, false>(p, grid);
 }
 
-// kExtrasKernels false: the plan has no ALiBi / dropout kernels (the caller sends those calls elsewhere).
-template <typename T, int kHeadDim, int kHeadDimV = kHeadDim, bool kExtrasKernels = true>
+// A plan whose V and O are narrower than the bucket (kHeadDimV < kHeadDim) has no ALiBi / dropout kernels:
+// launch_planned_values sends those calls to the bucket's plan.
+template <typename T, int kHeadDim, int kHeadDimV = kHeadDim>
 Status launch_planned(const FwdParams& p, Sm90Grid grid) {
   using Masked = cuda::sm90::KernelPlan<kHeadDim, true, kHeadDimV>;
   using Unmasked = cuda::sm90::KernelPlan<kHeadDim, false, kHeadDimV>;
-  if constexpr (kExtrasKernels) {
+  if constexpr (kHeadDimV == kHeadDim) {
     return p.has_mask() ? launch_plan_for_extras<T, Masked>(p, grid) : launch_plan_for_extras<T, Unmasked>(p, grid);
   } else {
     return p.has_mask() ? launch_plan_for_keys<T, Masked, false>(p, grid)
@@ -79,19 +80,21 @@ Status launch_planned(const FwdParams& p, Sm90Grid grid) {
   }
 }
 
+// The bucket's plan, or, where d_v fits kHeadDimV (the bucket below: 128 / 64, MLA's 192 / 128), the plan whose V
+// and O stop there (forward_config.h); ALiBi, dropout and chunked attention keep the bucket's extras kernels rather
+// than compile two more per dtype.
+template <typename T, int kHeadDim, int kHeadDimV>
+Status launch_planned_values(const FwdParams& p, Sm90Grid grid) {
+  if (p.head_dim_v <= kHeadDimV && !p.has_extras()) return launch_planned<T, kHeadDim, kHeadDimV>(p, grid);
+  return launch_planned<T, kHeadDim>(p, grid);
+}
+
 template <typename T>
 Status launch_head_dim(const FwdParams& p, Sm90Grid grid) {
   switch (sm90_checks::head_dim_bucket(p.head_dim, p.head_dim_v)) {
     case 64: return launch_planned<T, 64>(p, grid);
-    // d_v in the bucket below d's (128 / 64; MLA's 192 / 128): V and O in a plan of their own (forward_config.h), but
-    // for ALiBi, dropout and chunked attention, which keep the bucket's extras kernels rather than compile two more
-    // per dtype.
-    case 128:
-      if (p.head_dim_v <= 64 && !p.has_extras()) return launch_planned<T, 128, 64, false>(p, grid);
-      return launch_planned<T, 128>(p, grid);
-    case 192:
-      if (p.head_dim_v <= 128 && !p.has_extras()) return launch_planned<T, 192, 128, false>(p, grid);
-      return launch_planned<T, 192>(p, grid);
+    case 128: return launch_planned_values<T, 128, 64>(p, grid);
+    case 192: return launch_planned_values<T, 192, 128>(p, grid);
     default: return launch_planned<T, 256>(p, grid);  // sm90_forward_supports passed: the bucket is 256
   }
 }
