@@ -88,7 +88,7 @@ struct BackwardConfig {
   // The warpgroups share the CTA's keys and split the gradients' columns (hd 256), or own 64 keys each.
   static constexpr bool kColumnSplit = kHeadDim == 256;
   // dV and dK read Pᵀ and dSᵀ from shared tiles (the 192 and 256 buckets), not from registers.
-  static constexpr bool kSharedScores = kColumnSplit || kHeadDim == 192;
+  static constexpr bool kSharedScores = kColumnSplit;
   // The columns of the V and dO tiles: the 192 bucket's are its dPᵀ product columns (shared memory), the others'
   // the bucket's.
   static constexpr int kHeadDimV = kHeadDim == 192 ? kProductColsV : kHeadDim;
@@ -143,7 +143,7 @@ struct BackwardConfig {
       kDqSplitRows ? kHeadDim : (kHeadDim / kConsumerWarpgroups + kPanelCols - 1) / kPanelCols * kPanelCols;
   // A warpgroup's piece reaches the writer in kDqStagePieces hand-offs of kDqStageCols columns (one stage each
   // warpgroup, kWgmmaRows x kDqStageCols floats).
-  static constexpr int kDqStagePieces = kColumnSplit ? (kDropout ? 4 : 2) : kHeadDim == 192 ? 4 : 1;
+  static constexpr int kDqStagePieces = kColumnSplit ? (kDropout ? 4 : 2) : kHeadDim == 192 ? 2 : 1;
   static constexpr int kDqStageCols = kDqTileCols / kDqStagePieces;
   // Hand-offs of kDqStageCols columns for every warpgroup, a narrower last one taking fewer of them (the column
   // split, the 192 bucket), or kDqStagePieces hand-offs of each warpgroup's share.

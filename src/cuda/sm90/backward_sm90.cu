@@ -667,11 +667,12 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   // acc(64 x 2 kRegs) += fragments(64 x kM) * rows(kM x this warpgroup's 2 kRegs columns), rows N-major from a
   // staged Q or dO tile.
   template <int kRegs>
-  __device__ void issue_accumulate(float (&acc)[kRegs], const Fragments& f, const uint8_t* rows) const {
-    const uint32_t addr = smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes;
+  __device__ void issue_accumulate(float (&acc)[kRegs], const Fragments& f, const uint8_t* rows, int pass = 0) const {
+    const uint32_t addr =
+        smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes + score_q0(pass) * kSwizzleBytes;
     const uint64_t desc = warp_uniform_desc(make_desc_mn_major(addr, kM * kSwizzleBytes));
 #pragma unroll
-    for (int kk = 0; kk < kM / kWgmmaK; ++kk)
+    for (int kk = 0; kk < kSQ / kWgmmaK; ++kk)
       wgmma_rs<T, 2 * kRegs, 1>(acc, f[kk], step_desc(desc, kk * kWgmmaK * kSwizzleBytes), true);
     wgmma_commit();
   }
@@ -889,7 +890,34 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
     const uint8_t* do_tile = sm.dout(do_stage);
     if constexpr (Cfg::kDropout) load_keep_bits(ds_buffer);
     Fragments pf;
-    if constexpr (Cfg::kSharedScores) {
+    if constexpr (Cfg::kScorePasses > 1) {
+      // Per pass of kSQ queries: dV and dK take the pass's Pᵀ and dSᵀ from registers (k-steps over the pass's
+      // queries), issued before the next pass's Sᵀ and dPᵀ; dSᵀ also goes to the shared tile for dQ.
+      uint8_t* ds_tile = sm.ds(ds_buffer);
+      const bool block_masked = needs_mask(m);
+#pragma unroll
+      for (int pass = 0; pass < Cfg::kScorePasses; ++pass) {
+        Fragments dsf;
+        if (pass > 0) issue_scores(s, dp, stage, do_stage, 0, pass);  // no dO ring of its own here
+        wgmma_wait<1>();  // Sᵀ (and the previous pass's dV and dK) have landed; dPᵀ may still run
+        fence_registers(s);
+        probabilities<kSoftcap, kAlibi, kSoftcap>(s, pf, sm.lse_log2(stage), m, block_masked, alibi_slope2, nullptr,
+                                                  pass);
+        wgmma_wait<0>();
+        fence_registers(dp);
+        score_grads<!kSoftcap>(s, dp, dsf, sm.dsum(stage), ds_tile, &pf, pass);
+        wgmma_fence();
+        issue_accumulate(dv, pf, do_tile, pass);
+        if (pass + 1 < Cfg::kScorePasses) {
+          issue_accumulate(dk, dsf, q_tile, pass);
+        } else {
+          fence_async_shared();
+          consumers_meet<Cfg>();
+          issue_dq(dq, ds_tile);
+          issue_accumulate(dk, dsf, q_tile, pass);
+        }
+      }
+    } else if constexpr (Cfg::kSharedScores) {
       // This warpgroup's queries (kColumnSplit) or keys of Pᵀ and dSᵀ into the shared tiles; under kColumnSplit dV,
       // dK, dQ read both warpgroups' queries, else dV and dK the warpgroup's own keys and dQ both warpgroups'. The
       // first pass's Sᵀ and dPᵀ are in flight (consume issued them), the later ones' are issued here.
