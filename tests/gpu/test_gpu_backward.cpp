@@ -417,6 +417,27 @@ TEST_P(GpuBackward, ModelHeadDims) {
   run_case(c);
 }
 
+// d 129..192 beside d_v <= 128 (DeepSeek's MLA; on Hopper the 192 bucket, backward_config.h: 128-key CTAs, Pᵀ and
+// dSᵀ through shared tiles, dQ in 32-column pieces) over several key and query blocks, GQA, each mask, softcap,
+// varlen with empty sequences, columns past d and d_v inside a panel, and both deterministic orders.
+TEST_P(GpuBackward, MlaHeadDims) {
+  FA_REQUIRE_GPU();
+  BwdCase c = base(GetParam(), 333, 400, 192);
+  c.dv = 128, c.batch = 2, c.hq = 4, c.hkv = 2;
+  run_case(c);
+  c.causal = true;
+  run_case_both_modes(c);
+  c = varlen_with_empty_sequences(GetParam(), 192);
+  c.dv = 128, c.hq = 4, c.hkv = 1, c.wl = 40, c.wr = 7, c.softcap = 3;
+  run_case(c);
+  c = base(GetParam(), 190, 260, 136);
+  c.dv = 72, c.bhsd = true, c.pad = 8, c.causal = true;
+  run_case(c);
+  c = base(GetParam(), 100, 2000, 192);  // no mask: rotated sweeps in the deterministic mode
+  c.dv = 128;
+  run_case_both_modes(c);
+}
+
 // Head dim 256 through each mask, GQA, padded and varlen batches (on Hopper: the column-split sm90 kernel,
 // backward_config.h kColumnSplit, whose CTA owns 64 keys).
 TEST_P(GpuBackward, HeadDim256) {

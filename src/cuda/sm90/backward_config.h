@@ -44,6 +44,17 @@
 // second warpgroup computing only the columns past 128; d_v <= 64 beside d <= 128 runs 64 columns of dV and dPᵀ.
 // Measured on an H100 (bench/results/head-dims.md, 2026-12-06): backward hd 80 / 96 +8-12% over the buckets' whole
 // products, hd 192 +23-29%, MLA 192 / 128 +32%, 128 / 64 +11%.
+// The 192 bucket (d 129..192 beside d_v <= 128, DeepSeek's MLA; the plain kernels only): the 128 bucket's CTA of
+// 128 keys, each consumer warpgroup its own 64 keys, with tiles as wide as the products (Q, K 192 columns; V, dO
+// 128), where the 256 bucket's column split owns 64 keys per CTA and reads and reduces a query block's Q, dO and dQ
+// once per 64 keys. dK (96 registers) and dV (64) of 64 keys leave 80 of 240 for the rest: with Sᵀ and dPᵀ of the
+// whole block (64) or a 128-column dQ (64) beside them ptxas serialised every wgmma. So Sᵀ and dPᵀ are computed for
+// 32 queries at a time (kScorePasses), dV and dK read Pᵀ and dSᵀ from shared tiles as under the column split
+// (kSharedScores), and dQ's columns, split 128 / 64 (a warpgroup's first column starts a 64-column panel of K, the
+// N-major operand), are computed a panel at a time (kDqPanelProducts): 192 registers at the peak. The hand-offs are
+// 32-column pieces so that the stages fit: K 48 KB, V 32 KB; Q 2 x 24 KB, dO 2 x 16 KB; dSᵀ 2 x 16 KB; Pᵀ 16 KB (one
+// buffer: only its own warpgroup reads it, before that warpgroup's next block); LSE, D 1 KB; dQ stages 2 x 8 KB:
+// 225 KB of 227.
 #pragma once
 
 #include "cuda/sm90/forward_config.h"
@@ -68,11 +79,19 @@ struct BackwardConfig {
   static constexpr bool kDescaled = kDescaled_;
   static_assert(kExtras || !kDropout, "sm90 backward: dropout comes with the extras (ALiBi) code");
   static_assert(!(kDescaled && kExtras), "sm90 backward: float8 inputs' descales without ALiBi or dropout");
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "sm90 backward: head dim 64, 128 or 256");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
+                "sm90 backward: head dim 64, 128, 192 or 256");
+  static_assert(kHeadDim != 192 || (!kExtras && !kDescaled && kProductCols == 192 && kProductColsV % kPanelCols == 0),
+                "sm90 backward: the 192 bucket is a plain kernel with 192 product columns and whole panels of V");
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kLastWarpgroup = kConsumerWarpgroups - 1;
   // The warpgroups share the CTA's keys and split the gradients' columns (hd 256), or own 64 keys each.
   static constexpr bool kColumnSplit = kHeadDim == 256;
+  // dV and dK read Pᵀ and dSᵀ from shared tiles (the 192 and 256 buckets), not from registers.
+  static constexpr bool kSharedScores = kColumnSplit;
+  // The columns of the V and dO tiles: the 192 bucket's are its dPᵀ product columns (shared memory), the others'
+  // the bucket's.
+  static constexpr int kHeadDimV = kHeadDim == 192 ? kProductColsV : kHeadDim;
   static constexpr int kBlockN = kColumnSplit ? kWgmmaRows : kConsumerWarpgroups * kWgmmaRows;  // keys per CTA
   // dK's (and under kColumnSplit dV's) columns per warpgroup; dV's without the column split.
   static constexpr int kOutCols = kColumnSplit ? kHeadDim / kConsumerWarpgroups : kProductCols;
@@ -89,7 +108,9 @@ struct BackwardConfig {
   // 64 each, dK, dV 32 each at hd 64: 192 at the peak instead of 256).
   static constexpr bool kScoresBeforeDv = kBlockM > kWgmmaRows;
   // The queries of a block whose Sᵀ and dPᵀ one warpgroup computes (the wgmma N of those products).
-  static constexpr int kScoreQueries = kColumnSplit ? kBlockM / kConsumerWarpgroups : kBlockM;
+  // The 192 bucket computes them in kScorePasses passes of half the block each (registers: dK and dV take 160).
+  static constexpr int kScorePasses = kHeadDim == 192 ? 2 : 1;
+  static constexpr int kScoreQueries = kColumnSplit ? kBlockM / kConsumerWarpgroups : kBlockM / kScorePasses;
   // Descriptor steps as one 64-bit add (desc_advance_whole) rather than desc_advance's 32-bit one: hd 256's loop
   // 670 -> 584 instructions per block, hd 64's about 17 fewer, hd 128's 705 -> 666, without new spills; but hd
   // 128's dQ product stepped so kept more descriptor pairs live and the plain kernel spilled 60 / 132 bytes (was 4 /
@@ -116,11 +137,20 @@ struct BackwardConfig {
   // With 128-row blocks (kDqSplitRows) the split is by query rows instead: each warpgroup kWgmmaRows rows, every
   // column (N = 64 at hd 64 rather than two products of N = 32), reading only its own half of dSᵀ.
   static constexpr bool kDqSplitRows = kBlockM == kConsumerWarpgroups * kWgmmaRows;
-  static constexpr int kDqTileCols = kDqSplitRows ? kHeadDim : kHeadDim / kConsumerWarpgroups;
+  // Split by columns, a warpgroup's first dQ column starts a 64-column panel of K (the N-major operand): half the
+  // head dim rounded up to a whole panel (the 192 bucket: 128 and 64).
+  static constexpr int kDqTileCols =
+      kDqSplitRows ? kHeadDim : (kHeadDim / kConsumerWarpgroups + kPanelCols - 1) / kPanelCols * kPanelCols;
   // A warpgroup's piece reaches the writer in kDqStagePieces hand-offs of kDqStageCols columns (one stage each
   // warpgroup, kWgmmaRows x kDqStageCols floats).
-  static constexpr int kDqStagePieces = kColumnSplit ? (kDropout ? 4 : 2) : 1;
+  static constexpr int kDqStagePieces = kColumnSplit ? (kDropout ? 4 : 2) : kHeadDim == 192 ? 2 : 1;
   static constexpr int kDqStageCols = kDqTileCols / kDqStagePieces;
+  // Hand-offs of kDqStageCols columns for every warpgroup, a narrower last one taking fewer of them (the column
+  // split, the 192 bucket), or kDqStagePieces hand-offs of each warpgroup's share.
+  static constexpr bool kDqPiecesOfOneWidth = kColumnSplit || kHeadDim == 192;
+  // A warpgroup's dQ columns as products of one 64-column panel each, one after another, each handed over before
+  // the next is issued (the 192 bucket), or as one product.
+  static constexpr bool kDqPanelProducts = kHeadDim == 192;
   // dq_accum's row: the product columns (the bucket's with 128-row blocks), of which the last consumer warpgroup
   // takes what the others leave (hd 96's kernel: 64 and 32; hd 192's: 128 and 64). A narrower last warpgroup
   // computes and hands over only its columns: fewer products, and less dq_accum to zero, add into and convert.
@@ -131,7 +161,7 @@ struct BackwardConfig {
   // (floats): the warpgroups' pieces one after another, every warpgroup but the last a full kDqTileCols wide.
   static constexpr int dq_tile_cols(int wg) { return wg == kLastWarpgroup ? kDqTileColsLast : kDqTileCols; }
   static constexpr int dq_stage_cols(int wg) {
-    return kColumnSplit ? kDqStageCols : dq_tile_cols(wg) / kDqStagePieces;
+    return kDqPiecesOfOneWidth ? kDqStageCols : dq_tile_cols(wg) / kDqStagePieces;
   }
   static constexpr int dq_pieces(int wg) { return dq_tile_cols(wg) / dq_stage_cols(wg); }
   static constexpr int dq_piece_offset(int wg, int piece) {
@@ -168,11 +198,15 @@ struct BackwardConfig {
   static_assert((kWsAlign & (kWsAlign - 1)) == 0, "sm80::ws_sequence_start rounds with a mask");
 
   static constexpr int kElemBytes = 2;
-  static constexpr int kKVBytes = kBlockN * kHeadDim * kElemBytes;   // K or V
-  static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;    // one stage of Q or dO
+  static constexpr int kKBytes = kBlockN * kHeadDim * kElemBytes;
+  static constexpr int kVBytes = kBlockN * kHeadDimV * kElemBytes;
+  static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;    // one stage of Q
+  static constexpr int kDoBytes = kBlockM * kHeadDimV * kElemBytes;  // one stage of dO
   static constexpr int kDsBytes = kBlockN * kBlockM * kElemBytes;    // one dSᵀ tile
-  // Shared score tiles per buffer: dSᵀ, and under kColumnSplit Pᵀ beside it; two buffers.
+  // Shared score tiles per buffer: dSᵀ, and under kColumnSplit Pᵀ beside it; two buffers. The 192 bucket's Pᵀ has a
+  // tile of its own, one buffer (kPtBytes).
   static constexpr int kDsTiles = kColumnSplit ? 2 : 1;
+  static constexpr int kPtBytes = kSharedScores && !kColumnSplit ? kDsBytes : 0;
   static constexpr int kRowValueBytes = kBlockM * 4;                 // one stage of LSE or D (fp32)
   // One buffer of dropout's keep bits (kDropout): kKeepWords 32-bit words per consumer thread, a bit for each of
   // its Sᵀ elements (draw_keep_bits).
@@ -180,14 +214,16 @@ struct BackwardConfig {
   static constexpr int kKeepWords = (kScoreQueries / 2 + 31) / 32;
   static constexpr int kMaskBytes = kDropout ? kConsumerWarpgroups * kWarpgroupThreads * kKeepWords * 4 : 0;
   // What one stage's TMA delivers (Q, LSE, D, and dO unless it has a ring of its own).
-  static constexpr int kStageTxBytes = (kSeparateDoRing ? 1 : 2) * kQBytes + 2 * kRowValueBytes;
-  static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0 && kDsBytes % 1024 == 0,
+  static constexpr int kStageTxBytes = kQBytes + (kSeparateDoRing ? 0 : kDoBytes) + 2 * kRowValueBytes;
+  static_assert(kQBytes % 1024 == 0 && kDoBytes % 1024 == 0 && kKBytes % 1024 == 0 && kVBytes % 1024 == 0 &&
+                    kDsBytes % 1024 == 0,
                 "sm90 backward: every tile starts on a 1024-byte swizzle atom");
   // kv_full, full[], empty[] (and do_full[], do_empty[]).
   static constexpr int kBarrierBytes = 8 * (1 + 2 * kStages + (kSeparateDoRing ? 2 * kDoStages : 0));
   static constexpr int kAlignSlack = 1024;
-  static constexpr int kSmemBytes = 2 * kKVBytes + (kStages + kDoStages) * kQBytes + 2 * kDsTiles * kDsBytes +
-                                    2 * kStages * kRowValueBytes + kStages * kMaskBytes +
+  static constexpr int kSmemBytes = kKBytes + kVBytes + kStages * kQBytes + kDoStages * kDoBytes +
+                                    2 * kDsTiles * kDsBytes + kPtBytes + 2 * kStages * kRowValueBytes +
+                                    kStages * kMaskBytes +
                                     kConsumerWarpgroups * kDqStageBytes +
                                     kBarrierBytes + kAlignSlack;
   static_assert(kSmemBytes <= 227 * 1024, "sm90 backward: over the 227 KB shared-memory limit");

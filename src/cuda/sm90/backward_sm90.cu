@@ -1,7 +1,8 @@
 // Hopper backward: dQ, dK, dV of O = softmax(Q Kᵀ · scale) V from the forward's LSE, fp16/bf16 in, fp32
-// accumulation, for head dims d and d_v that are multiples of 8 up to 256, in buckets of 64, 128 and 256
-// (support_checks.h: columns past d / d_v are TMA's zeros and never written; the plain kernels skip the products
-// of those columns past 96 and 192: backward_config.h, kProductCols), with causal / sliding-window masks,
+// accumulation, for head dims d and d_v that are multiples of 8 up to 256, in buckets of 64, 128 and 256, and
+// (plain kernels) 192 for d <= 192 beside d_v <= 128 (support_checks.h: columns past d / d_v are TMA's zeros and
+// never written; the plain kernels skip the products of those columns past 96 and 192: backward_config.h,
+// kProductCols), with causal / sliding-window masks,
 // softcap, ALiBi, dropout, GQA, varlen and arbitrary tails. P is recomputed from the LSE tile by tile and never reaches
 // global memory.
 //
@@ -43,7 +44,9 @@
 //                                                    stage in shared memory while dK runs; at hd 256 in two
 //                                                    hand-offs of 64 columns)
 //                At hd 256 Pᵀ and dSᵀ of the warpgroup's 32 queries go to shared tiles instead, and dV, dK and
-//                dQ (each warpgroup half of the columns) read the whole tiles after the barrier.
+//                dQ (each warpgroup half of the columns) read the whole tiles after the barrier. The 192 bucket
+//                (MLA) computes Sᵀ and dPᵀ for 32 queries at a time (two passes), puts Pᵀ and dSᵀ in shared
+//                tiles too, and computes its dQ columns a 64-column product at a time (backward_config.h).
 //                dSᵀ is double-buffered, so one barrier per query block orders its writes and reads. The block's
 //                Q/dO stage goes back to the producer once dK has landed (at hd 256 dO's as soon as dV has).
 //                Epilogue: dK · scale and dV written as the dtype from registers.
@@ -180,11 +183,12 @@ struct BackwardSmem {
       base = raw + (kSwizzleAtomBytes - smem_address(raw) % kSwizzleAtomBytes) % kSwizzleAtomBytes;
     }
   }
-  static constexpr int kVOffset = Cfg::kKVBytes;
-  static constexpr int kQOffset = 2 * Cfg::kKVBytes;
+  static constexpr int kVOffset = Cfg::kKBytes;
+  static constexpr int kQOffset = Cfg::kKBytes + Cfg::kVBytes;
   static constexpr int kDoOffset = kQOffset + Cfg::kStages * Cfg::kQBytes;
-  static constexpr int kDsOffset = kDoOffset + Cfg::kDoStages * Cfg::kQBytes;
-  static constexpr int kLseOffset = kDsOffset + 2 * Cfg::kDsTiles * Cfg::kDsBytes;
+  static constexpr int kDsOffset = kDoOffset + Cfg::kDoStages * Cfg::kDoBytes;
+  static constexpr int kPtOffset = kDsOffset + 2 * Cfg::kDsTiles * Cfg::kDsBytes;
+  static constexpr int kLseOffset = kPtOffset + Cfg::kPtBytes;
   static constexpr int kDsumOffset = kLseOffset + Cfg::kStages * Cfg::kRowValueBytes;
   static constexpr int kMaskOffset = kDsumOffset + Cfg::kStages * Cfg::kRowValueBytes;
   static constexpr int kDqOffset = kMaskOffset + Cfg::kStages * Cfg::kMaskBytes;
@@ -193,12 +197,15 @@ struct BackwardSmem {
   __device__ uint8_t* k() const { return base; }
   __device__ uint8_t* v() const { return base + kVOffset; }
   __device__ uint8_t* q(int stage) const { return base + kQOffset + stage * Cfg::kQBytes; }
-  __device__ uint8_t* dout(int stage) const { return base + kDoOffset + stage * Cfg::kQBytes; }
+  __device__ uint8_t* dout(int stage) const { return base + kDoOffset + stage * Cfg::kDoBytes; }
   // The dSᵀ and (kColumnSplit) Pᵀ tiles of double-buffer slot `buffer`, both warpgroups' rows or queries.
   __device__ uint8_t* ds(int buffer) const { return base + kDsOffset + buffer * Cfg::kDsTiles * Cfg::kDsBytes; }
+  // Pᵀ's tile (kSharedScores): beside dSᵀ in slot `buffer` under kColumnSplit, else one buffer whose rows only
+  // their own warpgroup reads.
   __device__ uint8_t* pt(int buffer) const {
-    static_assert(Cfg::kColumnSplit, "Pᵀ goes through shared memory only under kColumnSplit");
-    return ds(buffer) + Cfg::kDsBytes;
+    static_assert(Cfg::kSharedScores, "Pᵀ goes through shared memory only under kSharedScores");
+    if constexpr (Cfg::kColumnSplit) return ds(buffer) + Cfg::kDsBytes;
+    return base + kPtOffset;
   }
   __device__ float* lse_log2(int stage) const {
     return reinterpret_cast<float*>(base + kLseOffset + stage * Cfg::kRowValueBytes);
@@ -304,14 +311,16 @@ template <typename Cfg>
 __device__ void produce(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, int heads_per_kv, const CUtensorMap* tm_q,
                         const CUtensorMap* tm_k, const CUtensorMap* tm_v, const CUtensorMap* tm_do,
                         const CUtensorMap* tm_lse, const CUtensorMap* tm_dsum) {
-  constexpr int kPanels = Cfg::kHeadDim / kPanelCols;
-  mbarrier_arrive_expect_tx(sm.kv_full(), 2 * Cfg::kKVBytes);
+  constexpr int kPanels = Cfg::kHeadDim / kPanelCols;    // of Q and K
+  constexpr int kPanelsV = Cfg::kHeadDimV / kPanelCols;  // of V and dO: as many, or fewer (the 192 bucket)
+  mbarrier_arrive_expect_tx(sm.kv_full(), Cfg::kKBytes + Cfg::kVBytes);
 #pragma unroll
   for (int p = 0; p < kPanels; ++p) {
     tma_load_4d(sm.k() + p * Cfg::kBlockN * kSwizzleBytes, tm_k, p * kPanelCols, w.k_row0 + w.key0, w.kv_head,
                 w.batch_coord, sm.kv_full());
-    tma_load_4d(sm.v() + p * Cfg::kBlockN * kSwizzleBytes, tm_v, p * kPanelCols, w.k_row0 + w.key0, w.kv_head,
-                w.batch_coord, sm.kv_full());
+    if (p < kPanelsV)
+      tma_load_4d(sm.v() + p * Cfg::kBlockN * kSwizzleBytes, tm_v, p * kPanelCols, w.k_row0 + w.key0, w.kv_head,
+                  w.batch_coord, sm.kv_full());
   }
   RingPosition<Cfg::kStages> pos;
   RingPosition<Cfg::kDoStages> do_pos;
@@ -327,7 +336,7 @@ __device__ void produce(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, int 
       for (int p = 0; p < kPanels; ++p) {
         tma_load_4d(sm.q(pos.index) + p * Cfg::kBlockM * kSwizzleBytes, tm_q, p * kPanelCols, row, head,
                     w.batch_coord, full);
-        if constexpr (!Cfg::kSeparateDoRing)
+        if (!Cfg::kSeparateDoRing && p < kPanelsV)
           tma_load_4d(sm.dout(pos.index) + p * Cfg::kBlockM * kSwizzleBytes, tm_do, p * kPanelCols, row, head,
                       w.batch_coord, full);
       }
@@ -338,9 +347,9 @@ __device__ void produce(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, int 
         // After the next Q: the consumers release dO once dV has landed, later than the Q stage before it.
         mbarrier_wait(&sm.do_empty()[do_pos.index], do_pos.phase ^ 1u);
         uint64_t* do_full = &sm.do_full()[do_pos.index];
-        mbarrier_arrive_expect_tx(do_full, Cfg::kQBytes);
+        mbarrier_arrive_expect_tx(do_full, Cfg::kDoBytes);
 #pragma unroll
-        for (int p = 0; p < kPanels; ++p)
+        for (int p = 0; p < kPanelsV; ++p)
           tma_load_4d(sm.dout(do_pos.index) + p * Cfg::kBlockM * kSwizzleBytes, tm_do, p * kPanelCols, row, head,
                       w.batch_coord, do_full);
         do_pos.advance();
@@ -471,6 +480,10 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   // The warpgroup whose column shares this copy has: the last one's, or those of every other (warpgroup 0's).
   static constexpr int kShareOf = kLast ? Cfg::kLastWarpgroup : 0;
   static constexpr int kDqCols = Cfg::dq_tile_cols(kShareOf);
+  // The warpgroup's dQ columns in kDqProducts products of kDqProductCols, one after another (Cfg::kDqPanelProducts).
+  static constexpr int kDqProductCols = Cfg::kDqPanelProducts ? kPanelCols : kDqCols;
+  static constexpr int kDqProducts = kDqCols / kDqProductCols;
+  using DqProduct = float[kDqProductCols / 2];
   static constexpr int kDkCols = Cfg::dk_cols(kShareOf);
   static constexpr int kDvCols = Cfg::dv_cols(kShareOf);
   static constexpr int kDvRegs = kDvCols > 0 ? kDvCols / 2 : 1;  // one unused register without dV columns
@@ -624,8 +637,8 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
     return keep[i / 32] >> (i % 32) & 3u;
   }
 
-  // The first of the block's queries in this warpgroup's Sᵀ and dPᵀ.
-  __device__ int score_q0() const { return Cfg::kColumnSplit ? wg * kSQ : 0; }
+  // The first of the block's queries in this warpgroup's Sᵀ and dPᵀ of pass `pass` (Cfg::kScorePasses).
+  __device__ int score_q0(int pass) const { return Cfg::kColumnSplit ? wg * kSQ : pass * kSQ; }
 
   // A tile needs per-element masking unless every (query, key) of it is visible and inside both sequences.
   __device__ bool needs_mask(int m) const {
@@ -634,12 +647,12 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
     return !w.mask.tile_fully_visible(row_begin, row_end, w.key0, w.key0 + kN);
   }
 
-  // D(64 x kSQ) = rows key_local of `keys` times rows score_q0().. of `queries`ᵀ, both K-major over the first kCols
+  // D(64 x kSQ) = rows key_local of `keys` times rows score_q0(pass).. of `queries`ᵀ, both K-major over the first kCols
   // columns of the head dim: Sᵀ = K Qᵀ (Cfg::kProductCols), dPᵀ = V dOᵀ (Cfg::kProductColsV).
   template <int kCols>
-  __device__ void issue_transposed_scores(Scores& d, const uint8_t* keys, const uint8_t* queries) {
+  __device__ void issue_transposed_scores(Scores& d, const uint8_t* keys, const uint8_t* queries, int pass) {
     const uint32_t key_addr = smem_address(keys) + key_row0 * kSwizzleBytes;
-    const uint32_t query_addr = smem_address(queries) + score_q0() * kSwizzleBytes;
+    const uint32_t query_addr = smem_address(queries) + score_q0(pass) * kSwizzleBytes;
     const uint64_t key_desc = warp_uniform_desc(make_desc_k_major(key_addr));
     const uint64_t query_desc = warp_uniform_desc(make_desc_k_major(query_addr));
 #pragma unroll
@@ -654,20 +667,21 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   // acc(64 x 2 kRegs) += fragments(64 x kM) * rows(kM x this warpgroup's 2 kRegs columns), rows N-major from a
   // staged Q or dO tile.
   template <int kRegs>
-  __device__ void issue_accumulate(float (&acc)[kRegs], const Fragments& f, const uint8_t* rows) const {
-    const uint32_t addr = smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes;
+  __device__ void issue_accumulate(float (&acc)[kRegs], const Fragments& f, const uint8_t* rows, int pass = 0) const {
+    const uint32_t addr =
+        smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes + score_q0(pass) * kSwizzleBytes;
     const uint64_t desc = warp_uniform_desc(make_desc_mn_major(addr, kM * kSwizzleBytes));
 #pragma unroll
-    for (int kk = 0; kk < kM / kWgmmaK; ++kk)
+    for (int kk = 0; kk < kSQ / kWgmmaK; ++kk)
       wgmma_rs<T, 2 * kRegs, 1>(acc, f[kk], step_desc(desc, kk * kWgmmaK * kSwizzleBytes), true);
     wgmma_commit();
   }
 
-  // kColumnSplit: the same product with the 64 x kM left operand read K-major from a shared score tile (Pᵀ or dSᵀ,
-  // queries contiguous, as the key tiles of the scores).
+  // kSharedScores: the same product with the 64 x kM left operand read K-major from the warpgroup's keys of a shared
+  // score tile (Pᵀ or dSᵀ, queries contiguous, as the key tiles of the scores).
   template <int kRegs>
   __device__ void issue_accumulate_shared(float (&acc)[kRegs], const uint8_t* tile, const uint8_t* rows) const {
-    const uint32_t tile_addr = smem_address(tile);
+    const uint32_t tile_addr = smem_address(tile) + (Cfg::kColumnSplit ? 0 : key_row0 * kSwizzleBytes);
     const uint32_t addr = smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes;
     const uint64_t tile_desc = warp_uniform_desc(make_desc_k_major(tile_addr));
     const uint64_t rows_desc = warp_uniform_desc(make_desc_mn_major(addr, kM * kSwizzleBytes));
@@ -683,7 +697,7 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   __device__ static uint32_t& slot(Fragments& f, int j, int r) { return f[j / 2][(j % 2) * 2 + r]; }
 
   // Pᵀ from Sᵀ in place (p, or p·(1 − tanh²) under softcap: the factor dS needs), and its 16-bit values (kPack)
-  // into fragments, or under kColumnSplit into the shared Pᵀ tile `pt_tile` (without softcap score_grads can
+  // into fragments, or under kSharedScores into the shared Pᵀ tile `pt_tile` (without softcap score_grads can
   // pack the fragments from s instead, as the fp32 values die).
   // ALiBi's bias (slope2 in log2 units per key of distance, 0 without slopes) is folded into the LSE it subtracts.
   // With dropout the packed Pᵀ (dV's operand) is P ∘ keep, and s keeps P for dS with a dropped element's sign
@@ -696,27 +710,27 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   // kMask: as gradients takes it; kMaskKnownNo takes the unmasked copy at every block size.
   template <bool kSoftcap, bool kAlibi, bool kPack, int kMask = kMaskUnknown>
   __device__ void probabilities(Scores& s, Fragments& pf, const float* lse_log2, int m, bool masked,
-                                float alibi_slope2, uint8_t* pt_tile = nullptr) const {
+                                float alibi_slope2, uint8_t* pt_tile = nullptr, int pass = 0) const {
     if (kMask == kMaskKnownNo || (!Cfg::kScoresBeforeDv && !masked))
-      probabilities_copy<kSoftcap, kAlibi, kPack, false>(s, pf, lse_log2, m, false, alibi_slope2, pt_tile);
+      probabilities_copy<kSoftcap, kAlibi, kPack, false>(s, pf, lse_log2, m, false, alibi_slope2, pt_tile, pass);
     else
-      probabilities_copy<kSoftcap, kAlibi, kPack, true>(s, pf, lse_log2, m, masked, alibi_slope2, pt_tile);
+      probabilities_copy<kSoftcap, kAlibi, kPack, true>(s, pf, lse_log2, m, masked, alibi_slope2, pt_tile, pass);
   }
   // One copy of probabilities; kMaybeMasked false: `masked` is known false.
   template <bool kSoftcap, bool kAlibi, bool kPack, bool kMaybeMasked>
   __device__ void probabilities_copy(Scores& s, Fragments& pf, const float* lse_log2, int m, bool masked,
-                                     float alibi_slope2, uint8_t* pt_tile) const {
-    // Row r's distance from query score_q0() + 8j + 2·quad + e of the block is alibi_base[r] + 8j + e
+                                     float alibi_slope2, uint8_t* pt_tile, int pass) const {
+    // Row r's distance from query score_q0(pass) + 8j + 2·quad + e of the block is alibi_base[r] + 8j + e
     // (common/alibi.h).
     float alibi_base[2] = {0.f, 0.f};
     if constexpr (kAlibi) {
 #pragma unroll
       for (int r = 0; r < 2; ++r)
-        alibi_base[r] = float(m * kM + score_q0() + 2 * quad + (w.seqlen_k - w.seqlen_q) - (w.key0 + key_local[r]));
+        alibi_base[r] = float(m * kM + score_q0(pass) + 2 * quad + (w.seqlen_k - w.seqlen_q) - (w.key0 + key_local[r]));
     }
 #pragma unroll
     for (int j = 0; j < kSQ / 8; ++j) {
-      const int col = score_q0() + 8 * j + 2 * quad;
+      const int col = score_q0(pass) + 8 * j + 2 * quad;
       const float2 lse = *reinterpret_cast<const float2*>(lse_log2 + col);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -741,9 +755,9 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
           if (Cfg::kDropout && !(kp >> e & 1u)) x = -x;
         }
         // dV's operand: P ∘ keep (the factor 1 / (1 - p) comes in the epilogue).
-        if constexpr (Cfg::kColumnSplit || kPack) {
+        if constexpr (Cfg::kSharedScores || kPack) {
           const uint32_t packed = pack_pair<T>(kp & 1u ? p[0] : 0.f, kp & 2u ? p[1] : 0.f);
-          if constexpr (Cfg::kColumnSplit)
+          if constexpr (Cfg::kSharedScores)
             *reinterpret_cast<uint32_t*>(pt_tile + swizzled_offset(key_local[r], col, kN)) = packed;
           else
             slot(pf, j, r) = packed;
@@ -759,7 +773,7 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   // dropped element's sign flipped (probabilities).
   template <bool kPackP = false>
   __device__ void score_grads(const Scores& pd, const Scores& dp, Fragments& dsf, const float* dsum,
-                              uint8_t* ds_tile, Fragments* pf = nullptr) const {
+                              uint8_t* ds_tile, Fragments* pf = nullptr, int pass = 0) const {
     // The shared copy goes out with stmatrix, four 8 x 8 blocks (keys 8r.., queries 8j..) per instruction:
     // lane l addresses row l % 8 of block (r, j + jj) = (l / 8 % 2, l / 16), its 16 bytes one swizzle chunk.
     const int st_row = key_row0 + 16 * warp + 8 * (lane / 8 % 2) + lane % 8;
@@ -768,7 +782,7 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
     const uint32_t st_base = smem_address(ds_tile) + st_row * kSwizzleBytes;
 #pragma unroll
     for (int j = 0; j < kSQ / 8; ++j) {
-      const int col = score_q0() + 8 * j + 2 * quad;
+      const int col = score_q0(pass) + 8 * j + 2 * quad;
       const float2 d = *reinterpret_cast<const float2*>(dsum + col);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -785,7 +799,7 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
         slot(dsf, j, r) = pack_pair<T>(p0 * (z0 - d.x), p1 * (z1 - d.y));
       }
       if (j % 2 == 1) {
-        const int st_col = score_q0() + 8 * (j - 1) + 8 * (lane / 16);
+        const int st_col = score_q0(pass) + 8 * (j - 1) + 8 * (lane / 16);
         const uint32_t addr = st_base + (st_col / kPanelCols) * kN * kSwizzleBytes +
                               ((((st_col % kPanelCols) / 8) ^ (st_row % 8)) * kChunkBytes);
         stmatrix_x4(addr, slot(dsf, j - 1, 0), slot(dsf, j - 1, 1), slot(dsf, j, 0), slot(dsf, j, 1));
@@ -799,19 +813,21 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   __device__ int dq_col0() const { return Cfg::kDqSplitRows ? 0 : wg * Cfg::kDqTileCols; }
   __device__ int dq_row0() const { return Cfg::kDqSplitRows ? wg * kWgmmaRows : 0; }
 
-  __device__ void issue_dq(float (&dq)[kDqCols / 2], const uint8_t* ds_tile) const {
+  // Product `product` of the warpgroup's kDqProducts: its columns from dq_col0() + product · kDqProductCols.
+  __device__ void issue_dq(DqProduct& dq, const uint8_t* ds_tile, int product = 0) const {
     // dS (queries x keys) is stored as dSᵀ, queries contiguous: M-major, one 64-query panel per 64 queries. K's
     // columns are N: N-major, one panel per 64 columns of head dim (a 32-column piece starts 64 bytes into its
     // panel's rows; the swizzle applies to the address, as for the K-major k-steps). Both step 16 keys = 16 rows
     // per k-step.
     const uint32_t a_addr = smem_address(ds_tile) + (dq_row0() / kPanelCols) * kN * kSwizzleBytes;
-    const uint32_t b_addr = smem_address(sm.k()) + (dq_col0() / kPanelCols) * kN * kSwizzleBytes +
-                            (dq_col0() % kPanelCols) * Cfg::kElemBytes;
+    const int col0 = dq_col0() + product * kDqProductCols;
+    const uint32_t b_addr = smem_address(sm.k()) + (col0 / kPanelCols) * kN * kSwizzleBytes +
+                            (col0 % kPanelCols) * Cfg::kElemBytes;
     const uint64_t a_desc = warp_uniform_desc(make_desc_mn_major(a_addr, kN * kSwizzleBytes));
     const uint64_t b_desc = warp_uniform_desc(make_desc_mn_major(b_addr, kN * kSwizzleBytes));
 #pragma unroll
     for (int kk = 0; kk < kN / kWgmmaK; ++kk)
-      wgmma_ss<T, kDqCols, 1, 1>(
+      wgmma_ss<T, kDqProductCols, 1, 1>(
           dq, step_desc<Cfg::kWholeDqDescriptorSteps>(a_desc, kk * kWgmmaK * kSwizzleBytes),
           step_desc<Cfg::kWholeDqDescriptorSteps>(b_desc, kk * kWgmmaK * kSwizzleBytes), kk > 0);
     wgmma_commit();
@@ -820,15 +836,16 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   // This thread's dQ fragment into the warpgroup's stage, Cfg::dq_stage_cols columns per hand-off to the dQ writer:
   // float4 k of thread t at 16 (128 k + t) bytes (a warp's stores cover 512 contiguous bytes: no bank conflicts).
   // The stage is reused once the writer has read the previous hand-off (`wait_empty`: every block but the
-  // first; every piece but a block's first).
-  __device__ void stage_dq(const float (&dq)[kDqCols / 2], bool wait_empty) const {
+  // first; every piece but a block's first). `product`: which of the warpgroup's dQ products dq holds.
+  __device__ void stage_dq(const DqProduct& dq, bool wait_empty, int product = 0) const {
     float4* stage = reinterpret_cast<float4*>(sm.dq_stage(wg)) + threadIdx.x % kWarpgroupThreads;
     constexpr int kChunks = Cfg::dq_stage_cols(kShareOf) / 8;
-    constexpr int kPieces = Cfg::dq_pieces(kShareOf);
-    static_assert(kPieces * kChunks * 8 == kDqCols, "stage_dq: the warpgroup's dQ in whole hand-offs");
+    constexpr int kPieces = kDqProductCols / Cfg::dq_stage_cols(kShareOf);  // of one product
+    static_assert(kPieces * kChunks * 8 == kDqProductCols && kPieces * kDqProducts == Cfg::dq_pieces(kShareOf),
+                  "stage_dq: the warpgroup's dQ in whole hand-offs");
 #pragma unroll
     for (int piece = 0; piece < kPieces; ++piece) {
-      if (wait_empty || piece > 0) named_barrier_sync(kDqEmptyBarrier + wg, kDqHandoffThreads);
+      if (wait_empty || piece > 0 || product > 0) named_barrier_sync(kDqEmptyBarrier + wg, kDqHandoffThreads);
 #pragma unroll
       for (int k = 0; k < kChunks; ++k) {
         const int j = piece * kChunks + k;
@@ -850,47 +867,93 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
 
   // Sᵀ and dPᵀ of the query block staged in `stage` (its dO in `do_stage`, the same stage unless kSeparateDoRing:
   // then waited for once Sᵀ is issued, which needs only Q), issued as two commit groups.
-  __device__ void issue_scores(Scores& s, Scores& dp, int stage, int do_stage, uint32_t do_phase) {
+  __device__ void issue_scores(Scores& s, Scores& dp, int stage, int do_stage, uint32_t do_phase, int pass = 0) {
     wgmma_fence();
-    issue_transposed_scores<Cfg::kProductCols>(s, sm.k(), sm.q(stage));
+    issue_transposed_scores<Cfg::kProductCols>(s, sm.k(), sm.q(stage), pass);
     if constexpr (Cfg::kSeparateDoRing) {
       mbarrier_wait(&sm.do_full()[do_stage], do_phase);
       wgmma_fence();  // after the wait's branch ptxas would insert one itself
     }
-    issue_transposed_scores<Cfg::kProductColsV>(dp, sm.v(), sm.dout(do_stage));
+    issue_transposed_scores<Cfg::kProductColsV>(dp, sm.v(), sm.dout(do_stage), pass);
   }
 
   // The rest of one query block once its Sᵀ and dPᵀ are issued: P, dV, dS, then dQ and dK issued (not waited
-  // for). On return the wgmma groups in flight are dV, dQ and dK, in that order: dQ lands while dK still runs, so
-  // the consumer hands dQ to the writer under dK's products instead of with the tensor pipe idle
-  // (FlashAttention-3's order; bench/results/hopper-backward.md).
+  // for). On return the wgmma groups in flight are dV, dQ (its first product: Cfg::kDqPanelProducts) and dK, in that
+  // order: dQ lands while dK still runs, so the consumer hands dQ to the writer under dK's products instead of with
+  // the tensor pipe idle (FlashAttention-3's order; bench/results/hopper-backward.md).
   // kMask: whether the block needs a mask, as consume knows it (kMaskKnownNo / kMaskKnownYes: its two copies of the
   // iteration) or not yet (kMaskUnknown: needs_mask decides here).
   template <bool kSoftcap, bool kAlibi, int kMask = kMaskUnknown>
-  __device__ void gradients(Scores& s, Scores& dp, float (&dq)[kDqCols / 2], int m, int stage,
+  __device__ void gradients(Scores& s, Scores& dp, DqProduct& dq, int m, int stage,
                             int do_stage, int ds_buffer, float alibi_slope2) {
     const uint8_t* q_tile = sm.q(stage);
     const uint8_t* do_tile = sm.dout(do_stage);
     if constexpr (Cfg::kDropout) load_keep_bits(ds_buffer);
-    wgmma_wait<1>();  // Sᵀ has landed; dPᵀ may still run
-    fence_registers(s);
     Fragments pf;
-    if constexpr (Cfg::kColumnSplit) {
-      // This warpgroup's queries of Pᵀ and dSᵀ into the shared tiles; dV, dK, dQ read both warpgroups' queries.
+    if constexpr (Cfg::kScorePasses > 1) {
+      // Per pass of kSQ queries: dV and dK take the pass's Pᵀ and dSᵀ from registers (k-steps over the pass's
+      // queries), issued before the next pass's Sᵀ and dPᵀ; dSᵀ also goes to the shared tile for dQ.
+      uint8_t* ds_tile = sm.ds(ds_buffer);
+      const bool block_masked = needs_mask(m);
+#pragma unroll
+      for (int pass = 0; pass < Cfg::kScorePasses; ++pass) {
+        Fragments dsf;
+        if (pass > 0) issue_scores(s, dp, stage, do_stage, 0, pass);  // no dO ring of its own here
+        wgmma_wait<1>();  // Sᵀ (and the previous pass's dV and dK) have landed; dPᵀ may still run
+        fence_registers(s);
+        probabilities<kSoftcap, kAlibi, kSoftcap>(s, pf, sm.lse_log2(stage), m, block_masked, alibi_slope2, nullptr,
+                                                  pass);
+        wgmma_wait<0>();
+        fence_registers(dp);
+        score_grads<!kSoftcap>(s, dp, dsf, sm.dsum(stage), ds_tile, &pf, pass);
+        wgmma_fence();
+        issue_accumulate(dv, pf, do_tile, pass);
+        if (pass + 1 < Cfg::kScorePasses) {
+          issue_accumulate(dk, dsf, q_tile, pass);
+        } else {
+          fence_async_shared();
+          consumers_meet<Cfg>();
+          issue_dq(dq, ds_tile);
+          issue_accumulate(dk, dsf, q_tile, pass);
+        }
+      }
+    } else if constexpr (Cfg::kSharedScores) {
+      // This warpgroup's queries (kColumnSplit) or keys of Pᵀ and dSᵀ into the shared tiles; under kColumnSplit dV,
+      // dK, dQ read both warpgroups' queries, else dV and dK the warpgroup's own keys and dQ both warpgroups'. The
+      // first pass's Sᵀ and dPᵀ are in flight (consume issued them), the later ones' are issued here.
       uint8_t* ds_tile = sm.ds(ds_buffer);
       uint8_t* pt_tile = sm.pt(ds_buffer);
       Fragments dsf;  // unused: dK reads dSᵀ from the tile
-      probabilities<kSoftcap, kAlibi, false>(s, pf, sm.lse_log2(stage), m, needs_mask(m), alibi_slope2, pt_tile);
-      wgmma_wait<0>();
-      fence_registers(dp);
-      score_grads(s, dp, dsf, sm.dsum(stage), ds_tile);
+      // Over several passes, found once (ptxas: fewer spills).
+      const bool block_masked = Cfg::kScorePasses > 1 && needs_mask(m);
+#pragma unroll
+      for (int pass = 0; pass < Cfg::kScorePasses; ++pass) {
+        if (pass > 0) issue_scores(s, dp, stage, do_stage, 0, pass);  // no dO ring of its own here
+        wgmma_wait<1>();  // Sᵀ has landed; dPᵀ may still run
+        fence_registers(s);
+        probabilities<kSoftcap, kAlibi, false>(s, pf, sm.lse_log2(stage), m,
+                                               Cfg::kScorePasses > 1 ? block_masked : needs_mask(m), alibi_slope2,
+                                               pt_tile, pass);
+        wgmma_wait<0>();
+        fence_registers(dp);
+        score_grads(s, dp, dsf, sm.dsum(stage), ds_tile, nullptr, pass);
+      }
       fence_async_shared();
-      consumers_meet<Cfg>();
-      wgmma_fence();
-      if constexpr (kDvCols > 0) issue_accumulate_shared(dv, pt_tile, do_tile);
+      if constexpr (Cfg::kColumnSplit) {
+        consumers_meet<Cfg>();
+        wgmma_fence();
+        if constexpr (kDvCols > 0) issue_accumulate_shared(dv, pt_tile, do_tile);
+      } else {
+        // dV needs only this warpgroup's Pᵀ rows: issued before the warpgroups meet.
+        wgmma_fence();
+        issue_accumulate_shared(dv, pt_tile, do_tile);
+        consumers_meet<Cfg>();
+      }
       issue_dq(dq, ds_tile);
       issue_accumulate_shared(dk, ds_tile, q_tile);
     } else {
+      wgmma_wait<1>();  // Sᵀ has landed; dPᵀ may still run
+      fence_registers(s);
       if constexpr (Cfg::kScoresBeforeDv) {
         probabilities<kSoftcap, kAlibi, kSoftcap, kMask>(s, pf, sm.lse_log2(stage), m,
                                                          kMask == kMaskUnknown ? needs_mask(m) : kMask == kMaskKnownYes,
@@ -977,7 +1040,7 @@ __device__ void consume(BackwardConsumer<T, Cfg, kLast>& c, const KeyBlockWork& 
       if (i + 1 < order.blocks)
         c.draw_keep_bits(order.head(w, heads_per_kv, i + 1), order.block(w, i + 1), (i + 1) % 2);
     }
-    float dq[BackwardConsumer<T, Cfg, kLast>::kDqCols / 2];
+    typename BackwardConsumer<T, Cfg, kLast>::DqProduct dq;
     const float alibi_slope2 =
         kAlibi ? Alibi32::make(c.a.alibi_slopes, c.a.alibi_batch_stride, w.batch, head, w.seqlen_q, w.seqlen_k)
                      .slope_log2()
@@ -994,6 +1057,15 @@ __device__ void consume(BackwardConsumer<T, Cfg, kLast>& c, const KeyBlockWork& 
     fence_registers(c.dv);
     fence_registers(dq);
     c.stage_dq(dq, i > 0);
+    // The warpgroup's further dQ products (Cfg::kDqPanelProducts), each behind dK and the one before.
+#pragma unroll
+    for (int product = 1; product < BackwardConsumer<T, Cfg, kLast>::kDqProducts; ++product) {
+      wgmma_fence();
+      c.issue_dq(dq, c.sm.ds(i % 2), product);
+      wgmma_wait<0>();
+      fence_registers(dq);
+      c.stage_dq(dq, true, product);
+    }
     wgmma_wait<0>();  // dK has landed: this stage's Q and dO are no longer read
     fence_registers(c.dk);
     c.release(pos.index);
@@ -1218,10 +1290,12 @@ template <typename T, int kHeadDim, bool kExtras, bool kDropout, bool kDescaled,
           int kProductColsV = kProductCols>
 Status launch(const BwdParams& p) {
   using Cfg = cuda::sm90::BackwardConfig<kHeadDim, kExtras, kDropout, kDescaled, kProductCols, kProductColsV>;
-  // The conversion depends only on dq_accum's layout: the bucket kernel's unless the product columns narrow it.
-  using ConvertCfg =
+  // The conversion depends only on dq_accum's layout: the bucket kernel's unless the product columns narrow it (the
+  // 192 bucket has one kernel, and a config only with its V columns).
+  using ConvertCfg = std::conditional_t<
+      kHeadDim == 192, Cfg,
       std::conditional_t<Cfg::kDqRowCols == kHeadDim, cuda::sm90::BackwardConfig<kHeadDim, kExtras, kDropout, kDescaled>,
-                         cuda::sm90::BackwardConfig<kHeadDim, kExtras, kDropout, kDescaled, kProductCols>>;
+                         cuda::sm90::BackwardConfig<kHeadDim, kExtras, kDropout, kDescaled, kProductCols>>>;
   cuda::sm90::ScoreDescales descales{p.q_descale, p.k_descale, {}, {}};
   for (int i = 0; i < 2; ++i)
     descales.q_strides[i] = p.q_descale_strides[i], descales.k_strides[i] = p.k_descale_strides[i];
@@ -1384,7 +1458,7 @@ Status launch(const BwdParams& p) {
 }
 
 // The product columns of the narrower plain kernels (BackwardConfig::kProductCols, kProductColsV): 96, and 128 / 64,
-// in the 128 bucket; 192, and 192 / 128 (MLA), in the 256 bucket.
+// in the 128 bucket; 192 in the 256 bucket; 192 / 128 (MLA) in the 192 bucket.
 constexpr int kNarrowProductCols = 96, kNarrowProductColsV = 64;
 constexpr int kMlaProductCols = 192, kMlaProductColsV = 128;
 
@@ -1404,12 +1478,12 @@ Status launch_head_dim(const BwdParams& p) {
         return launch<T, 128, false, false, false, 128, kNarrowProductColsV>(p);
       return launch<T, 128, kExtras, kDropout, kDescaled>(p);
     default:
-      // d up to 192 (hd 192; DeepSeek's MLA, d_v 128): the scores' k-steps stop at 192 (128 for d_v).
-      if (kPlain && p.head_dim <= kMlaProductCols && p.head_dim_v <= kMlaProductCols) {
-        if (p.head_dim_v <= kMlaProductColsV)
-          return launch<T, 256, false, false, false, kMlaProductCols, kMlaProductColsV>(p);
+      // d up to 192 beside d_v up to 128 (DeepSeek's MLA): the 192 bucket's 128-key CTAs; d and d_v up to 192 (hd
+      // 192): the 256 bucket with the scores' k-steps stopping at 192.
+      if (kPlain && p.head_dim <= kMlaProductCols && p.head_dim_v <= kMlaProductColsV)
+        return launch<T, 192, false, false, false, kMlaProductCols, kMlaProductColsV>(p);
+      if (kPlain && p.head_dim <= kMlaProductCols && p.head_dim_v <= kMlaProductCols)
         return launch<T, 256, false, false, false, kMlaProductCols>(p);
-      }
       return launch<T, 256, kExtras, kDropout, kDescaled>(p);
   }
 }
