@@ -39,22 +39,21 @@
 // (hd 64 68 -> 96 bytes, its dropout kernel 556 -> 972).
 // Head dims between the buckets (kProductCols below): d, d_v <= 96 run the 128 bucket's layout with 96-column
 // products (wgmma N = 96 reads half of the second 64-column panel; Sᵀ, dPᵀ 6 k-steps; dK, dV 48 registers each)
-// and dQ split 64 / 32 between the warpgroups (each warpgroup its own copy of the consumer); d, d_v <= 192 run the
-// 256 bucket with the scores' k-steps stopping at 192 (dPᵀ's at 128 where d_v <= 128, DeepSeek's MLA) and the
-// second warpgroup computing only the columns past 128; d_v <= 64 beside d <= 128 runs 64 columns of dV and dPᵀ.
-// Measured on an H100 (bench/results/head-dims.md, 2026-12-06): backward hd 80 / 96 +8-12% over the buckets' whole
-// products, hd 192 +23-29%, MLA 192 / 128 +32%, 128 / 64 +11%.
+// and dQ split 64 / 32 between the warpgroups (each warpgroup its own copy of the consumer); d <= 192 beside
+// d_v <= 128 runs the 192 bucket (below); other d, d_v <= 192 run the 256 bucket with the scores' k-steps stopping
+// at 192 and the second warpgroup computing only the columns past 128; d_v <= 64 beside d <= 128 runs 64 columns of
+// dV and dPᵀ. Measured on an H100 (bench/results/head-dims.md, 2026-12-06): backward hd 80 / 96 +8-12% over the
+// buckets' whole products, hd 192 +23-29%, 128 / 64 +11%.
 // The 192 bucket (d 129..192 beside d_v <= 128, DeepSeek's MLA; the plain kernels only): the 128 bucket's CTA of
 // 128 keys, each consumer warpgroup its own 64 keys, with tiles as wide as the products (Q, K 192 columns; V, dO
 // 128), where the 256 bucket's column split owns 64 keys per CTA and reads and reduces a query block's Q, dO and dQ
 // once per 64 keys. dK (96 registers) and dV (64) of 64 keys leave 80 of 240 for the rest: with Sᵀ and dPᵀ of the
 // whole block (64) or a 128-column dQ (64) beside them ptxas serialised every wgmma. So Sᵀ and dPᵀ are computed for
-// 32 queries at a time (kScorePasses), dV and dK read Pᵀ and dSᵀ from shared tiles as under the column split
-// (kSharedScores), and dQ's columns, split 128 / 64 (a warpgroup's first column starts a 64-column panel of K, the
-// N-major operand), are computed a panel at a time (kDqPanelProducts): 192 registers at the peak. The hand-offs are
-// 32-column pieces so that the stages fit: K 48 KB, V 32 KB; Q 2 x 24 KB, dO 2 x 16 KB; dSᵀ 2 x 16 KB; Pᵀ 16 KB (one
-// buffer: only its own warpgroup reads it, before that warpgroup's next block); LSE, D 1 KB; dQ stages 2 x 8 KB:
-// 225 KB of 227.
+// 32 queries at a time (kScorePasses), each pass's dV and dK taking its Pᵀ and dSᵀ from registers before the next
+// pass's scores, and dQ's columns, split 128 / 64 (a warpgroup's first column starts a 64-column panel of K, the
+// N-major operand), are computed a panel at a time (kDqPanelProducts). Shared memory: K 48 KB, V 32 KB; Q 2 x 24 KB,
+// dO 2 x 16 KB; dSᵀ 2 x 16 KB; LSE, D 1 KB; dQ stages 2 x 16 KB. On the H200 (2026-12-07) MLA 192 / 128 causal at
+// 8k: 319 -> 431 TFLOP/s (0.73 -> 0.98x cuDNN); the same plan with Pᵀ and dSᵀ through shared tiles ran 354.
 #pragma once
 
 #include "cuda/sm90/forward_config.h"
@@ -87,7 +86,7 @@ struct BackwardConfig {
   static constexpr int kLastWarpgroup = kConsumerWarpgroups - 1;
   // The warpgroups share the CTA's keys and split the gradients' columns (hd 256), or own 64 keys each.
   static constexpr bool kColumnSplit = kHeadDim == 256;
-  // dV and dK read Pᵀ and dSᵀ from shared tiles (the 192 and 256 buckets), not from registers.
+  // dV and dK read Pᵀ and dSᵀ from shared tiles (the 256 bucket), not from registers.
   static constexpr bool kSharedScores = kColumnSplit;
   // The columns of the V and dO tiles: the 192 bucket's are its dPᵀ product columns (shared memory), the others'
   // the bucket's.
@@ -203,10 +202,8 @@ struct BackwardConfig {
   static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;    // one stage of Q
   static constexpr int kDoBytes = kBlockM * kHeadDimV * kElemBytes;  // one stage of dO
   static constexpr int kDsBytes = kBlockN * kBlockM * kElemBytes;    // one dSᵀ tile
-  // Shared score tiles per buffer: dSᵀ, and under kColumnSplit Pᵀ beside it; two buffers. The 192 bucket's Pᵀ has a
-  // tile of its own, one buffer (kPtBytes).
-  static constexpr int kDsTiles = kColumnSplit ? 2 : 1;
-  static constexpr int kPtBytes = kSharedScores && !kColumnSplit ? kDsBytes : 0;
+  // Shared score tiles per buffer: dSᵀ, and under kSharedScores Pᵀ beside it; two buffers.
+  static constexpr int kDsTiles = kSharedScores ? 2 : 1;
   static constexpr int kRowValueBytes = kBlockM * 4;                 // one stage of LSE or D (fp32)
   // One buffer of dropout's keep bits (kDropout): kKeepWords 32-bit words per consumer thread, a bit for each of
   // its Sᵀ elements (draw_keep_bits).
@@ -222,7 +219,7 @@ struct BackwardConfig {
   static constexpr int kBarrierBytes = 8 * (1 + 2 * kStages + (kSeparateDoRing ? 2 * kDoStages : 0));
   static constexpr int kAlignSlack = 1024;
   static constexpr int kSmemBytes = kKBytes + kVBytes + kStages * kQBytes + kDoStages * kDoBytes +
-                                    2 * kDsTiles * kDsBytes + kPtBytes + 2 * kStages * kRowValueBytes +
+                                    2 * kDsTiles * kDsBytes + 2 * kStages * kRowValueBytes +
                                     kStages * kMaskBytes +
                                     kConsumerWarpgroups * kDqStageBytes +
                                     kBarrierBytes + kAlignSlack;

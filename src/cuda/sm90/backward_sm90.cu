@@ -45,8 +45,9 @@
 //                                                    hand-offs of 64 columns)
 //                At hd 256 Pᵀ and dSᵀ of the warpgroup's 32 queries go to shared tiles instead, and dV, dK and
 //                dQ (each warpgroup half of the columns) read the whole tiles after the barrier. The 192 bucket
-//                (MLA) computes Sᵀ and dPᵀ for 32 queries at a time (two passes), puts Pᵀ and dSᵀ in shared
-//                tiles too, and computes its dQ columns a 64-column product at a time (backward_config.h).
+//                (MLA) computes Sᵀ and dPᵀ for 32 queries at a time (two passes), each pass's dV and dK from
+//                its Pᵀ and dSᵀ in registers, and its dQ columns a 64-column product at a time
+//                (backward_config.h).
 //                dSᵀ is double-buffered, so one barrier per query block orders its writes and reads. The block's
 //                Q/dO stage goes back to the producer once dK has landed (at hd 256 dO's as soon as dV has).
 //                Epilogue: dK · scale and dV written as the dtype from registers.
@@ -187,8 +188,7 @@ struct BackwardSmem {
   static constexpr int kQOffset = Cfg::kKBytes + Cfg::kVBytes;
   static constexpr int kDoOffset = kQOffset + Cfg::kStages * Cfg::kQBytes;
   static constexpr int kDsOffset = kDoOffset + Cfg::kDoStages * Cfg::kDoBytes;
-  static constexpr int kPtOffset = kDsOffset + 2 * Cfg::kDsTiles * Cfg::kDsBytes;
-  static constexpr int kLseOffset = kPtOffset + Cfg::kPtBytes;
+  static constexpr int kLseOffset = kDsOffset + 2 * Cfg::kDsTiles * Cfg::kDsBytes;
   static constexpr int kDsumOffset = kLseOffset + Cfg::kStages * Cfg::kRowValueBytes;
   static constexpr int kMaskOffset = kDsumOffset + Cfg::kStages * Cfg::kRowValueBytes;
   static constexpr int kDqOffset = kMaskOffset + Cfg::kStages * Cfg::kMaskBytes;
@@ -200,12 +200,10 @@ struct BackwardSmem {
   __device__ uint8_t* dout(int stage) const { return base + kDoOffset + stage * Cfg::kDoBytes; }
   // The dSᵀ and (kColumnSplit) Pᵀ tiles of double-buffer slot `buffer`, both warpgroups' rows or queries.
   __device__ uint8_t* ds(int buffer) const { return base + kDsOffset + buffer * Cfg::kDsTiles * Cfg::kDsBytes; }
-  // Pᵀ's tile (kSharedScores): beside dSᵀ in slot `buffer` under kColumnSplit, else one buffer whose rows only
-  // their own warpgroup reads.
+  // Pᵀ's tile (kSharedScores), beside dSᵀ in slot `buffer`.
   __device__ uint8_t* pt(int buffer) const {
     static_assert(Cfg::kSharedScores, "Pᵀ goes through shared memory only under kSharedScores");
-    if constexpr (Cfg::kColumnSplit) return ds(buffer) + Cfg::kDsBytes;
-    return base + kPtOffset;
+    return ds(buffer) + Cfg::kDsBytes;
   }
   __device__ float* lse_log2(int stage) const {
     return reinterpret_cast<float*>(base + kLseOffset + stage * Cfg::kRowValueBytes);
@@ -677,11 +675,11 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
     wgmma_commit();
   }
 
-  // kSharedScores: the same product with the 64 x kM left operand read K-major from the warpgroup's keys of a shared
-  // score tile (Pᵀ or dSᵀ, queries contiguous, as the key tiles of the scores).
+  // kSharedScores: the same product with the 64 x kM left operand read K-major from a shared score tile (Pᵀ or
+  // dSᵀ, queries contiguous, as the key tiles of the scores).
   template <int kRegs>
   __device__ void issue_accumulate_shared(float (&acc)[kRegs], const uint8_t* tile, const uint8_t* rows) const {
-    const uint32_t tile_addr = smem_address(tile) + (Cfg::kColumnSplit ? 0 : key_row0 * kSwizzleBytes);
+    const uint32_t tile_addr = smem_address(tile);
     const uint32_t addr = smem_address(rows) + (out_col0 / kPanelCols) * kM * kSwizzleBytes;
     const uint64_t tile_desc = warp_uniform_desc(make_desc_k_major(tile_addr));
     const uint64_t rows_desc = warp_uniform_desc(make_desc_mn_major(addr, kM * kSwizzleBytes));
@@ -918,37 +916,21 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
         }
       }
     } else if constexpr (Cfg::kSharedScores) {
-      // This warpgroup's queries (kColumnSplit) or keys of Pᵀ and dSᵀ into the shared tiles; under kColumnSplit dV,
-      // dK, dQ read both warpgroups' queries, else dV and dK the warpgroup's own keys and dQ both warpgroups'. The
-      // first pass's Sᵀ and dPᵀ are in flight (consume issued them), the later ones' are issued here.
+      // This warpgroup's queries of Pᵀ and dSᵀ into the shared tiles; dV, dK, dQ read both warpgroups' queries.
+      static_assert(Cfg::kColumnSplit && Cfg::kScorePasses == 1, "shared score tiles: the column split's layout");
       uint8_t* ds_tile = sm.ds(ds_buffer);
       uint8_t* pt_tile = sm.pt(ds_buffer);
       Fragments dsf;  // unused: dK reads dSᵀ from the tile
-      // Over several passes, found once (ptxas: fewer spills).
-      const bool block_masked = Cfg::kScorePasses > 1 && needs_mask(m);
-#pragma unroll
-      for (int pass = 0; pass < Cfg::kScorePasses; ++pass) {
-        if (pass > 0) issue_scores(s, dp, stage, do_stage, 0, pass);  // no dO ring of its own here
-        wgmma_wait<1>();  // Sᵀ has landed; dPᵀ may still run
-        fence_registers(s);
-        probabilities<kSoftcap, kAlibi, false>(s, pf, sm.lse_log2(stage), m,
-                                               Cfg::kScorePasses > 1 ? block_masked : needs_mask(m), alibi_slope2,
-                                               pt_tile, pass);
-        wgmma_wait<0>();
-        fence_registers(dp);
-        score_grads(s, dp, dsf, sm.dsum(stage), ds_tile, nullptr, pass);
-      }
+      wgmma_wait<1>();  // Sᵀ has landed; dPᵀ may still run
+      fence_registers(s);
+      probabilities<kSoftcap, kAlibi, false>(s, pf, sm.lse_log2(stage), m, needs_mask(m), alibi_slope2, pt_tile);
+      wgmma_wait<0>();
+      fence_registers(dp);
+      score_grads(s, dp, dsf, sm.dsum(stage), ds_tile);
       fence_async_shared();
-      if constexpr (Cfg::kColumnSplit) {
-        consumers_meet<Cfg>();
-        wgmma_fence();
-        if constexpr (kDvCols > 0) issue_accumulate_shared(dv, pt_tile, do_tile);
-      } else {
-        // dV needs only this warpgroup's Pᵀ rows: issued before the warpgroups meet.
-        wgmma_fence();
-        issue_accumulate_shared(dv, pt_tile, do_tile);
-        consumers_meet<Cfg>();
-      }
+      consumers_meet<Cfg>();
+      wgmma_fence();
+      if constexpr (kDvCols > 0) issue_accumulate_shared(dv, pt_tile, do_tile);
       issue_dq(dq, ds_tile);
       issue_accumulate_shared(dk, ds_tile, q_tile);
     } else {
