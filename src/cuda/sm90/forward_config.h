@@ -217,9 +217,11 @@ struct KernelPlan<128, true, 64> : Plan<ForwardConfig<128, 128, 2, 2, IssueOrder
 // d in 129..192 beside d_v <= 128 (DeepSeek's MLA prefill, 192 / 128): V and O at 128 columns instead of 192, so
 // P V does two thirds of the 192 plan's products and O takes 64 registers instead of 96, which leaves room for
 // 128-key tiles (S 64 registers; FA3 and FA4 run this shape on 128 x 128 tiles too): 48 KB + 2 * (48 + 32) KB =
-// 208 KB. Calls with ALiBi, dropout or chunked attention run the 192 plan (forward_sm90.cu).
+// 208 KB. Calls with ALiBi, dropout or chunked attention run the 192 plan (forward_sm90.cu). Its warpgroups issue
+// freely: against turns on the H200 (2026-12-07, bench/results/head-dims.md) +1-2% without a mask, +3-5% causal at
+// 8k / 16k, level at 2k; ptxas spills 36 bytes in the per-tile setup, none in the key loop.
 template <bool kMasked>
-struct KernelPlan<192, kMasked, 128> : Plan<ForwardConfig<192, 128, 2, 2, IssueOrder::turns, 1, 1, 2, 0, 128>> {};
+struct KernelPlan<192, kMasked, 128> : Plan<ForwardConfig<192, 128, 2, 2, IssueOrder::free, 1, 1, 2, 0, 128>> {};
 // hd 256 under a mask: 64-key tiles waste less on the diagonal than 80-key ones; causal +10% / +5% / +4.5% / +2%
 // at 512 / 1k / 2k / 4k keys, level beyond (bench/results/hopper-forward.md, d6a87b5).
 template <>
