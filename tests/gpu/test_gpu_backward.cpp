@@ -417,9 +417,9 @@ TEST_P(GpuBackward, ModelHeadDims) {
   run_case(c);
 }
 
-// d 129..192 beside d_v <= 128 (DeepSeek's MLA; on Hopper the 192 bucket, backward_config.h: 128-key CTAs, Pᵀ and
-// dSᵀ through shared tiles, dQ in 32-column pieces) over several key and query blocks, GQA, each mask, softcap,
-// varlen with empty sequences, columns past d and d_v inside a panel, and both deterministic orders.
+// d 129..192 beside d_v <= 128 (DeepSeek's MLA; on Hopper the 192 bucket, backward_config.h: 128-key CTAs, Sᵀ and
+// dPᵀ in two passes of 32 queries, dQ a 64-column product at a time) over several key and query blocks, GQA, each
+// mask, softcap, varlen with empty sequences, columns past d and d_v inside a panel, and both deterministic orders.
 TEST_P(GpuBackward, MlaHeadDims) {
   FA_REQUIRE_GPU();
   BwdCase c = base(GetParam(), 333, 400, 192);
