@@ -86,8 +86,6 @@ struct BackwardConfig {
   static constexpr int kLastWarpgroup = kConsumerWarpgroups - 1;
   // The warpgroups share the CTA's keys and split the gradients' columns (hd 256), or own 64 keys each.
   static constexpr bool kColumnSplit = kHeadDim == 256;
-  // dV and dK read Pᵀ and dSᵀ from shared tiles (the 256 bucket), not from registers.
-  static constexpr bool kSharedScores = kColumnSplit;
   // The columns of the V and dO tiles: the 192 bucket's are its dPᵀ product columns (shared memory), the others'
   // the bucket's.
   static constexpr int kHeadDimV = kHeadDim == 192 ? kProductColsV : kHeadDim;
@@ -202,8 +200,8 @@ struct BackwardConfig {
   static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;    // one stage of Q
   static constexpr int kDoBytes = kBlockM * kHeadDimV * kElemBytes;  // one stage of dO
   static constexpr int kDsBytes = kBlockN * kBlockM * kElemBytes;    // one dSᵀ tile
-  // Shared score tiles per buffer: dSᵀ, and under kSharedScores Pᵀ beside it; two buffers.
-  static constexpr int kDsTiles = kSharedScores ? 2 : 1;
+  // Shared score tiles per buffer: dSᵀ, and under kColumnSplit Pᵀ beside it; two buffers.
+  static constexpr int kDsTiles = kColumnSplit ? 2 : 1;
   static constexpr int kRowValueBytes = kBlockM * 4;                 // one stage of LSE or D (fp32)
   // One buffer of dropout's keep bits (kDropout): kKeepWords 32-bit words per consumer thread, a bit for each of
   // its Sᵀ elements (draw_keep_bits).

@@ -200,9 +200,8 @@ struct BackwardSmem {
   __device__ uint8_t* dout(int stage) const { return base + kDoOffset + stage * Cfg::kDoBytes; }
   // The dSᵀ and (kColumnSplit) Pᵀ tiles of double-buffer slot `buffer`, both warpgroups' rows or queries.
   __device__ uint8_t* ds(int buffer) const { return base + kDsOffset + buffer * Cfg::kDsTiles * Cfg::kDsBytes; }
-  // Pᵀ's tile (kSharedScores), beside dSᵀ in slot `buffer`.
   __device__ uint8_t* pt(int buffer) const {
-    static_assert(Cfg::kSharedScores, "Pᵀ goes through shared memory only under kSharedScores");
+    static_assert(Cfg::kColumnSplit, "Pᵀ goes through shared memory only under kColumnSplit");
     return ds(buffer) + Cfg::kDsBytes;
   }
   __device__ float* lse_log2(int stage) const {
@@ -675,8 +674,8 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
     wgmma_commit();
   }
 
-  // kSharedScores: the same product with the 64 x kM left operand read K-major from a shared score tile (Pᵀ or
-  // dSᵀ, queries contiguous, as the key tiles of the scores).
+  // kColumnSplit: the same product with the 64 x kM left operand read K-major from a shared score tile (Pᵀ or dSᵀ,
+  // queries contiguous, as the key tiles of the scores).
   template <int kRegs>
   __device__ void issue_accumulate_shared(float (&acc)[kRegs], const uint8_t* tile, const uint8_t* rows) const {
     const uint32_t tile_addr = smem_address(tile);
@@ -695,7 +694,7 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
   __device__ static uint32_t& slot(Fragments& f, int j, int r) { return f[j / 2][(j % 2) * 2 + r]; }
 
   // Pᵀ from Sᵀ in place (p, or p·(1 − tanh²) under softcap: the factor dS needs), and its 16-bit values (kPack)
-  // into fragments, or under kSharedScores into the shared Pᵀ tile `pt_tile` (without softcap score_grads can
+  // into fragments, or under kColumnSplit into the shared Pᵀ tile `pt_tile` (without softcap score_grads can
   // pack the fragments from s instead, as the fp32 values die).
   // ALiBi's bias (slope2 in log2 units per key of distance, 0 without slopes) is folded into the LSE it subtracts.
   // With dropout the packed Pᵀ (dV's operand) is P ∘ keep, and s keeps P for dS with a dropped element's sign
@@ -753,9 +752,9 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
           if (Cfg::kDropout && !(kp >> e & 1u)) x = -x;
         }
         // dV's operand: P ∘ keep (the factor 1 / (1 - p) comes in the epilogue).
-        if constexpr (Cfg::kSharedScores || kPack) {
+        if constexpr (Cfg::kColumnSplit || kPack) {
           const uint32_t packed = pack_pair<T>(kp & 1u ? p[0] : 0.f, kp & 2u ? p[1] : 0.f);
-          if constexpr (Cfg::kSharedScores)
+          if constexpr (Cfg::kColumnSplit)
             *reinterpret_cast<uint32_t*>(pt_tile + swizzled_offset(key_local[r], col, kN)) = packed;
           else
             slot(pf, j, r) = packed;
@@ -906,18 +905,15 @@ struct BackwardConsumer : ConsumerDescales<Cfg::kDescaled> {
         score_grads<!kSoftcap>(s, dp, dsf, sm.dsum(stage), ds_tile, &pf, pass);
         wgmma_fence();
         issue_accumulate(dv, pf, do_tile, pass);
-        if (pass + 1 < Cfg::kScorePasses) {
-          issue_accumulate(dk, dsf, q_tile, pass);
-        } else {
+        if (pass + 1 == Cfg::kScorePasses) {  // dQ reads both warpgroups' whole dSᵀ tile
           fence_async_shared();
           consumers_meet<Cfg>();
           issue_dq(dq, ds_tile);
-          issue_accumulate(dk, dsf, q_tile, pass);
         }
+        issue_accumulate(dk, dsf, q_tile, pass);
       }
-    } else if constexpr (Cfg::kSharedScores) {
+    } else if constexpr (Cfg::kColumnSplit) {
       // This warpgroup's queries of Pᵀ and dSᵀ into the shared tiles; dV, dK, dQ read both warpgroups' queries.
-      static_assert(Cfg::kColumnSplit && Cfg::kScorePasses == 1, "shared score tiles: the column split's layout");
       uint8_t* ds_tile = sm.ds(ds_buffer);
       uint8_t* pt_tile = sm.pt(ds_buffer);
       Fragments dsf;  // unused: dK reads dSᵀ from the tile
@@ -1027,7 +1023,8 @@ __device__ void consume(BackwardConsumer<T, Cfg, kLast>& c, const KeyBlockWork& 
         kAlibi ? Alibi32::make(c.a.alibi_slopes, c.a.alibi_batch_stride, w.batch, head, w.seqlen_q, w.seqlen_k)
                      .slope_log2()
                : 0.f;
-    c.template gradients<kSoftcap, kAlibi, decltype(mask)::value>(s, dp, dq, m, pos.index, do_stage, i % 2,
+    const int ds_buffer = i % 2;
+    c.template gradients<kSoftcap, kAlibi, decltype(mask)::value>(s, dp, dq, m, pos.index, do_stage, ds_buffer,
                                                                   alibi_slope2);
     if constexpr (Cfg::kSeparateDoRing) {
       wgmma_wait<2>();  // dV has landed: dO is no longer read
@@ -1043,7 +1040,7 @@ __device__ void consume(BackwardConsumer<T, Cfg, kLast>& c, const KeyBlockWork& 
 #pragma unroll
     for (int product = 1; product < BackwardConsumer<T, Cfg, kLast>::kDqProducts; ++product) {
       wgmma_fence();
-      c.issue_dq(dq, c.sm.ds(i % 2), product);
+      c.issue_dq(dq, c.sm.ds(ds_buffer), product);
       wgmma_wait<0>();
       fence_registers(dq);
       c.stage_dq(dq, true, product);

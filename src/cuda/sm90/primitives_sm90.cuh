@@ -265,8 +265,8 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
     static_assert(kTransA == 0 && kTransB == 0, "wgmma_ss: e4m3 operands are K-major");
     wgmma_ss_fp8<N>(d, desc_a, desc_b, accumulate);
   } else {
-    static_assert(N == 32 || N == 64 || N == 80 || N == 128 || N == 176 || N == 192 || N == 256,
-                  "wgmma_ss: N must be 32, 64, 80, 128, 176, 192 or 256");
+    static_assert(N == 32 || N == 64 || N == 80 || N == 128 || N == 176 || N == 256,
+                  "wgmma_ss: N must be 32, 64, 80, 128, 176 or 256");
     const uint32_t acc = accumulate ? 1u : 0u;
 #define FA_SM90_SS_INS "l"(desc_a), "l"(desc_b), "r"(acc), "n"(kTransB), "n"(kTransA)
 #define FA_SM90_SS32(TYPE) FA_SM90_WGMMA_SS("32", TYPE, FA_SM90_ACC_REGS_16, "%16", "%17", "%18", "%19", "%20")
@@ -274,7 +274,6 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
 #define FA_SM90_SS80(TYPE) FA_SM90_WGMMA_SS("80", TYPE, FA_SM90_ACC_REGS_40, "%40", "%41", "%42", "%43", "%44")
 #define FA_SM90_SS128(TYPE) FA_SM90_WGMMA_SS("128", TYPE, FA_SM90_ACC_REGS_64, "%64", "%65", "%66", "%67", "%68")
 #define FA_SM90_SS176(TYPE) FA_SM90_WGMMA_SS("176", TYPE, FA_SM90_ACC_REGS_88, "%88", "%89", "%90", "%91", "%92")
-#define FA_SM90_SS192(TYPE) FA_SM90_WGMMA_SS("192", TYPE, FA_SM90_ACC_REGS_96, "%96", "%97", "%98", "%99", "%100")
 #define FA_SM90_SS256(TYPE) \
   FA_SM90_WGMMA_SS("256", TYPE, FA_SM90_ACC_REGS_128, "%128", "%129", "%130", "%131", "%132")
     if constexpr (N == 32) {
@@ -283,8 +282,6 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
       FA_SM90_ASM_FOR_TYPE(FA_SM90_SS80, FA_SM90_D40(d), FA_SM90_SS_INS);
     } else if constexpr (N == 176) {
       FA_SM90_ASM_FOR_TYPE(FA_SM90_SS176, FA_SM90_D88(d), FA_SM90_SS_INS);
-    } else if constexpr (N == 192) {
-      FA_SM90_ASM_FOR_TYPE(FA_SM90_SS192, FA_SM90_D96(d), FA_SM90_SS_INS);
     } else if constexpr (N == 64) {
       FA_SM90_ASM_FOR_TYPE(FA_SM90_SS64, FA_SM90_D32(d, 0), FA_SM90_SS_INS);
     } else if constexpr (N == 128) {
@@ -299,7 +296,6 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
 #undef FA_SM90_SS80
 #undef FA_SM90_SS128
 #undef FA_SM90_SS176
-#undef FA_SM90_SS192
 #undef FA_SM90_SS256
 }
 
