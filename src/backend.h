@@ -32,9 +32,10 @@ Status cuda_sm90_backward(const BwdParams& p);
 // forward, which runs cache params on the split-KV decode kernel) over the cache.
 using ForwardFn = Status (*)(const FwdParams&);
 Status cuda_kvcache(const KVCacheParams& kp, ForwardFn forward);
-// The split-KV decode kernel (src/cuda/sm80/decode.cu), which both CUDA backends run for cache params.
+// The split-KV decode kernel (src/cuda/sm80/decode.cu), which both CUDA backends run for cache params. smem_limit:
+// the shared memory per block its plans may take (0: the device's; tests pass a smaller GPU's).
 Status cuda_decode_supports(const FwdParams& p);
-Status cuda_decode_forward(const FwdParams& p);
+Status cuda_decode_forward(const FwdParams& p, int smem_limit = 0);
 
 // merge_attention_states on validated params (cpu/merge.cpp, cuda/merge.cu).
 Status cpu_merge(const MergeParams& p);

@@ -9,7 +9,9 @@
 #include <random>
 #include <vector>
 
+#include "backend.h"
 #include "common/kv_cache_case.h"
+#include "cuda/sm80/decode_config.h"
 #include "gpu/device_tensor.h"
 
 namespace flashattn::test {
@@ -128,6 +130,44 @@ INSTANTIATE_TEST_SUITE_P(Grid, GpuKVCache, ::testing::ValuesIn(gpu_grid()),
                          [](const ::testing::TestParamInfo<GpuKVParam>& i) {
                            return i.param.spec.name() + "_" + backend_name(i.param.backend);
                          });
+
+// A GPU whose blocks hold less shared memory than rows16_wide's 3 stages at d 128 (A100: 163 KB of 196) runs the
+// plan's lean 2-stage form (decode_config.h; decode_launch.cuh launch_decode): small grids through an A100's
+// budget on this GPU, dense and paged, splits from the heuristic and forced; d 64, whose rows16_wide fits, beside.
+TEST(GpuKVCacheLean, SmallerBlockSharedMemoryRunsTheLeanWidePlan) {
+  using cuda::sm80::DecodePlan, cuda::sm80::decode_smem_bytes, cuda::sm80::kDecodeLeanSmemBytes;
+  static_assert(decode_smem_bytes(128, DecodePlan::rows16_wide) > kDecodeLeanSmemBytes &&
+                    decode_smem_bytes(128, DecodePlan::rows16_wide_lean) <= kDecodeLeanSmemBytes &&
+                    decode_smem_bytes(64, DecodePlan::rows16_wide) <= kDecodeLeanSmemBytes,
+                "the cases below run the lean plan at d 128 and rows16_wide at d 64");
+  FA_REQUIRE_GPU();
+  std::vector<KVCaseSpec> specs;
+  for (int splits : {0, 3}) {
+    KVCaseSpec s;
+    s.batch = 2, s.h_q = 32, s.h_kv = 8, s.d = 128, s.d_v = 128, s.capacity = 5000, s.s_new = 1;
+    s.page_size = splits ? 16 : 0, s.rotary_dim = 128, s.interleaved = false, s.causal = true, s.full = splits == 0;
+    s.num_splits = splits, s.seed = 500 + uint64_t(splits);
+    specs.push_back(s);
+  }
+  KVCaseSpec small;
+  small.batch = 3, small.s_q = 4, small.h_q = 8, small.h_kv = 2, small.capacity = 700, small.page_size = 64;
+  small.leftpad = true, small.seed = 510;
+  specs.push_back(small);
+  for (const KVCaseSpec& spec : specs) {
+    SCOPED_TRACE(spec.name());
+    KVCase c = make_kv_case(spec);
+    const KVExpected want = expected_kv(c);
+    DeviceKV dev(c);
+    KVCacheParams kp;
+    ASSERT_TRUE(make_kvcache_params(kv_args(c, dev.views), kv_options(spec, Backend::cuda_sm80), &kp).ok());
+    const Status st = detail::cuda_kvcache(
+        kp, [](const FwdParams& p) { return detail::cuda_decode_forward(p, kDecodeLeanSmemBytes); });
+    ASSERT_TRUE(st.ok()) << st.message;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    dev.download(c);
+    check_kv_results(c, want, DType::f32);
+  }
+}
 
 // The case's call with the host check off (as under capture), its results downloaded into c.
 void run_unchecked(KVCase& c) {

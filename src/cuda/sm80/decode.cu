@@ -14,7 +14,7 @@
 
 namespace flashattn::cuda::sm80 {
 template <typename T, int kD, bool kFp8>
-Status launch_decode(const FwdParams& p);  // decode_launch.cuh, instantiated in decode_hd*.cu
+Status launch_decode(const FwdParams& p, int smem_limit);  // decode_launch.cuh, instantiated in decode_hd*.cu
 }  // namespace flashattn::cuda::sm80
 
 namespace flashattn::detail {
@@ -23,12 +23,12 @@ namespace {
 bool aligned2(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 1u) == 0; }
 
 template <typename T, bool kFp8>
-Status decode_by_bucket(const FwdParams& p, int bucket) {
+Status decode_by_bucket(const FwdParams& p, int bucket, int smem_limit) {
   using namespace flashattn::cuda::sm80;
   switch (bucket) {
-    case 64: return launch_decode<T, 64, kFp8>(p);
-    case 128: return launch_decode<T, 128, kFp8>(p);
-    case 256: return launch_decode<T, 256, kFp8>(p);
+    case 64: return launch_decode<T, 64, kFp8>(p, smem_limit);
+    case 128: return launch_decode<T, 128, kFp8>(p, smem_limit);
+    case 256: return launch_decode<T, 256, kFp8>(p, smem_limit);
     default: return Status::unsupported("cuda decode: no kernel for head dims " + std::to_string(p.head_dim));
   }
 }
@@ -66,18 +66,18 @@ Status cuda_decode_supports(const FwdParams& p) {
   return Status::success();
 }
 
-Status cuda_decode_forward(const FwdParams& p) {
+Status cuda_decode_forward(const FwdParams& p, int smem_limit) {
   Status st = cuda_decode_supports(p);
   if (!st.ok()) return st;
   const int64_t rows_q = p.is_varlen() ? p.total_q : p.batch * p.seqlen_q;
   if (p.batch == 0 || rows_q == 0 || p.seqlen_q == 0) return Status::success();
   const int bucket = cuda::sm80::forward_head_dim_bucket(std::max(p.head_dim, p.head_dim_v));
   if (p.dtype == DType::e4m3) {
-    return p.out_dtype == DType::f16 ? decode_by_bucket<__half, true>(p, bucket)
-                                     : decode_by_bucket<__nv_bfloat16, true>(p, bucket);
+    return p.out_dtype == DType::f16 ? decode_by_bucket<__half, true>(p, bucket, smem_limit)
+                                     : decode_by_bucket<__nv_bfloat16, true>(p, bucket, smem_limit);
   }
-  return p.dtype == DType::f16 ? decode_by_bucket<__half, false>(p, bucket)
-                               : decode_by_bucket<__nv_bfloat16, false>(p, bucket);
+  return p.dtype == DType::f16 ? decode_by_bucket<__half, false>(p, bucket, smem_limit)
+                               : decode_by_bucket<__nv_bfloat16, false>(p, bucket, smem_limit);
 }
 
 }  // namespace flashattn::detail

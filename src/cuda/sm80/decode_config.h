@@ -24,16 +24,20 @@ struct DecodeTile {
 // - rows16: one m16 tile of packed rows, 64-key tiles over 4 warps;
 // - rows16_wide: the same rows, 128-key tiles over 8 warps (head dims up to kDecodeWideMaxBucket), for grids
 //   smaller than the GPU;
+// - rows16_wide_lean: rows16_wide with a stage less, for GPUs whose blocks cannot hold rows16_wide's shared memory
+//   (A100: 163 KB against 196 at d 128); compiled only where rows16_wide needs more than kDecodeLeanSmemBytes;
 // - rows64: 64 packed rows, 64-key tiles over 4 warps.
 // A call whose seqlen_q x group fits one m16 tile runs a 16-row plan; taller ones run rows64 (the 16-row plans
 // re-read the whole K/V once per 16 packed rows) where a 16-row plan would read at least this many key rows
 // (batch x heads_kv x capacity x its row blocks), else its more blocks win (decode_launch.cuh decode_tall_rows).
-enum class DecodePlan { rows16, rows16_wide, rows64 };
+enum class DecodePlan { rows16, rows16_wide, rows16_wide_lean, rows64 };
 constexpr int kDecodeRowsShort = 16;
 constexpr int kDecodeRowsTall = 64;
 constexpr int64_t kDecodeTallRowsRead = int64_t(1) << 20;
 constexpr int64_t kDecodeTallPagedRowsRead = int64_t(1) << 18;
 constexpr int kDecodeWideMaxBucket = 128;
+// The shared memory per block that A100s allow (the smallest of the GPUs that run rows16_wide's 2-stage form).
+constexpr int kDecodeLeanSmemBytes = 163 * 1024;
 
 // Why these numbers (H100/H200, 2-byte elements): decode is a stream of K/V through shared memory with a few
 // query rows against it, so the tile is sized for bytes in flight, not for FLOPs.
@@ -47,12 +51,16 @@ constexpr int kDecodeWideMaxBucket = 128;
 // - rows16_wide: where the grid is smaller than the GPU (b = 1 or 8 with GQA 32 / 8: 8 or 64 row blocks, split by
 //   keys to fill it), a block's time goes by its warps' latency per key tile (one warp per scheduler, about 0.2
 //   instructions a cycle; bench/results/decode.md), not by bytes: twice the warps take a split's keys in half the
-//   passes. 2 stages of 128 keys: d 128: 132 KB, one block per SM (A100's 164 KB hold it too); d 64: 66 KB. On an
-//   H100 against rows16: b = 8, 1k keys 14.5 -> 12.5 us, b = 1, 1k 8.5 -> 7.9; 3 stages measured level with 2.
+//   passes. On an H100 against rows16: b = 8, 1k keys 14.5 -> 12.5 us, b = 1, 1k 8.5 -> 7.9. 3 stages of 128 keys
+//   (d 128: 196 KB, one block per SM; d 64: 98 KB) against 2 on the H200 (2026-12-07, bench/results/decode.md):
+//   paged 16 at b = 8, 16k 157 -> 138 us, 4k 44.7 -> 41.9, b = 1, 4k 13.2 -> 12.6; dense b = 1, 16k 26.1 -> 24.9;
+//   within 0.2 us elsewhere (b = 1, 4k dense 11.2 -> 11.4). The lean form keeps 2 stages (d 128: 132 KB) for
+//   the A100.
 //   Where the rows16 grid fills the GPU without splits (b = 64: 512 row blocks), rows16 stays 3-7% faster (its
 //   second block per SM starts while the first drains).
 constexpr DecodeTile decode_tile(int bucket, DecodePlan plan) {
-  if (plan == DecodePlan::rows16_wide) return DecodeTile{kDecodeRowsShort, 128, 8, 2, 1};
+  if (plan == DecodePlan::rows16_wide) return DecodeTile{kDecodeRowsShort, 128, 8, 3, 1};
+  if (plan == DecodePlan::rows16_wide_lean) return DecodeTile{kDecodeRowsShort, 128, 8, 2, 1};
   const int block_m = plan == DecodePlan::rows64 ? kDecodeRowsTall : kDecodeRowsShort;
   return DecodeTile{block_m, 64, 4, bucket == 64 ? 4 : bucket == 128 ? 3 : 2, 1};
 }

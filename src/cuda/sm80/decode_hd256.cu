@@ -5,8 +5,8 @@
 #include "cuda/sm80/decode_launch.cuh"
 
 namespace flashattn::cuda::sm80 {
-template Status launch_decode<__half, 256, false>(const FwdParams&);
-template Status launch_decode<__nv_bfloat16, 256, false>(const FwdParams&);
-template Status launch_decode<__half, 256, true>(const FwdParams&);
-template Status launch_decode<__nv_bfloat16, 256, true>(const FwdParams&);
+template Status launch_decode<__half, 256, false>(const FwdParams&, int);
+template Status launch_decode<__nv_bfloat16, 256, false>(const FwdParams&, int);
+template Status launch_decode<__half, 256, true>(const FwdParams&, int);
+template Status launch_decode<__nv_bfloat16, 256, true>(const FwdParams&, int);
 }  // namespace flashattn::cuda::sm80

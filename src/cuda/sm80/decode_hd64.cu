@@ -5,8 +5,8 @@
 #include "cuda/sm80/decode_launch.cuh"
 
 namespace flashattn::cuda::sm80 {
-template Status launch_decode<__half, 64, false>(const FwdParams&);
-template Status launch_decode<__nv_bfloat16, 64, false>(const FwdParams&);
-template Status launch_decode<__half, 64, true>(const FwdParams&);
-template Status launch_decode<__nv_bfloat16, 64, true>(const FwdParams&);
+template Status launch_decode<__half, 64, false>(const FwdParams&, int);
+template Status launch_decode<__nv_bfloat16, 64, false>(const FwdParams&, int);
+template Status launch_decode<__half, 64, true>(const FwdParams&, int);
+template Status launch_decode<__nv_bfloat16, 64, true>(const FwdParams&, int);
 }  // namespace flashattn::cuda::sm80

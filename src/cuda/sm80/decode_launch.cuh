@@ -105,6 +105,20 @@ cudaError_t decode_occupancy(int device, DecodeOccupancy* out) {
   return cudaSuccess;
 }
 
+// The shared memory a block of `device` may opt into, asked once per device (static storage: 0, "not asked").
+inline cudaError_t decode_block_smem(int device, int* out) {
+  static std::atomic<int> asked[kMaxDevices];
+  const bool cached = device >= 0 && device < kMaxDevices;
+  int bytes = cached ? asked[device].load(std::memory_order_acquire) : 0;
+  if (bytes == 0) {
+    const cudaError_t err = cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (err != cudaSuccess) return err;
+    if (cached) asked[device].store(bytes, std::memory_order_release);
+  }
+  *out = bytes;
+  return cudaSuccess;
+}
+
 // Row blocks of one sequence and KV head: its packed query rows (s_q x the GQA group) in blocks of `block_m`.
 inline int64_t decode_row_blocks(const FwdParams& p, int block_m) {
   return (p.seqlen_q * (p.heads_q / p.heads_kv) + block_m - 1) / block_m;
@@ -235,9 +249,11 @@ inline bool decode_tall_rows(const FwdParams& p) {
 
 // T: the output's type (and, unless kFp8, the inputs'); kFp8: float8_e4m3fn Q, K, V. The 16-row plans
 // (decode_config.h): rows16_wide where the rows16 grid would not fill the GPU without splitting the keys (the
-// split heuristic's own test, decode_num_splits), rows16 where it does.
+// split heuristic's own test, decode_num_splits) and a block may hold its shared memory, else rows16_wide_lean
+// where that fits, rows16 otherwise. smem_limit: the shared memory per block those plans may take; 0: the device's
+// opt-in limit (tests pass an A100's to run the lean plan on a larger GPU).
 template <typename T, int kD, bool kFp8>
-Status launch_decode(const FwdParams& p) {
+Status launch_decode(const FwdParams& p, int smem_limit) {
   detail::DeviceGuard guard(p.device.index);
   FA_CUDA_TRY(guard.status());
   if (decode_tall_rows(p)) return launch_decode_plan<T, kD, DecodePlan::rows64, kFp8>(p);
@@ -246,7 +262,16 @@ Status launch_decode(const FwdParams& p) {
     FA_CUDA_TRY((decode_occupancy<T, kD, DecodePlan::rows16, kFp8>(p.device.index, &narrow)));
     const int64_t tiles = decode_row_blocks(p, kDecodeRowsShort) * p.heads_kv * p.batch;
     if (decode_grid_below_gpu(tiles, narrow.sms, narrow.per_sm)) {
-      return launch_decode_plan<T, kD, DecodePlan::rows16_wide, kFp8>(p);
+      int block_smem = smem_limit;
+      if (block_smem <= 0) FA_CUDA_TRY(decode_block_smem(p.device.index, &block_smem));
+      if (DecodeKernel<T, kD, DecodePlan::rows16_wide, kFp8>::kSmemBytes <= block_smem) {
+        return launch_decode_plan<T, kD, DecodePlan::rows16_wide, kFp8>(p);
+      }
+      if constexpr (decode_smem_bytes(kD, DecodePlan::rows16_wide) > kDecodeLeanSmemBytes) {
+        if (DecodeKernel<T, kD, DecodePlan::rows16_wide_lean, kFp8>::kSmemBytes <= block_smem) {
+          return launch_decode_plan<T, kD, DecodePlan::rows16_wide_lean, kFp8>(p);
+        }
+      }
     }
   }
   return launch_decode_plan<T, kD, DecodePlan::rows16, kFp8>(p);
