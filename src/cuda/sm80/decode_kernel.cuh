@@ -185,9 +185,10 @@ struct PagedTileRows {
       }
       const bool in = unsigned(page[i]) < num_pages;
       if constexpr (kMode == PagedLoad::whole32) {
-        // Zero-filled chunks read from the bases (offset 0), which cp.async does not dereference.
-        const int in_page = (row & (page_size - 1)) * int32_t(k_row_stride) + col;
-        const int64_t offset = in ? int64_t(page[i]) * int32_t(k_page_stride) + in_page : 0;
+        // Unsigned 32-bit factors (every one is in [0, 2^31) here): the offset is one IMAD.WIDE.U32. Zero-filled
+        // chunks read from the bases (offset 0), which cp.async does not dereference.
+        const uint32_t in_page = uint32_t(row & (page_size - 1)) * uint32_t(k_row_stride) + uint32_t(col);
+        const uint64_t offset = in ? uint64_t(uint32_t(page[i])) * uint32_t(k_page_stride) + in_page : 0;
         cp_async_16(k_dst, k_base + offset, in);
         cp_async_16(v_dst, v_base + offset, in);
       } else {
