@@ -325,7 +325,7 @@ __device__ void produce(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, int 
     const int head = w.kv_head * heads_per_kv + g;
     for (int step = w.m_begin; step < w.m_end; ++step) {
       const int m = sweep_block<Cfg>(w, step);
-      mbarrier_wait_suspended(&sm.empty()[pos.index], pos.phase ^ 1u);
+      mbarrier_wait(&sm.empty()[pos.index], pos.phase ^ 1u);
       uint64_t* full = &sm.full()[pos.index];
       mbarrier_arrive_expect_tx(full, Cfg::kStageTxBytes);
       const int row = w.q_row0 + m * Cfg::kBlockM;
@@ -342,7 +342,7 @@ __device__ void produce(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, int 
       pos.advance();
       if constexpr (Cfg::kSeparateDoRing) {
         // After the next Q: the consumers release dO once dV has landed, later than the Q stage before it.
-        mbarrier_wait_suspended(&sm.do_empty()[do_pos.index], do_pos.phase ^ 1u);
+        mbarrier_wait(&sm.do_empty()[do_pos.index], do_pos.phase ^ 1u);
         uint64_t* do_full = &sm.do_full()[do_pos.index];
         mbarrier_arrive_expect_tx(do_full, Cfg::kDoBytes);
 #pragma unroll

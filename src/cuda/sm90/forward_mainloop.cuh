@@ -55,7 +55,7 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
                   const RingPosition<Cfg::kStages>& at) {
     constexpr bool kValues = decltype(values)::value;
     constexpr int kTileBytes = kValues ? Cfg::kVTileBytes : Cfg::kKTileBytes;
-    mbarrier_wait_suspended(&empty[at.index], at.phase ^ 1u);
+    mbarrier_wait(&empty[at.index], at.phase ^ 1u);
     mbarrier_arrive_expect_tx(&full[at.index], kTileBytes);
     if constexpr (Cfg::kElemBytes == 1 && kValues) {
       // V_t (fp8_v_layout.h): kHeadDim rows of the tile's keys, one box per 128-key panel.
@@ -80,7 +80,7 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
   };
   load(std::false_type{}, tm_k, sm.k(), sm.k_empty(), sm.k_full(), w.n_end - 1, pos);
   // Q's previous use has ended (a fresh barrier passes parity 1 at once).
-  mbarrier_wait_suspended(sm.q_empty(), st.q_phase ^ 1u);
+  mbarrier_wait(sm.q_empty(), st.q_phase ^ 1u);
   mbarrier_arrive_expect_tx(sm.q_full(), Cfg::kQBytes);
 #pragma unroll
   for (int p = 0; p < kQKPanels; ++p)

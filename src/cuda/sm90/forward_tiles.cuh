@@ -186,7 +186,7 @@ struct TileSequence {
     }
     if (rank == 0) {
       tile = int(first_claim() + atomicAdd(a.tile_counter, 1u));
-      mbarrier_wait_suspended(&sm.tile_empty()[slot()], parity() ^ 1u);
+      mbarrier_wait(&sm.tile_empty()[slot()], parity() ^ 1u);
       sm.tile_slot()[slot()] = tile;
       mbarrier_arrive(&sm.tile_full()[slot()]);
       for (uint32_t r = 1; r < uint32_t(Cfg::kClusterCtas); ++r) {

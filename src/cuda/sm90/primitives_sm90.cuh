@@ -410,18 +410,6 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   while (!::cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
   }
 }
-// The longest a failed try of mbarrier_wait_suspended may keep its warp suspended (ns) before trying again; the
-// warp wakes as soon as the barrier's phase completes, so this only bounds a wait that outlives it. CUTLASS's value.
-constexpr uint32_t kMbarrierSuspendHintNs = 10'000'000;
-// mbarrier_wait for a warp that has nothing else to do until the phase completes (a producer waiting for a free
-// slot): a failed try suspends the warp until the barrier changes (NANOSLEEP.SYNCS in SASS) instead of spinning.
-// A spinning producer takes issue slots from the consumer warps of its SM sub-partition: ncu at hd 64, 16k keys
-// counted 40M failed tries in the forward's producer (TRYWAIT, BRA, YIELD: 6% of the kernel's instructions).
-__device__ __forceinline__ void mbarrier_wait_suspended(uint64_t* bar, uint32_t parity) {
-  const uint32_t hint = kMbarrierSuspendHintNs;  // a local: CCCL takes it by reference
-  while (!::cuda::ptx::mbarrier_try_wait_parity(bar, parity, hint)) {
-  }
-}
 
 // ---- thread-block clusters: another CTA's shared memory (distributed shared memory) ----
 // cluster_cta_rank, cluster_sync, cluster_shared_address: cuda/cluster.cuh.
