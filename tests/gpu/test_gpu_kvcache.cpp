@@ -189,6 +189,7 @@ TEST(GpuKVCacheClamps, OutOfRangeValuesStayInBounds) {
   c.seqlens.set(0, 1e6);
   c.seqlens.set(1, -50);
   c.block_table.set(1, -3);
+  c.block_table.set(2, INT32_MAX);  // past the pages: the decode kernel's unsigned range check (PagedLoad::whole32)
   c.batch_idx.set(2, 1000);
   run_unchecked(c);
   // The sequence with no valid entry sees no key: O = 0, LSE = -inf.
