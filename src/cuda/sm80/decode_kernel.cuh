@@ -176,13 +176,10 @@ struct PagedTileRows {
     for (int i = 0; i < kPasses; ++i) {
       const int row = cache_row(key_begin, n0, i);
       const int tile_row = row0 + i * kRowsPerPass;
-      D* k_dst = sk;
-      D* v_dst = sv;
-      if constexpr (std::is_same_v<S, uint8_t>) {
-        k_dst += e4m3_offset<kD>(tile_row, col), v_dst += e4m3_offset<kD>(tile_row, col);
-      } else {
-        k_dst += swizzle<kD>(tile_row, col), v_dst += swizzle<kD>(tile_row, col);
-      }
+      // K's and V's tiles share the layout: one offset into both.
+      const int dst = std::is_same_v<S, uint8_t> ? e4m3_offset<kD>(tile_row, col) : swizzle<kD>(tile_row, col);
+      D* k_dst = sk + dst;
+      D* v_dst = sv + dst;
       const bool in = unsigned(page[i]) < num_pages;
       if constexpr (kMode == PagedLoad::whole32) {
         // Unsigned 32-bit factors (every one is in [0, 2^31) here): the offset is one IMAD.WIDE.U32. Zero-filled
