@@ -40,6 +40,7 @@ struct BwdCase {
   bool bhsd = false;   // storage order [b, h, s, d] (a permuted view) instead of [b, s, h, d]
   bool dout_own_layout = false;  // dout in the other storage order, 8 elements of row padding (unlike out)
   int64_t pad = 0;     // extra elements at the end of every row (odd values break 16-byte alignment)
+  int64_t out_pad = -1;  // out's own row padding (-1: pad), so that out alone can be misaligned
   std::vector<int> lens_q, lens_k;  // varlen when non-empty
   bool deterministic = false;
   int stages = 0;  // pipeline depth forced on the kernels (0: what the device's shared memory allows)
@@ -52,7 +53,7 @@ struct BwdCase {
     std::ostringstream os;
     os << dtype_name(dtype) << " b" << batch << " sq" << sq << " sk" << sk << " h" << hq << "/" << hkv << " d" << d
        << "/" << dv << (causal ? " causal" : "") << " win(" << wl << "," << wr << ")" << " chunk" << chunk << " cap" << softcap << " scale" << softmax_scale
-       << (bhsd ? " bhsd" : "") << (dout_own_layout ? " dout-own-layout" : "") << " pad" << pad << (varlen() ? " varlen" : "") << (deterministic ? " det" : "") << " stages" << stages
+       << (bhsd ? " bhsd" : "") << (dout_own_layout ? " dout-own-layout" : "") << " pad" << pad << " out_pad" << out_pad << (varlen() ? " varlen" : "") << (deterministic ? " det" : "") << " stages" << stages
        << " smem" << smem_limit << " " << backend_name(backend);
     return os.str();
   }
@@ -89,7 +90,11 @@ Problem make_problem(const BwdCase& c, DType dt) {
   p.q = make_tensor(c, dt, rq, c.hq, c.d);
   p.k = make_tensor(c, dt, rk, c.hkv, c.d);
   p.v = make_tensor(c, dt, rk, c.hkv, c.dv);
-  p.o = make_tensor(c, dt, rq, c.hq, c.dv);
+  {
+    BwdCase out_case = c;
+    if (c.out_pad >= 0) out_case.pad = c.out_pad;
+    p.o = make_tensor(out_case, dt, rq, c.hq, c.dv);
+  }
   if (c.dout_own_layout) {
     BwdCase other = c;
     other.bhsd = !c.bhsd, other.pad = 8;
@@ -468,6 +473,13 @@ TEST_P(GpuBackward, LayoutsAndMisalignedStrides) {
   for (int64_t d : {64, 128}) {
     c = base(GetParam(), 150, 140, d);
     c.hq = 4, c.hkv = 2, c.causal = d == 128, c.dout_own_layout = true;
+    run_case(c);
+  }
+  // out alone misaligned (odd row pitch) beside TMA-aligned inputs: the Hopper backward still runs, and its
+  // workspace preparation reads out an element at a time (bwd_prepare_tiles_kernel without vec_rows).
+  for (int64_t d : {64, 128, 256}) {
+    c = base(GetParam(), 150, 140, d);
+    c.hq = 4, c.hkv = 2, c.out_pad = 1, c.causal = d == 64;
     run_case(c);
   }
 }
