@@ -475,8 +475,8 @@ TEST_P(GpuBackward, LayoutsAndMisalignedStrides) {
     c.hq = 4, c.hkv = 2, c.causal = d == 128, c.dout_own_layout = true;
     run_case(c);
   }
-  // out alone misaligned (odd row pitch) beside TMA-aligned inputs: the Hopper backward still runs, and its
-  // workspace preparation reads out an element at a time (bwd_prepare_tiles_kernel without vec_rows).
+  // out alone misaligned (odd row pitch) beside TMA-aligned inputs: the Hopper backward still runs (TMA never reads
+  // out), and its row-wise preprocess reads out an element at a time (bwd_preprocess_kernel without vec_rows).
   for (int64_t d : {64, 128, 256}) {
     c = base(GetParam(), 150, 140, d);
     c.hq = 4, c.hkv = 2, c.out_pad = 1, c.causal = d == 64;

@@ -42,10 +42,11 @@
 #include "cuda/primitives.cuh"
 #include "cuda/sm80/backward_args.cuh"
 #include "cuda/sm80/backward_config.h"
-#include "cuda/sm80/backward_rows.cuh"
 #include "cuda/sm80/backward_tiles.cuh"
 
 namespace flashattn::cuda::sm80 {
+
+constexpr float kLog2e = 1.4426950408889634f;
 
 template <typename T>
 __device__ __forceinline__ T to_elem(float x) {
@@ -294,6 +295,24 @@ __device__ __forceinline__ bool row_group(const BwdKernelArgs& a, int group_log2
   return true;
 }
 
+// The row-wise kernels move kRowChunk consecutive elements (16 bytes of T) per thread and access where the
+// launcher found every base and stride 16-byte aligned and the row length a multiple of it (vec_rows), else one
+// element per thread and access.
+constexpr int kRowChunk = 8;
+
+// Σ x·y over 8 elements of T packed in 16 bytes each.
+template <typename T>
+__device__ __forceinline__ float dot_chunk(const uint4& x, const uint4& y) {
+  const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+  float acc = 0.f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 a = unpack_pair<T>(xs[k]), b = unpack_pair<T>(ys[k]);
+    acc = fmaf(a.x, b.x, fmaf(a.y, b.y, acc));
+  }
+  return acc;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdKernelArgs a, int group_log2, bool vec_rows) {
   RowGroup w;
@@ -313,7 +332,7 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdKernelArgs
   if (lane == 0) {
     a.dsum[h * a.ws_head_stride + r] = acc;
     const float lse = a.lse[b * a.lse_batch_stride + h * a.lse_head_stride + i];
-    a.lse_log2[h * a.ws_head_stride + r] = workspace_lse_log2(lse);
+    a.lse_log2[h * a.ws_head_stride + r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
   }
 }
 

@@ -6,9 +6,9 @@
 // softcap, ALiBi, dropout, GQA, varlen and arbitrary tails. P is recomputed from the LSE tile by tile and never reaches
 // global memory.
 //
-// Launch sequence on the call's stream:
-//   bwd_prepare_tiles_kernel (D = rowsum(dO∘O), LSE·log2e, each dq_accum tile zeroed or, deterministic, its turn
-//   counter); backward_kernel (below); dq_convert_fragments_kernel (dQ = dq_accum · scale as the dtype, from
+// Launch sequence on the call's stream (the row-wise preprocess is the sm80 backward's, backward_rows.cu):
+//   memset of the workspace (but dq_accum in the deterministic mode); bwd_preprocess_kernel (D = rowsum(dO∘O),
+//   LSE·log2e); backward_kernel (below); dq_convert_fragments_kernel (dQ = dq_accum · scale as the dtype, from
 //   fragment-ordered tiles). In the workspace every sequence starts at a multiple of BackwardConfig::kWsAlign rows
 //   (sm80::ws_sequence_start): a query block, where dq_accum's tiles start (and a multiple of 4, as TMA boxes of LSE
 //   and D need).
@@ -79,7 +79,6 @@
 #include "cuda/grid_order.h"
 #include "cuda/primitives.cuh"
 #include "cuda/sm80/backward_launch.cuh"
-#include "cuda/sm80/backward_rows.cuh"
 #include "cuda/sm90/backward_config.h"
 #include "cuda/sm90/backward_sm90_fp8.h"
 #include "cuda/sm90/backward_sm90.h"
@@ -1141,108 +1140,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 }
 
-// The sequence whose workspace rows hold the query block that starts at workspace row ws_row (a multiple of
-// kWsAlign): the last one starting at or before it (the starts grow by at least a block from one sequence to the
-// next, empty ones included). batch >= 1.
-struct WsBlockRows {
-  int b;
-  int64_t row0;  // the sequence's first row in the tensors: packed (varlen) or b * seqlen_q
-  int64_t len;   // its rows
-  int64_t i0;    // the block's first row inside the sequence; >= len in the slack between sequences
-};
-template <int kWsAlign>
-__device__ WsBlockRows ws_block_rows(const int32_t* cu_seqlens_q, int batch, int seqlen_q, int64_t ws_row) {
-  auto first_row = [&](int b) -> int64_t { return cu_seqlens_q ? cu_seqlens_q[b] : int64_t(b) * seqlen_q; };
-  int lo = 0, hi = batch - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (sm80::ws_sequence_start(first_row(mid), mid, kWsAlign) <= ws_row) lo = mid;
-    else hi = mid - 1;
-  }
-  WsBlockRows r;
-  r.b = lo;
-  r.row0 = first_row(lo);
-  r.len = cu_seqlens_q ? cu_seqlens_q[lo + 1] - r.row0 : seqlen_q;
-  r.i0 = ws_row - sm80::ws_sequence_start(r.row0, lo, kWsAlign);
-  return r;
-}
-
-// ---- the workspace's preparation, before backward_kernel ----
-// One CTA of kPrepareThreads per (query block of the workspace, query head), kGroup threads per row (16 bytes of
-// O and dO each; kGroup * 8 >= the bucket's d_v): D = rowsum(dO∘O) and the LSE in log2 units
-// (sm80::workspace_lse_log2) for the block's rows, zeros in the slack rows past its sequence's end (their P is 0
-// in the main kernel, but 0 · (dP − NaN) is not); and the block's dq_accum tile zeroed, or in the deterministic
-// mode (dq_turns) its turn counter, whose turn 0 stores into the tile instead. This replaces a memset of the
-// whole workspace and the sm80 backward's row-wise preprocess: one pass that writes the 134 MB of dq_accum at
-// B·S = 16k, H·D = 2048 while it reads O and dO, instead of a memset and then the preprocess (which ncu found
-// issue-bound on its per-row index math: 67 us at 63% of DRAM's bandwidth at hd 64 on an H100).
-constexpr int kPrepareThreads = 256;
-
-template <typename T, int kBlockM, int kDqRowCols, int kGroup>
-__global__ void __launch_bounds__(kPrepareThreads) bwd_prepare_tiles_kernel(const sm80::BwdKernelArgs a,
-                                                                            int* dq_turns, bool vec_rows) {
-  static_assert(kPrepareThreads % kGroup == 0 && kBlockM * kGroup % kPrepareThreads == 0, "whole rows per pass");
-  constexpr int kRowsPerPass = kPrepareThreads / kGroup, kPasses = kBlockM / kRowsPerPass;
-  const int64_t ws_row = int64_t(blockIdx.x) * kBlockM;
-  const int head = blockIdx.y;
-  const int t = threadIdx.x, lane = t % kGroup, first_row = t / kGroup;
-  const WsBlockRows s = ws_block_rows<kBlockM>(a.cu_seqlens_q, a.batch, a.seqlen_q, ws_row);
-  const bool varlen = a.cu_seqlens_q != nullptr;
-  const T* o = static_cast<const T*>(a.o) + (varlen ? s.row0 * a.o_row_stride : s.b * a.o_batch_stride) +
-               head * a.o_head_stride;
-  const T* d = static_cast<const T*>(a.dout) + (varlen ? s.row0 * a.do_row_stride : s.b * a.do_batch_stride) +
-               head * a.do_head_stride;
-  const float* lse = a.lse + (varlen ? s.row0 : s.b * a.lse_batch_stride) + head * a.lse_head_stride;
-  auto live = [&](int p) { return s.i0 + first_row + p * kRowsPerPass < s.len; };
-  // Every load issued before the zero stores and the sums, so that the block's reads are in flight together.
-  float acc[kPasses], row_lse[kPasses];
-  if (vec_rows) {
-    uint4 ov[kPasses], dv[kPasses];
-    const int c = sm80::kRowChunk * lane;
-#pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      const int64_t i = s.i0 + first_row + p * kRowsPerPass;
-      const bool load = live(p) && c < a.head_dim_v;
-      ov[p] = load ? *reinterpret_cast<const uint4*>(o + i * a.o_row_stride + c) : make_uint4(0, 0, 0, 0);
-      dv[p] = load ? *reinterpret_cast<const uint4*>(d + i * a.do_row_stride + c) : make_uint4(0, 0, 0, 0);
-      row_lse[p] = lane == 0 && live(p) ? lse[i] : 0.f;
-    }
-#pragma unroll
-    for (int p = 0; p < kPasses; ++p) acc[p] = sm80::dot_chunk<T>(ov[p], dv[p]);
-  } else {
-#pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      const int64_t i = s.i0 + first_row + p * kRowsPerPass;
-      acc[p] = 0.f;
-      row_lse[p] = lane == 0 && live(p) ? lse[i] : 0.f;
-      if (!live(p)) continue;
-      for (int c = lane; c < a.head_dim_v; c += kGroup)
-        acc[p] += float(o[i * a.o_row_stride + c]) * float(d[i * a.do_row_stride + c]);
-    }
-  }
-  const int64_t tile = (int64_t(head) * a.ws_head_stride + ws_row) / kBlockM;  // dq_tile_index's
-  if (dq_turns) {
-    if (t == 0) dq_turns[tile] = 0;
-  } else {
-    constexpr int kTileFloat4s = kBlockM * kDqRowCols / 4;
-    static_assert(kTileFloat4s % kPrepareThreads == 0, "whole float4 stores per thread");
-    float4* zeros = reinterpret_cast<float4*>(a.dq_accum + tile * kBlockM * kDqRowCols);
-#pragma unroll
-    for (int k = 0; k < kTileFloat4s / kPrepareThreads; ++k)
-      zeros[k * kPrepareThreads + t] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-#pragma unroll
-  for (int p = 0; p < kPasses; ++p) {
-#pragma unroll
-    for (int off = kGroup / 2; off > 0; off /= 2) acc[p] += __shfl_xor_sync(0xffffffffu, acc[p], off);
-    if (lane == 0) {
-      const int64_t r = int64_t(head) * a.ws_head_stride + ws_row + first_row + p * kRowsPerPass;
-      a.dsum[r] = live(p) ? acc[p] : 0.f;
-      a.lse_log2[r] = live(p) ? sm80::workspace_lse_log2(row_lse[p]) : 0.f;
-    }
-  }
-}
-
 // What dq_convert_fragments_kernel reads; lengths and strides in elements.
 struct DqConvertArgs {
   void* dq;
@@ -1273,9 +1170,19 @@ template <typename T, typename Cfg>
 __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel(const DqConvertArgs a) {
   const int64_t ws_row = int64_t(blockIdx.x) * Cfg::kBlockM;
   const int head = blockIdx.y;
-  const WsBlockRows s = ws_block_rows<Cfg::kWsAlign>(a.cu_seqlens_q, a.batch, a.seqlen_q, ws_row);
-  const int b = s.b;
-  const int64_t row0 = s.row0, len = s.len, i0 = s.i0;
+  // The sequence whose workspace rows hold this block: the last one starting at or before it (the starts grow by
+  // at least a block from one sequence to the next, empty ones included).
+  auto first_row = [&](int b) -> int64_t { return a.cu_seqlens_q ? a.cu_seqlens_q[b] : int64_t(b) * a.seqlen_q; };
+  int lo = 0, hi = a.batch - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (sm80::ws_sequence_start(first_row(mid), mid, Cfg::kWsAlign) <= ws_row) lo = mid;
+    else hi = mid - 1;
+  }
+  const int b = lo;
+  const int64_t row0 = first_row(b);
+  const int64_t len = a.cu_seqlens_q ? a.cu_seqlens_q[b + 1] - row0 : a.seqlen_q;
+  const int64_t i0 = ws_row - sm80::ws_sequence_start(row0, b, Cfg::kWsAlign);
   if (i0 >= len) return;
   T* dq = static_cast<T*>(a.dq) + (a.cu_seqlens_q ? row0 * a.dq_row_stride : int64_t(b) * a.dq_batch_stride) +
           int64_t(head) * a.dq_head_stride;
@@ -1402,6 +1309,7 @@ Status launch(const BwdParams& p) {
   const size_t turn_ints =
       p.deterministic ? (row_elems / Cfg::kBlockM + kDqAccumAlignInts - 1) / kDqAccumAlignInts * kDqAccumAlignInts : 0;
   const size_t ws_bytes = (2 + Cfg::kDqRowCols) * row_elems * sizeof(float) + turn_ints * sizeof(int);
+  const size_t zeroed_bytes = p.deterministic ? 2 * row_elems * sizeof(float) + turn_ints * sizeof(int) : ws_bytes;
   void* ws = nullptr;
   if (ws_bytes > 0) {
     Status got = workspace_alloc(&ws, ws_bytes, p.device.index, stream);
@@ -1416,17 +1324,13 @@ Status launch(const BwdParams& p) {
   rows.dq_accum = reinterpret_cast<float*>(after_rows + turn_ints);
 
   Status st = [&]() -> Status {
-    if (ws_bytes == 0 || p.batch == 0) return Status::success();
-    {
-      // Threads per row of O and dO: 16 bytes each over the bucket's widest d_v.
-      constexpr int kGroup = std::min(32, Cfg::kHeadDimV / cuda::sm80::kRowChunk);
-      const bool vec_rows = rows.vec_o && rows.vec_do && p.head_dim_v % cuda::sm80::kRowChunk == 0 &&
-                            p.head_dim_v <= int64_t(kGroup) * cuda::sm80::kRowChunk;
-      const dim3 grid(unsigned(ws_head_stride / Cfg::kBlockM), unsigned(p.heads_q));
-      cuda::sm90::bwd_prepare_tiles_kernel<T, Cfg::kBlockM, Cfg::kDqRowCols, kGroup>
-          <<<grid, cuda::sm90::kPrepareThreads, 0, stream>>>(rows, dq_turns, vec_rows);
-      FA_CUDA_TRY(cudaGetLastError());
-    }
+    if (ws_bytes == 0) return Status::success();
+    // Zeroed up to dq_accum, or with it where it is summed into: the turn counters count from 0, and the slack rows
+    // between sequences, which the tiles past a sequence's end load, must hold finite D values (their P is 0, but
+    // 0 · (dP − NaN) is not).
+    FA_CUDA_TRY(cudaMemsetAsync(ws, 0, zeroed_bytes, stream));
+    Status pre = sm80_backward_preprocess(rows, p.dtype, stream);
+    if (!pre.ok()) return pre;
     if (key_blocks > 0 && p.batch > 0 && p.heads_kv > 0 && rows_k > 0) {
       const int64_t batch_dim = varlen ? 1 : p.batch;
       // In varlen the batch dimension has extent 1 and is never stepped; any valid stride will do.
