@@ -471,9 +471,8 @@ __device__ void zero_dq_tiles(const KeyBlockWork& w, const BackwardKernelArgs& a
 // add theirs; a tile nobody writes holds garbage, and the conversion writes zeros for it. Otherwise a tile is counted (dq_counts) at the next tile's first
 // hand-off, when its bulk additions, issued a block earlier, have long completed: waiting for them at its own last
 // hand-off would hold the consumers' dQ stage for a round trip to L2.
-// One copy per mode, so that neither carries the other's state on the writer's 24 registers (kProducerRegisters).
-template <typename Cfg, bool kDeterministic>
-__device__ void write_dq_tiles(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, const BackwardKernelArgs& a) {
+template <typename Cfg>
+__device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, const BackwardKernelArgs& a) {
   const bool leader = threadIdx.x % 32 == 0;
   const QueryBlockOrder<Cfg> order(w, a.heads_per_kv);
   int uncounted = -1;  // not deterministic: the tile whose last piece went out last, until it is counted
@@ -484,7 +483,7 @@ __device__ void write_dq_tiles(const BackwardSmem<Cfg>& sm, const KeyBlockWork& 
     const int tile = int(dq_tile_index<Cfg>(a.ws_head_stride, head, w.ws_row0)) + m;
     bool first = false;
     // The tile's zeros (zero_dq_tiles) before its first addition; checked while the consumers compute its dQ.
-    if (!kDeterministic && leader) {
+    if (!a.deterministic && leader) {
       wait_for_turn(a.dq_zeroed + tile, kTileZeroed);
       fence_async_global();
     }
@@ -498,7 +497,7 @@ __device__ void write_dq_tiles(const BackwardSmem<Cfg>& sm, const KeyBlockWork& 
         named_barrier_sync(kDqFullBarrier + wg, kDqHandoffThreads);
         const bool last_piece = Cfg::dq_last_handoff(wg, piece);
         if (leader) {
-          if (kDeterministic && wg == 0 && piece == 0) {
+          if (a.deterministic && wg == 0 && piece == 0) {
             const int turn = dq_turn<Cfg>(a, w, m);
             first = turn == 0;
             take_bulk_turn(a.dq_counts + tile, turn);
@@ -510,17 +509,17 @@ __device__ void write_dq_tiles(const BackwardSmem<Cfg>& sm, const KeyBlockWork& 
           else
             bulk_reduce_add_f32(dst, sm.dq_stage(wg), bytes);
           bulk_commit();
-          if (kDeterministic && last_piece) {
+          if (a.deterministic && last_piece) {
             pass_bulk_turn(a.dq_counts + tile);
           } else {
-            if (!kDeterministic && uncounted >= 0 && wg == 0 && piece == 0) {
+            if (uncounted >= 0 && wg == 0 && piece == 0) {
               bulk_wait<1>();  // every group but this hand-off's: the previous tile's
               fence_async_global();
               pass_turn(a.dq_counts + uncounted);
               uncounted = -1;
             }
             bulk_wait_read<0>();
-            if (!kDeterministic && last_piece) uncounted = tile;
+            if (last_piece) uncounted = tile;
           }
         }
         __syncwarp();
@@ -537,13 +536,6 @@ __device__ void write_dq_tiles(const BackwardSmem<Cfg>& sm, const KeyBlockWork& 
       pass_turn(a.dq_counts + uncounted);
     }
   }
-}
-template <typename Cfg>
-__device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, const BackwardKernelArgs& a) {
-  if (a.deterministic)
-    write_dq_tiles<Cfg, true>(sm, w, a);
-  else
-    write_dq_tiles<Cfg, false>(sm, w, a);
 }
 
 // A kDescaled consumer's factors for its (batch, KV head): the scores' (BackwardKernelArgs' times q_descale ·
