@@ -7,7 +7,7 @@
 // global memory.
 //
 // Launch sequence on the call's stream (the row-wise preprocess is the sm80 backward's, backward_rows.cu):
-//   memset of the workspace up to dq_accum (its tiles: zero_dq_tiles); bwd_preprocess_kernel (D = rowsum(dO∘O),
+//   memset of the workspace (but dq_accum in the deterministic mode); bwd_preprocess_kernel (D = rowsum(dO∘O),
 //   LSE·log2e); backward_kernel (below); dq_convert_fragments_kernel (dQ = dq_accum · scale as the dtype, from
 //   fragment-ordered tiles; a programmatic dependent that starts in backward_kernel's last wave and converts each
 //   tile once its writers are counted). In the workspace every sequence starts at a multiple of BackwardConfig::kWsAlign rows
@@ -28,8 +28,7 @@
 //                own). Its warp 1 adds each consumer warpgroup's dQ stage to dq_accum with one bulk reduce-add
 //                per hand-off (named barriers dq full / dq empty per warpgroup) and counts each tile's completed
 //                writes (a counter per tile in the workspace); under deterministic in a fixed order (dq_turn, the
-//                same counters as turns), the first turn storing; otherwise its warp 2 zeroes the dq_accum tiles
-//                its CTA claims first (zero_dq_tiles).
+//                same counters as turns), the first turn storing.
 //   warpgroups 1, 2  consumers, 64 keys each (setmaxnreg; at hd 256 the same 64 keys, half of dK/dV/dQ's columns
 //                and half of the block's queries in Sᵀ, dPᵀ each: backward_config.h, kColumnSplit). Per query
 //                block, in the transposed orientation so that the 64 keys are the wgmma's M and P, dS land in
@@ -132,8 +131,6 @@ struct BackwardKernelArgs {
   // blocks write a tile one after another, each when the counter says it is its turn (dq_turn), the first storing
   // (dq_accum is then not zeroed); otherwise additions in any order into a zeroed dq_accum.
   int* dq_counts;          // [heads_q][ws_head_stride / kBlockM]
-  // Not deterministic: a state per dq_accum tile (kTileUnclaimed, zeroed), for zero_dq_tiles in place of a memset.
-  int* dq_zeroed;          // [heads_q][ws_head_stride / kBlockM]
   bool deterministic;
   // Deterministic mode under a mask with a right edge (causal, window_right >= 0): key blocks launch from the last
   // to the first and add into a tile in that order (dq_turn).
@@ -428,47 +425,9 @@ __device__ int dq_turn(const BackwardKernelArgs& a, const KeyBlockWork& w, int m
   return a.last_key_block_first ? run.last - block : block - run.first;
 }
 
-// ---- dQ tiles zeroed in L2 just ahead of their first addition (not deterministic) ----
-// A memset of dq_accum (134 MB at B·S = 16k, H·D = 2048, about 45 us of HBM writes at 2k) would zero every tile in
-// HBM long before its use. Instead the first CTA to claim a tile zeroes it: warp kDqZeroWarp of the producer
-// warpgroup claims every tile of its sweep at the start, 32 at a time (one compare-and-swap per lane), zeroes the
-// ones it won with 16-byte stores and marks each zeroed (release); the dQ writer waits for that mark (acquire)
-// before its first addition into a tile. The zeros stay in L2 until the additions land on them. No CTA waits for
-// one that has not started: a tile is claimed only by a running CTA, which zeroes it without waiting itself.
-constexpr int kDqZeroWarp = 2;  // of the producer warpgroup
-constexpr int kTileUnclaimed = 0, kTileZeroing = 1, kTileZeroed = 2;
-
-template <typename Cfg>
-__device__ void zero_dq_tiles(const KeyBlockWork& w, const BackwardKernelArgs& a) {
-  const int lane = threadIdx.x % 32;
-  const QueryBlockOrder<Cfg> order(w, a.heads_per_kv);
-  for (int first = 0; first < order.blocks; first += 32) {
-    const int i = first + lane;
-    int tile = 0;
-    bool won = false;
-    if (i < order.blocks) {
-      tile = int(dq_tile_index<Cfg>(a.ws_head_stride, order.head(w, a.heads_per_kv, i), w.ws_row0)) +
-             order.block(w, i);
-      won = atomicCAS(a.dq_zeroed + tile, kTileUnclaimed, kTileZeroing) == kTileUnclaimed;
-    }
-    for (uint32_t claimed = __ballot_sync(~0u, won); claimed != 0; claimed &= claimed - 1) {
-      const int t = __shfl_sync(~0u, tile, __ffs(claimed) - 1);
-      float4* dst = reinterpret_cast<float4*>(dq_accum_tile<Cfg>(a.dq_accum, t));
-      constexpr int kFloat4s = Cfg::kBlockM * Cfg::kDqRowCols / 4;
-      static_assert(kFloat4s % 32 == 0, "zero_dq_tiles: whole warp-wide stores");
-#pragma unroll 4
-      for (int k = lane; k < kFloat4s; k += 32) dst[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-      __threadfence();
-      __syncwarp();
-      if (lane == 0)
-        ::cuda::atomic_ref<int, ::cuda::thread_scope_device>(a.dq_zeroed[t]).store(kTileZeroed,
-                                                                                 ::cuda::memory_order_release);
-    }
-  }
-}
-
-// In the deterministic mode dq_accum is not zeroed either: turn 0 of each tile stores its pieces and the later turns
-// add theirs; a tile nobody writes holds garbage, and the conversion writes zeros for it. Otherwise a tile is counted (dq_counts) at the next tile's first
+// In the deterministic mode dq_accum is not zeroed (a memset of 134 MB at B·S = 16k, H·D = 2048: 3-4% of a call
+// at 2k): turn 0 of each tile stores its pieces and the later turns add theirs; a tile nobody writes holds
+// garbage, and the conversion writes zeros for it. Otherwise a tile is counted (dq_counts) at the next tile's first
 // hand-off, when its bulk additions, issued a block earlier, have long completed: waiting for them at its own last
 // hand-off would hold the consumers' dQ stage for a round trip to L2.
 template <typename Cfg>
@@ -482,11 +441,6 @@ __device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, con
     // warp has 24 registers (kProducerRegisters).
     const int tile = int(dq_tile_index<Cfg>(a.ws_head_stride, head, w.ws_row0)) + m;
     bool first = false;
-    // The tile's zeros (zero_dq_tiles) before its first addition; checked while the consumers compute its dQ.
-    if (!a.deterministic && leader) {
-      wait_for_turn(a.dq_zeroed + tile, kTileZeroed);
-      fence_async_global();
-    }
     // Piece by piece, the warpgroups in turn: a warpgroup's second hand-off waits behind one of the other's, not
     // behind all of them (hd 256: 2 pieces per warpgroup and block).
 #pragma unroll
@@ -1209,8 +1163,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       produce<Cfg>(sm, w, args.heads_per_kv, &tm_q, &tm_k, &tm_v, &tm_do, &tm_lse, &tm_dsum);
     } else if (threadIdx.x / 32 == kDqWriterWarp && has_work) {
       write_dq<Cfg>(sm, w, args);
-    } else if (threadIdx.x / 32 == kDqZeroWarp && has_work && !args.deterministic) {
-      zero_dq_tiles<Cfg>(w, args);
     }
   } else {
     setmaxnreg_increase<Cfg::kConsumerRegisters>();
@@ -1406,14 +1358,13 @@ Status launch(const BwdParams& p) {
   // short beside the sweep (bench/results/hopper-backward.md). Not covered: a context held to fewer than half the
   // SMs this attribute reports (MPS provisioning, green contexts); there the turn wait traps after seconds.
   const bool rotate_sweeps = p.deterministic && no_mask && 2 * key_blocks <= sms;
-  // The tiles' write counters (BackwardKernelArgs::dq_counts) and zero states (dq_zeroed) after D and LSE, and
-  // dq_accum after them on a 512-byte boundary (a build that left it on a 16-byte boundary ran 4-5% slower at hd
-  // 256, 16k). Zeroed up to dq_accum: its tiles are zeroed by the kernel (zero_dq_tiles) or stored into first
-  // (deterministic).
+  // The tiles' write counters (BackwardKernelArgs::dq_counts) after D and LSE, and dq_accum after them on a
+  // 512-byte boundary (a build that left it on a 16-byte boundary ran 4-5% slower at hd 256, 16k). Zeroed up to
+  // dq_accum in the deterministic mode, whose first writers store into it.
   constexpr size_t kDqAccumAlignInts = 512 / sizeof(int);
   const size_t count_ints = (row_elems / Cfg::kBlockM + kDqAccumAlignInts - 1) / kDqAccumAlignInts * kDqAccumAlignInts;
-  const size_t ws_bytes = (2 + Cfg::kDqRowCols) * row_elems * sizeof(float) + 2 * count_ints * sizeof(int);
-  const size_t zeroed_bytes = 2 * row_elems * sizeof(float) + 2 * count_ints * sizeof(int);
+  const size_t ws_bytes = (2 + Cfg::kDqRowCols) * row_elems * sizeof(float) + count_ints * sizeof(int);
+  const size_t zeroed_bytes = p.deterministic ? 2 * row_elems * sizeof(float) + count_ints * sizeof(int) : ws_bytes;
   void* ws = nullptr;
   if (ws_bytes > 0) {
     Status got = workspace_alloc(&ws, ws_bytes, p.device.index, stream);
@@ -1424,8 +1375,7 @@ Status launch(const BwdParams& p) {
   rows.dsum = static_cast<float*>(ws);
   rows.lse_log2 = rows.dsum + row_elems;
   int* const dq_counts = reinterpret_cast<int*>(rows.lse_log2 + row_elems);
-  int* const dq_zeroed = dq_counts + count_ints;
-  rows.dq_accum = reinterpret_cast<float*>(dq_zeroed + count_ints);
+  rows.dq_accum = reinterpret_cast<float*>(dq_counts + count_ints);
 
   // 32-bit window arguments: the narrowest edges that mean the same (a window past 2^31 would truncate).
   const int window_left = int(MaskSpec::narrowest_left(rows.window_left, p.seqlen_k));
@@ -1435,8 +1385,9 @@ Status launch(const BwdParams& p) {
 
   Status st = [&]() -> Status {
     if (ws_bytes == 0) return Status::success();
-    // Zeroed up to dq_accum: the tiles' counters and states start at 0, and the slack rows between sequences, which
-    // the tiles past a sequence's end load, must hold finite D values (their P is 0, but 0 · (dP − NaN) is not).
+    // Zeroed up to dq_accum, or with it where it is summed into: the turn counters count from 0, and the slack rows
+    // between sequences, which the tiles past a sequence's end load, must hold finite D values (their P is 0, but
+    // 0 · (dP − NaN) is not).
     FA_CUDA_TRY(cudaMemsetAsync(ws, 0, zeroed_bytes, stream));
     Status pre = sm80_backward_preprocess(rows, p.dtype, stream);
     if (!pre.ok()) return pre;
@@ -1487,7 +1438,6 @@ Status launch(const BwdParams& p) {
       a.head_dim = int(p.head_dim), a.head_dim_v = int(p.head_dim_v);
       a.dq_accum = rows.dq_accum;
       a.dq_counts = dq_counts;
-      a.dq_zeroed = dq_zeroed;
       a.deterministic = p.deterministic;
       a.last_key_block_first = p.deterministic && (rows.causal || rows.window_right >= 0);
       a.rotate_sweeps = rotate_sweeps;
