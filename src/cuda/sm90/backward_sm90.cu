@@ -466,24 +466,20 @@ __device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, con
           if (a.deterministic && last_piece) {
             pass_bulk_turn(a.dq_counts + tile);
           } else {
+            if (uncounted >= 0 && wg == 0 && piece == 0) {
+              bulk_wait<1>();  // every group but this hand-off's: the previous tile's
+              fence_async_global();
+              pass_turn(a.dq_counts + uncounted);
+              uncounted = -1;
+            }
             bulk_wait_read<0>();
+            if (last_piece) uncounted = tile;
           }
         }
         __syncwarp();
         // The consumers wait for an empty stage before every hand-off but their first.
         if (i + 1 < order.blocks || piece + 1 < Cfg::dq_pieces(wg))
           named_barrier_arrive(kDqEmptyBarrier + wg, kDqHandoffThreads);
-        // The previous tile counted once the stage is released: the wait and the release fence would otherwise
-        // hold the consumers' next hand-off.
-        if (!a.deterministic && leader && wg == 0 && piece == 0) {
-          if (uncounted >= 0) {
-            bulk_wait<1>();  // every group but this hand-off's: the previous tile's
-            fence_async_global();
-            pass_turn(a.dq_counts + uncounted);
-          }
-          uncounted = -1;
-        }
-        if (!a.deterministic && last_piece) uncounted = tile;
       }
     }
   }
