@@ -9,8 +9,7 @@
 // Launch sequence on the call's stream (the row-wise preprocess is the sm80 backward's, backward_rows.cu):
 //   memset of the workspace (but dq_accum in the deterministic mode); bwd_preprocess_kernel (D = rowsum(dO∘O),
 //   LSE·log2e); backward_kernel (below); dq_convert_fragments_kernel (dQ = dq_accum · scale as the dtype, from
-//   fragment-ordered tiles; a programmatic dependent that starts in backward_kernel's last wave and converts each
-//   tile once its writers are counted). In the workspace every sequence starts at a multiple of BackwardConfig::kWsAlign rows
+//   fragment-ordered tiles). In the workspace every sequence starts at a multiple of BackwardConfig::kWsAlign rows
 //   (sm80::ws_sequence_start): a query block, where dq_accum's tiles start (and a multiple of 4, as TMA boxes of LSE
 //   and D need).
 //
@@ -26,9 +25,8 @@
 //                query block's Q, dO (128-byte swizzled panels) and LSE·log2e, D (fp32 rows) through a
 //                kStages-deep ring with TMA (full/empty mbarriers; at hd 256 dO in a one-stage ring of its
 //                own). Its warp 1 adds each consumer warpgroup's dQ stage to dq_accum with one bulk reduce-add
-//                per hand-off (named barriers dq full / dq empty per warpgroup) and counts each tile's completed
-//                writes (a counter per tile in the workspace); under deterministic in a fixed order (dq_turn, the
-//                same counters as turns), the first turn storing.
+//                per hand-off (named barriers dq full / dq empty per warpgroup); under deterministic in a fixed
+//                order (dq_turn; a turn counter per tile in the workspace), the first turn storing.
 //   warpgroups 1, 2  consumers, 64 keys each (setmaxnreg; at hd 256 the same 64 keys, half of dK/dV/dQ's columns
 //                and half of the block's queries in Sᵀ, dPᵀ each: backward_config.h, kColumnSplit). Per query
 //                block, in the transposed orientation so that the 64 keys are the wgmma's M and P, dS land in
@@ -125,13 +123,10 @@ struct BackwardKernelArgs {
   int head_dim, head_dim_v;
   float* dq_accum;         // [heads_q][ws_head_stride][BackwardConfig::kDqRowCols]
   int64_t ws_head_stride;  // rows per head of the workspace arrays (a multiple of BackwardConfig::kWsAlign)
-  // A counter per dq_accum tile (one per query head and workspace query block), zeroed: the key blocks whose
-  // writes into the tile have completed (released after them), so that the conversion, started before this grid
-  // ends, converts each tile once all its writers (dq_tile_writers) are counted. Deterministic mode: the key
-  // blocks write a tile one after another, each when the counter says it is its turn (dq_turn), the first storing
-  // (dq_accum is then not zeroed); otherwise additions in any order into a zeroed dq_accum.
-  int* dq_counts;          // [heads_q][ws_head_stride / kBlockM]
-  bool deterministic;
+  // Deterministic mode: a turn counter per dq_accum tile (one per query head and workspace query block), zeroed; the
+  // key blocks write a tile one after another, each when the counter says it is its turn (dq_turn), the first
+  // storing (dq_accum is then not zeroed). Null otherwise: additions in any order into a zeroed dq_accum.
+  int* dq_turns;           // [heads_q][ws_head_stride / kBlockM], or null
   // Deterministic mode under a mask with a right edge (causal, window_right >= 0): key blocks launch from the last
   // to the first and add into a tile in that order (dq_turn).
   bool last_key_block_first;
@@ -364,7 +359,7 @@ __device__ void produce(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, int 
 constexpr int kMaskUnknown = 0, kMaskKnownNo = 1, kMaskKnownYes = 2;
 
 // dq_accum's tiles (kBlockM x kDqRowCols floats, kDqStagePieces pieces per consumer warpgroup, each in its register
-// fragments' order: BackwardConfig::dq_piece_offset) and their write counters (BackwardKernelArgs::dq_counts), by
+// fragments' order: BackwardConfig::dq_piece_offset) and their turn counters (BackwardKernelArgs::dq_turns), by
 // index: the tile of `head` whose first workspace row is ws_row (a multiple of kBlockM), and the tile itself. The
 // writer (write_dq) and the conversion (dq_convert_fragments_kernel) both address them so.
 template <typename Cfg>
@@ -374,21 +369,6 @@ __device__ __forceinline__ int64_t dq_tile_index(int64_t ws_head_stride, int hea
 template <typename Cfg, typename F>
 __device__ __forceinline__ F* dq_accum_tile(F* dq_accum, int64_t index) {
   return dq_accum + index * Cfg::kBlockM * Cfg::kDqRowCols;
-}
-
-// The key blocks that write query block m's dq_accum tile: those holding a key that some row of the block sees, a
-// contiguous run from first to last (the mask's edges move monotonically with the row, and a key block's CTA
-// visits exactly the query blocks with a row that sees one of its keys: key_block_work); none where last < first.
-struct KeyBlockRun {
-  int first, last;
-};
-template <typename Cfg>
-__device__ __forceinline__ KeyBlockRun dq_tile_writers(const WindowMaskSpec& mask, int64_t seqlen_q, int m) {
-  int64_t first_key, end_key;
-  mask.key_range_for_rows(int64_t(m) * Cfg::kBlockM, min(int64_t(m + 1) * Cfg::kBlockM, seqlen_q), &first_key,
-                          &end_key);
-  if (end_key <= first_key) return {0, -1};
-  return {int(first_key / Cfg::kBlockN), int((end_key - 1) / Cfg::kBlockN)};
 }
 
 // ---- dQ writer: one warp of the producer warpgroup adds each consumer warpgroup's dQ stage to dq_accum with one
@@ -421,20 +401,19 @@ __device__ int dq_turn(const BackwardKernelArgs& a, const KeyBlockWork& w, int m
     const int turn = started - 1 - block;
     return turn < 0 ? turn + int(key_blocks) : turn;
   }
-  const KeyBlockRun run = dq_tile_writers<Cfg>(w.mask, w.seqlen_q, m);
-  return a.last_key_block_first ? run.last - block : block - run.first;
+  int64_t first_key, end_key;
+  w.mask.key_range_for_rows(int64_t(m) * Cfg::kBlockM, min(int64_t(m + 1) * Cfg::kBlockM, int64_t(w.seqlen_q)),
+                            &first_key, &end_key);
+  return a.last_key_block_first ? int((end_key - 1) / Cfg::kBlockN) - block : block - int(first_key / Cfg::kBlockN);
 }
 
 // In the deterministic mode dq_accum is not zeroed (a memset of 134 MB at B·S = 16k, H·D = 2048: 3-4% of a call
 // at 2k): turn 0 of each tile stores its pieces and the later turns add theirs; a tile nobody writes holds
-// garbage, and the conversion writes zeros for it. Otherwise a tile is counted (dq_counts) at the next tile's first
-// hand-off, when its bulk additions, issued a block earlier, have long completed: waiting for them at its own last
-// hand-off would hold the consumers' dQ stage for a round trip to L2.
+// garbage, and the conversion writes zeros for it.
 template <typename Cfg>
 __device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, const BackwardKernelArgs& a) {
   const bool leader = threadIdx.x % 32 == 0;
   const QueryBlockOrder<Cfg> order(w, a.heads_per_kv);
-  int uncounted = -1;  // not deterministic: the tile whose last piece went out last, until it is counted
   for (int i = 0; i < order.blocks; ++i) {
     const int head = order.head(w, a.heads_per_kv, i), m = order.block(w, i);
     // An index in 32 bits (a tile is at least 16 KB of workspace), pointers made from it at each use: the writer
@@ -451,10 +430,10 @@ __device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, con
         named_barrier_sync(kDqFullBarrier + wg, kDqHandoffThreads);
         const bool last_piece = Cfg::dq_last_handoff(wg, piece);
         if (leader) {
-          if (a.deterministic && wg == 0 && piece == 0) {
+          if (a.dq_turns && wg == 0 && piece == 0) {
             const int turn = dq_turn<Cfg>(a, w, m);
             first = turn == 0;
-            take_bulk_turn(a.dq_counts + tile, turn);
+            take_bulk_turn(a.dq_turns + tile, turn);
           }
           float* dst = dq_accum_tile<Cfg>(a.dq_accum, tile) + Cfg::dq_piece_offset(wg, piece);
           const uint32_t bytes = kWgmmaRows * Cfg::dq_stage_cols(wg) * 4;
@@ -463,17 +442,10 @@ __device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, con
           else
             bulk_reduce_add_f32(dst, sm.dq_stage(wg), bytes);
           bulk_commit();
-          if (a.deterministic && last_piece) {
-            pass_bulk_turn(a.dq_counts + tile);
+          if (a.dq_turns && last_piece) {
+            pass_bulk_turn(a.dq_turns + tile);
           } else {
-            if (uncounted >= 0 && wg == 0 && piece == 0) {
-              bulk_wait<1>();  // every group but this hand-off's: the previous tile's
-              fence_async_global();
-              pass_turn(a.dq_counts + uncounted);
-              uncounted = -1;
-            }
             bulk_wait_read<0>();
-            if (last_piece) uncounted = tile;
           }
         }
         __syncwarp();
@@ -483,13 +455,7 @@ __device__ void write_dq(const BackwardSmem<Cfg>& sm, const KeyBlockWork& w, con
       }
     }
   }
-  if (leader) {
-    bulk_wait<0>();
-    if (uncounted >= 0) {
-      fence_async_global();
-      pass_turn(a.dq_counts + uncounted);
-    }
-  }
+  if (leader) bulk_wait<0>();
 }
 
 // A kDescaled consumer's factors for its (batch, KV head): the scores' (BackwardKernelArgs' times q_descale ·
@@ -1129,9 +1095,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                     const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                     const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_lse,
                     const __grid_constant__ CUtensorMap tm_dsum, const __grid_constant__ ScoreDescales descales) {
-  // The dQ conversion (a programmatic dependent) may start once every CTA of this grid has: it waits for each
-  // tile's writers itself (dq_counts).
-  cudaTriggerProgrammaticLaunchCompletion();
   extern __shared__ uint8_t smem_raw[];
   BackwardSmem<Cfg> sm(smem_raw);
   const KeyBlockWork w = key_block_work<Cfg>(args);
@@ -1182,15 +1145,10 @@ struct DqConvertArgs {
   void* dq;
   int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
   const float* dq_accum;
-  const int* dq_counts;  // BackwardKernelArgs::dq_counts: a tile is converted once all its writers are counted
+  const int* dq_turns;  // BackwardKernelArgs::dq_turns: where not null, a tile whose counter is 0 was never written
   int64_t ws_head_stride;
   const int32_t* cu_seqlens_q;  // null: padded batch of `batch` sequences of seqlen_q rows
-  const int32_t* cu_seqlens_k;
-  int batch, seqlen_q, seqlen_k;
-  int heads_q;
-  // The mask, as backward_kernel has it: which key blocks write each tile (dq_tile_writers).
-  bool causal;
-  int window_left, window_right;
+  int batch, seqlen_q;
   int head_dim;     // dQ's columns (at most the bucket's)
   float scale;      // softmax_scale
   ScoreDescales descales;  // Cfg::kDescaled: dQ's factor is times k_descale
@@ -1208,15 +1166,10 @@ struct DqConvertArgs {
 // stores ran at a third of HBM speed: 182 us against cuDNN's 56 for its own conversion at hd 128, 2k,
 // bench/results/hopper-backward.md). A block past its sequence's last row (the slack between sequences) writes
 // nothing; one whose tile no key block wrote (no key visible to its rows) writes zeros.
-// Launched as a programmatic dependent of backward_kernel, which lets it start as soon as every CTA of that grid
-// has started: its CTAs then take the SMs that the last wave leaves idle and convert each tile once the tile's
-// writers are counted, instead of all tiles after the grid. Its blocks go through the tiles query block by query
-// block, each block's heads together, which is about the order in which the key blocks finish them (a batch entry
-// after another, its KV heads in turn).
 template <typename T, typename Cfg>
 __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel(const DqConvertArgs a) {
-  const int head = int(blockIdx.x % unsigned(a.heads_q));
-  const int64_t ws_row = int64_t(blockIdx.x / unsigned(a.heads_q)) * Cfg::kBlockM;
+  const int64_t ws_row = int64_t(blockIdx.x) * Cfg::kBlockM;
+  const int head = blockIdx.y;
   // The sequence whose workspace rows hold this block: the last one starting at or before it (the starts grow by
   // at least a block from one sequence to the next, empty ones included).
   auto first_row = [&](int b) -> int64_t { return a.cu_seqlens_q ? a.cu_seqlens_q[b] : int64_t(b) * a.seqlen_q; };
@@ -1237,16 +1190,7 @@ __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel
       Cfg::kDescaled ? a.scale * descale_of(a.descales.k, a.descales.k_strides, b, head / a.heads_per_kv) : a.scale;
   const int64_t tile_index = dq_tile_index<Cfg>(a.ws_head_stride, head, ws_row);
   const float* tile = dq_accum_tile<Cfg>(a.dq_accum, tile_index);
-  const int64_t len_k = a.cu_seqlens_k ? a.cu_seqlens_k[b + 1] - a.cu_seqlens_k[b] : a.seqlen_k;
-  const KeyBlockRun run = dq_tile_writers<Cfg>(
-      WindowMaskSpec::make(len, len_k, a.causal, a.window_left, a.window_right), len, int(i0 / Cfg::kBlockM));
-  // A tile that no key block writes (no key visible to its rows) is zeros: never written in the deterministic
-  // mode, which does not zero dq_accum.
-  const bool written = run.last >= run.first;
-  // Polled less often than the key blocks' turns: up to a wave of these blocks may wait beside the last CTAs.
-  constexpr uint32_t kPollNs = 256;
-  if (written && threadIdx.x == 0) wait_for_turn(a.dq_counts + tile_index, run.last - run.first + 1, kPollNs);
-  __syncthreads();
+  const bool written = !a.dq_turns || a.dq_turns[tile_index] > 0;
   const int t = threadIdx.x, quad = t % 4;
   static_assert(Cfg::kDqStageCols % 16 == 0, "dq_convert_fragments_kernel: float4s in pairs");
   // Piece p is warpgroup p / kDqStagePieces's; a narrower last warpgroup has narrower pieces, or fewer
@@ -1266,7 +1210,7 @@ __global__ void __launch_bounds__(kWarpgroupThreads) dq_convert_fragments_kernel
         tile + Cfg::dq_piece_offset(piece / Cfg::kDqStagePieces, piece % Cfg::kDqStagePieces));
 #pragma unroll
     for (int k = 0; k < float4s_of(piece); ++k)
-      v[piece][k] = written ? __ldcg(stage + k * kWarpgroupThreads + t) : make_float4(0.f, 0.f, 0.f, 0.f);
+      v[piece][k] = written ? stage[k * kWarpgroupThreads + t] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
 #pragma unroll
   for (int piece = 0; piece < kPieces; ++piece) {
@@ -1358,13 +1302,14 @@ Status launch(const BwdParams& p) {
   // short beside the sweep (bench/results/hopper-backward.md). Not covered: a context held to fewer than half the
   // SMs this attribute reports (MPS provisioning, green contexts); there the turn wait traps after seconds.
   const bool rotate_sweeps = p.deterministic && no_mask && 2 * key_blocks <= sms;
-  // The tiles' write counters (BackwardKernelArgs::dq_counts) after D and LSE, and dq_accum after them on a
-  // 512-byte boundary (a build that left it on a 16-byte boundary ran 4-5% slower at hd 256, 16k). Zeroed up to
-  // dq_accum in the deterministic mode, whose first writers store into it.
+  // Deterministic mode: the tiles' turn counters after D and LSE, and dq_accum after them on a 512-byte boundary,
+  // as it is without them (a build that left it on a 16-byte boundary ran 4-5% slower at hd 256, 16k). Zeroed up to
+  // dq_accum, which its first writers store into.
   constexpr size_t kDqAccumAlignInts = 512 / sizeof(int);
-  const size_t count_ints = (row_elems / Cfg::kBlockM + kDqAccumAlignInts - 1) / kDqAccumAlignInts * kDqAccumAlignInts;
-  const size_t ws_bytes = (2 + Cfg::kDqRowCols) * row_elems * sizeof(float) + count_ints * sizeof(int);
-  const size_t zeroed_bytes = p.deterministic ? 2 * row_elems * sizeof(float) + count_ints * sizeof(int) : ws_bytes;
+  const size_t turn_ints =
+      p.deterministic ? (row_elems / Cfg::kBlockM + kDqAccumAlignInts - 1) / kDqAccumAlignInts * kDqAccumAlignInts : 0;
+  const size_t ws_bytes = (2 + Cfg::kDqRowCols) * row_elems * sizeof(float) + turn_ints * sizeof(int);
+  const size_t zeroed_bytes = p.deterministic ? 2 * row_elems * sizeof(float) + turn_ints * sizeof(int) : ws_bytes;
   void* ws = nullptr;
   if (ws_bytes > 0) {
     Status got = workspace_alloc(&ws, ws_bytes, p.device.index, stream);
@@ -1374,14 +1319,9 @@ Status launch(const BwdParams& p) {
   rows.ws_seq_align = kWsAlign;
   rows.dsum = static_cast<float*>(ws);
   rows.lse_log2 = rows.dsum + row_elems;
-  int* const dq_counts = reinterpret_cast<int*>(rows.lse_log2 + row_elems);
-  rows.dq_accum = reinterpret_cast<float*>(dq_counts + count_ints);
-
-  // 32-bit window arguments: the narrowest edges that mean the same (a window past 2^31 would truncate).
-  const int window_left = int(MaskSpec::narrowest_left(rows.window_left, p.seqlen_k));
-  const int window_right = int(MaskSpec::narrowest_right(rows.window_right, p.seqlen_q));
-  static_assert(ConvertCfg::kBlockM == Cfg::kBlockM && ConvertCfg::kBlockN == Cfg::kBlockN,
-                "the conversion counts each tile's writers in the kernel's blocks");
+  int* const after_rows = reinterpret_cast<int*>(rows.lse_log2 + row_elems);
+  int* const dq_turns = p.deterministic ? after_rows : nullptr;
+  rows.dq_accum = reinterpret_cast<float*>(after_rows + turn_ints);
 
   Status st = [&]() -> Status {
     if (ws_bytes == 0) return Status::success();
@@ -1437,8 +1377,7 @@ Status launch(const BwdParams& p) {
       a.dv_batch_stride = p.dv_batch_stride, a.dv_row_stride = p.dv_row_stride, a.dv_head_stride = p.dv_head_stride;
       a.head_dim = int(p.head_dim), a.head_dim_v = int(p.head_dim_v);
       a.dq_accum = rows.dq_accum;
-      a.dq_counts = dq_counts;
-      a.deterministic = p.deterministic;
+      a.dq_turns = dq_turns;
       a.last_key_block_first = p.deterministic && (rows.causal || rows.window_right >= 0);
       a.rotate_sweeps = rotate_sweeps;
       a.tail_pairs = a.rotate_sweeps ? 0 : cuda::tail_pairs_for_wave(uint32_t(key_blocks), sms);
@@ -1453,7 +1392,9 @@ Status launch(const BwdParams& p) {
       a.scale = rows.scale, a.scale_log2 = rows.scale_log2;
       a.softcap = rows.softcap, a.tanh_scale = rows.tanh_scale, a.softcap_log2 = rows.softcap_log2;
       a.causal = rows.causal;
-      a.window_left = window_left, a.window_right = window_right;
+      // 32-bit window arguments: the narrowest edges that mean the same (a window past 2^31 would truncate).
+      a.window_left = int(MaskSpec::narrowest_left(rows.window_left, p.seqlen_k));
+      a.window_right = int(MaskSpec::narrowest_right(rows.window_right, p.seqlen_q));
       a.alibi_slopes = rows.alibi_slopes, a.alibi_batch_stride = rows.alibi_batch_stride;
       a.dropout_p = rows.dropout_p, a.dropout_rng = rows.dropout_rng;
       a.keep_scale = kDropout ? 1.f / (1.f - rows.dropout_p) : 1.f;
@@ -1470,16 +1411,11 @@ Status launch(const BwdParams& p) {
     c.dq = p.dq;
     c.dq_batch_stride = p.dq_batch_stride, c.dq_row_stride = p.dq_row_stride, c.dq_head_stride = p.dq_head_stride;
     c.dq_accum = rows.dq_accum;
-    c.dq_counts = dq_counts;
+    c.dq_turns = dq_turns;
     c.ws_head_stride = ws_head_stride;
     c.cu_seqlens_q = p.cu_seqlens_q;
-    c.cu_seqlens_k = p.cu_seqlens_k;
     c.batch = int(p.batch);
     c.seqlen_q = int(p.seqlen_q);
-    c.seqlen_k = int(p.seqlen_k);
-    c.heads_q = int(p.heads_q);
-    c.causal = rows.causal;
-    c.window_left = window_left, c.window_right = window_right;
     c.head_dim = int(p.head_dim);
     c.scale = rows.scale;
     c.descales = descales;
@@ -1488,16 +1424,9 @@ Status launch(const BwdParams& p) {
                     (varlen || p.dq_batch_stride % 2 == 0);
     c.chunk_stores = aligned(p.dq, 16) && tma_stride_ok(p.dq_row_stride) && tma_stride_ok(p.dq_head_stride) &&
                      (varlen || tma_stride_ok(p.dq_batch_stride)) && p.head_dim % 8 == 0;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(unsigned(ws_head_stride / Cfg::kBlockM * p.heads_q));  // sm90_backward_supports' bound
-    config.blockDim = dim3(unsigned(cuda::sm90::kWarpgroupThreads));
-    config.stream = stream;
-    cudaLaunchAttribute early{};
-    early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    early.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &early;
-    config.numAttrs = 1;
-    FA_CUDA_TRY(cudaLaunchKernelEx(&config, cuda::sm90::dq_convert_fragments_kernel<T, ConvertCfg>, c));
+    const dim3 grid(unsigned(ws_head_stride / Cfg::kBlockM), unsigned(p.heads_q));
+    cuda::sm90::dq_convert_fragments_kernel<T, ConvertCfg><<<grid, cuda::sm90::kWarpgroupThreads, 0, stream>>>(c);
+    FA_CUDA_TRY(cudaGetLastError());
     return Status::success();
   }();
   if (ws) {
@@ -1575,12 +1504,6 @@ Status sm90_backward_supports(const BwdParams& p) {
     return Status::unsupported("cuda_sm90: the backward writes dk, dv in pairs: 4-byte aligned bases needed");
   if (p.heads_q > 65535 || p.batch > 65535)
     return Status::unsupported("cuda_sm90: more than 65535 query heads or batches");
-  // The dQ conversion's grid: a block per (workspace query block, query head), at least 64 rows per block with up to
-  // a block of slack per sequence (launch).
-  constexpr int64_t kGridLimit = (int64_t(1) << 31) - 1;
-  const int64_t rows_q = varlen ? p.total_q : p.batch * p.seqlen_q;
-  if ((rows_q / 64 + 2 * p.batch + 1) * p.heads_q > kGridLimit)
-    return Status::unsupported("cuda_sm90: more than 2^31 (query block, head) tiles of dQ");
   return Status::success();
 }
 

@@ -549,13 +549,13 @@ __device__ __forceinline__ void bulk_wait() {
 __device__ __forceinline__ void fence_async_global() { ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_global); }
 
 // ---- a GPU-wide turn counter (deterministic reductions) ----
-// Waits until *counter == turn (acquire), polling every sleep_ns or so; traps after 2^27 polls (seconds), so that
-// a protocol bug fails the launch instead of hanging the device.
-__device__ __forceinline__ void wait_for_turn(const int* counter, int turn, uint32_t sleep_ns = 32) {
+// Waits until *counter == turn (acquire); traps after about 4 s, so that a protocol bug fails the launch
+// instead of hanging the device.
+__device__ __forceinline__ void wait_for_turn(const int* counter, int turn) {
   ::cuda::atomic_ref<const int, ::cuda::thread_scope_device> c(*counter);
   for (uint32_t spins = 0; c.load(::cuda::memory_order_acquire) != turn; ++spins) {
     if (spins > (1u << 27)) __trap();
-    __nanosleep(sleep_ns);
+    __nanosleep(32);
   }
 }
 // Passes the turn on (release: this thread's earlier global writes are visible to the next holder).
