@@ -105,31 +105,24 @@ TEST(Fp8, VtSlotOrderIsTheAccumulatorToFragmentOrder) {
 
 TEST(Fp8, VtSequenceSpansDoNotOverlap) {
   using namespace cuda::sm90;
-  EXPECT_EQ(fp8_span_for_tile(128), 128);
-  EXPECT_EQ(fp8_span_for_tile(192), 384);
-  EXPECT_EQ(fp8_span_for_tile(256), 256);
   std::mt19937_64 rng(3);
-  for (const int64_t span : {128, 384}) {
-    for (int trial = 0; trial < 200; ++trial) {
-      const int64_t batch = 1 + int64_t(rng() % 6);
-      std::vector<int64_t> lens(static_cast<size_t>(batch));
-      int64_t total = 0;
-      for (auto& l : lens) total += (l = int64_t(rng() % 900));
-      const int64_t slots = fp8_v_row_slots(true, 0, total, batch, span);
-      EXPECT_EQ(slots % span, 0);
-      int64_t row0 = 0, end_prev = 0;
-      for (int64_t b = 0; b < batch; ++b) {
-        const int64_t first = fp8_v_slot0(true, row0, b, span), end = first + fp8_round_to_span(lens[size_t(b)], span);
-        EXPECT_EQ(first % span, 0);
-        EXPECT_GE(first, end_prev) << "sequence " << b << " starts inside the previous one's spans (span " << span << ")";
-        EXPECT_LE(end, slots) << "sequence " << b << " past the row (span " << span << ")";
-        end_prev = end, row0 += lens[size_t(b)];
-      }
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t batch = 1 + int64_t(rng() % 6);
+    std::vector<int64_t> lens(static_cast<size_t>(batch));
+    int64_t total = 0;
+    for (auto& l : lens) total += (l = int64_t(rng() % 400));
+    const int64_t slots = fp8_v_row_slots(true, 0, total, batch);
+    EXPECT_EQ(slots % kFp8KeyPad, 0);
+    int64_t row0 = 0, end_prev = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t first = fp8_v_slot0(true, row0, b), end = first + fp8_round_to_span(lens[size_t(b)]);
+      EXPECT_EQ(first % kFp8KeyPad, 0);
+      EXPECT_GE(first, end_prev) << "sequence " << b << " starts inside the previous one's spans";
+      EXPECT_LE(end, slots) << "sequence " << b << " past the row";
+      end_prev = end, row0 += lens[size_t(b)];
     }
   }
-  EXPECT_EQ(fp8_v_row_slots(false, 300, 0, 4, 128), 384);  // padded batch: each entry its own rows
-  EXPECT_EQ(fp8_v_row_slots(false, 300, 0, 4, 384), 384);
-  EXPECT_EQ(fp8_v_row_slots(false, 400, 0, 4, 384), 768);
+  EXPECT_EQ(fp8_v_row_slots(false, 300, 0, 4), 384);  // padded batch: each entry its own rows
 }
 
 struct Fp8Case {

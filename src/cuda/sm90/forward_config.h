@@ -73,11 +73,8 @@ enum class IssueOrder { turns, free };
 // kernels' kStaleMaxLog2; e4m3 has less range to spare: forward_mainloop.cuh, Consumer).
 // kHeadDimV_: V's and O's columns (P V's N, O's accumulator, the V tiles), where a plan keeps them narrower than Q's
 // and K's kHeadDim (DeepSeek's MLA, 192 / 128); 0: kHeadDim.
-// kFp8SumColumn_ (e4m3): P V also computes the row sums, through a column of ones after V_t's d_v rows (P V's N is
-// d_v + 8), instead of the softmax adding up P: the sums are those of the quantised P that O multiplied.
 template <int kHeadDim_, int kBlockN_, int kConsumerWarpgroups_, int kStages_, IssueOrder kIssue_ = IssueOrder::turns,
-          int kPipelines_ = 1, int kClusterCtas_ = 1, int kElemBytes_ = 2, int kFp8StaleLog2_ = 0, int kHeadDimV_ = 0,
-          bool kFp8SumColumn_ = false>
+          int kPipelines_ = 1, int kClusterCtas_ = 1, int kElemBytes_ = 2, int kFp8StaleLog2_ = 0, int kHeadDimV_ = 0>
 struct ForwardConfig {
   static constexpr int kFp8StaleLog2 = kFp8StaleLog2_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -128,17 +125,8 @@ struct ForwardConfig {
 
   static constexpr int kElemBytes = kElemBytes_;
   static_assert(kElemBytes == 1 || kElemBytes == 2, "sm90 forward: 16-bit or e4m3 elements");
-  // e4m3: V_t's tiles are panels of kHeadDim rows of kVtPanelKeys keys (one byte each), swizzled by as many bytes:
-  // 128, or 64 where the key tile is not whole 128-key panels (192 keys: three 64-key panels).
-  static constexpr int kVtPanelKeys = kBlockN_ % 128 == 0 ? 128 : 64;
-  static constexpr bool kFp8SumColumn = kFp8SumColumn_;
-  static_assert(!kFp8SumColumn || kElemBytes_ == 1, "sm90 forward: the row sums' column is e4m3's");
-  // A panel's rows: d_v of values, then with the sum column a row of ones and seven of zeros (one 8-row group of P
-  // V's N), which the kernel writes once; each panel starts on a swizzle atom.
-  static constexpr int kVtRows = kHeadDim_ + (kFp8SumColumn ? 8 : 0);
-  static constexpr int kVtPanelStride = (kVtRows * kVtPanelKeys + 1023) / 1024 * 1024;
-  // O's accumulator columns: d_v, and the row sums' group.
-  static constexpr int kOColumns = (kHeadDimV_ == 0 ? kHeadDim_ : kHeadDimV_) + (kFp8SumColumn ? 8 : 0);
+  // Elements of one 128-byte swizzled row (a panel's columns; V_t's keys).
+  static constexpr int kPanelElems = kSwizzleBytes / kElemBytes;
   // Q and K rows are cut into panels of kQKPanelBytes: 128, or 64 where a row has only 64 bytes (e4m3 at hd 64,
   // swizzled by 64 bytes: make_desc_k_major_rows).
   static constexpr int kQKPanelBytes = kHeadDim * kElemBytes < kSwizzleBytes ? kHeadDim * kElemBytes : kSwizzleBytes;
@@ -147,18 +135,11 @@ struct ForwardConfig {
                 "sm90 forward: Q and K rows in whole 128- or 64-byte panels");
   // e4m3: V_t's key tiles are whole 128-byte panels of keys and end inside a sequence's spans (fp8_v_layout.h),
   // and each CTA loads whole tiles (no clusters).
-  // e4m3: V_t's span (fp8_v_layout.h): whole key tiles and whole transpose units, so that a sequence's last key
-  // tile ends inside its spans.
-  static constexpr int kVtSpan = fp8_span_for_tile(kBlockN);
-  static_assert(kElemBytes == 2 || (kBlockN % kVtPanelKeys == 0 && kVtSpan <= kFp8MaxSpan && kClusterCtas_ == 1),
-                "sm90 forward: e4m3 key tiles of whole V_t panels, spans of whole tiles, one CTA per cluster");
+  static_assert(kElemBytes == 2 || (kBlockN % kPanelElems == 0 && kFp8KeyPad % kBlockN == 0 && kClusterCtas_ == 1),
+                "sm90 forward: e4m3 key tiles of 128 keys dividing kFp8KeyPad, one CTA per cluster");
   static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;
   static constexpr int kKTileBytes = kBlockN * kHeadDim * kElemBytes;
-  // The bytes TMA writes into a V tile, and the tile's size in the ring (e4m3: its panels, with the sum column's
-  // rows).
-  static constexpr int kVTileLoadBytes = kBlockN * kHeadDimV * kElemBytes;
-  static constexpr int kVTileBytes =
-      kElemBytes == 1 ? kBlockN / kVtPanelKeys * kVtPanelStride : kVTileLoadBytes;
+  static constexpr int kVTileBytes = kBlockN * kHeadDimV * kElemBytes;
   static_assert(kKTileBytes % 1024 == 0 && kVTileBytes % 1024 == 0,
                 "sm90 forward: every tile starts on a 1024-byte swizzle atom");
   // q_full, q_empty, k_full[], v_full[], k_empty[], v_empty[]; the tile ring's slots (4 bytes each, rounded up to
@@ -258,17 +239,8 @@ struct Fp8KernelPlan;
 constexpr int kFp8StaleLog2 = 2;
 template <bool kMasked>
 struct Fp8KernelPlan<64, kMasked> : Plan<ForwardConfig<64, 128, 3, 3, IssueOrder::turns, 1, 1, 1, kFp8StaleLog2>> {};
-#ifndef FA_FP8_N128
-#define FA_FP8_N128 192
-#endif
-#ifndef FA_FP8_S128
-#define FA_FP8_S128 3
-#endif
-#ifndef FA_FP8_SUM128
-#define FA_FP8_SUM128 false
-#endif
 template <bool kMasked>
-struct Fp8KernelPlan<128, kMasked> : Plan<ForwardConfig<128, FA_FP8_N128, 2, FA_FP8_S128, IssueOrder::free, 1, 1, 1, kFp8StaleLog2, 0, FA_FP8_SUM128>> {};
+struct Fp8KernelPlan<128, kMasked> : Plan<ForwardConfig<128, 128, 2, 3, IssueOrder::free, 1, 1, 1, kFp8StaleLog2>> {};
 template <bool kMasked>
 struct Fp8KernelPlan<256, kMasked> : Plan<ForwardConfig<256, 128, 2, 2, IssueOrder::free, 1, 1, 1, kFp8StaleLog2>> {};
 

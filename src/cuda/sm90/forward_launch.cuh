@@ -54,22 +54,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     }
     mbarrier_init_fence();
   }
-  if constexpr (Cfg::kFp8SumColumn) {
-    // Rows kHeadDim.. of every V_t panel: ones (e4m3 0x38), then zeros; TMA never writes them. Each row's bytes are
-    // all alike, so the swizzle does not move them.
-    constexpr int kWords = Cfg::kVtPanelKeys * (Cfg::kVtRows - Cfg::kHeadDim) / 16;  // 16-byte words per panel
-    constexpr int kPanels = Cfg::kStages * (Cfg::kBlockN / Cfg::kVtPanelKeys);
-    for (int pipeline = 0; pipeline < Cfg::kPipelines; ++pipeline) {
-      const SharedStorage<Cfg> sm(smem_raw, pipeline);
-      for (int i = int(threadIdx.x); i < kPanels * kWords; i += Cfg::kThreads) {
-        const int panel = i / kWords, word = i % kWords;
-        const uint32_t fill = word < Cfg::kVtPanelKeys / 16 ? 0x38383838u : 0u;
-        *reinterpret_cast<uint4*>(sm.v() + panel * Cfg::kVtPanelStride + Cfg::kHeadDim * Cfg::kVtPanelKeys +
-                                  word * 16) = make_uint4(fill, fill, fill, fill);
-      }
-    }
-    fence_async_shared();  // visible to wgmma's (asynchronous proxy) reads
-  }
   // In a cluster the other CTAs' producers and consumers use this CTA's barriers: none may start before all are
   // initialised.
   if constexpr (Cfg::kClusterCtas > 1)
@@ -177,8 +161,8 @@ Status launch(const FwdParams& p, Sm90Grid grid, const VOperand* v_t = nullptr) 
     Status st = make_tensor_map_sw128(&tm_k, k_base, p.dtype, dims, strides, Cfg::kKVPartRows, Cfg::kQKPanelBytes);
     if (!st.ok()) return st;
     if (v_t) {
-      // V_t: a box is kHeadDim rows of one panel of kVtPanelKeys keys (produce).
-      st = make_tensor_map_sw128(&tm_v, v_t->base, p.dtype, v_t->dims, v_t->strides, Cfg::kHeadDim, Cfg::kVtPanelKeys);
+      // V_t: a box is kHeadDim rows of one 128-key panel (produce).
+      st = make_tensor_map_sw128(&tm_v, v_t->base, p.dtype, v_t->dims, v_t->strides, Cfg::kHeadDim);
     } else {
       const int64_t vdims[4] = {p.head_dim_v, rows_k, p.heads_kv, batch_dim};
       const int64_t vstrides[3] = {p.v_row_stride, p.v_head_stride,

@@ -56,13 +56,13 @@ __device__ void produce(const SharedStorage<Cfg>& sm, const BlockWork& w, int kv
     constexpr bool kValues = decltype(values)::value;
     constexpr int kTileBytes = kValues ? Cfg::kVTileBytes : Cfg::kKTileBytes;
     mbarrier_wait(&empty[at.index], at.phase ^ 1u);
-    mbarrier_arrive_expect_tx(&full[at.index], kValues ? Cfg::kVTileLoadBytes : Cfg::kKTileBytes);
+    mbarrier_arrive_expect_tx(&full[at.index], kTileBytes);
     if constexpr (Cfg::kElemBytes == 1 && kValues) {
-      // V_t (fp8_v_layout.h): kHeadDim rows of the tile's keys, one box per panel of kVtPanelKeys keys.
+      // V_t (fp8_v_layout.h): kHeadDim rows of the tile's keys, one box per 128-key panel.
 #pragma unroll
-      for (int p = 0; p < Cfg::kBlockN / Cfg::kVtPanelKeys; ++p)
-        tma_load_4d(ring + at.index * kTileBytes + p * Cfg::kVtPanelStride, map,
-                    w.vt_slot0 + n * Cfg::kBlockN + p * Cfg::kVtPanelKeys, 0, kv_head, w.batch_coord,
+      for (int p = 0; p < Cfg::kBlockN / Cfg::kPanelElems; ++p)
+        tma_load_4d(ring + at.index * kTileBytes + p * Cfg::kHeadDim * kSwizzleBytes, map,
+                    w.vt_slot0 + n * Cfg::kBlockN + p * Cfg::kPanelElems, 0, kv_head, w.batch_coord,
                     &full[at.index]);
       return;
     }
@@ -133,10 +133,7 @@ struct Consumer {
   // Descriptors of this warpgroup's Q rows and of stage 0's K and V tiles; every operand of a wgmma is one
   // desc_advance from these.
   uint64_t q_desc, k_desc, v_desc;
-  // O (d_v columns), then with Cfg::kFp8SumColumn the row sums' 8-column group (column d_v: quad 0's first).
-  static constexpr bool kSumColumn = Cfg::kFp8SumColumn;
-  static constexpr int kOColumns = Cfg::kOColumns;
-  float o[kOColumns / 2];
+  float o[kHeadDimV / 2];
   float row_max[2] = {-INFINITY, -INFINITY};  // in score units (after softcap), not yet scaled to log2
   float row_sum[2] = {0.f, 0.f};              // this thread's part; the quad's four parts add up at the end
   bool has_slopes = false;  // the call has ALiBi slopes (has_alibi)
@@ -208,10 +205,9 @@ struct Consumer {
     q_desc = make_desc_k_major_rows<Cfg::kQKPanelBytes>(smem_address(sm.q()) + wg * kWgmmaRows * Cfg::kQKPanelBytes);
     k_desc = make_desc_k_major_rows<Cfg::kQKPanelBytes>(smem_address(sm.k()));
     // V_t (e4m3) is K-major, V N-major.
-    v_desc = kFp8 ? make_desc_k_major_rows<Cfg::kVtPanelKeys>(smem_address(sm.v()))
-                  : make_desc_mn_major(smem_address(sm.v()), kN * kSwizzleBytes);
+    v_desc = kFp8 ? make_desc_k_major(smem_address(sm.v())) : make_desc_mn_major(smem_address(sm.v()), kN * kSwizzleBytes);
 #pragma unroll
-    for (int i = 0; i < kOColumns / 2; ++i) o[i] = 0.f;
+    for (int i = 0; i < kHeadDimV / 2; ++i) o[i] = 0.f;
   }
 
   // S = Q Kᵀ, issued and committed (not waited for). K-major operands; k-step kk (32 bytes of a row, 16-bit or
@@ -231,17 +227,15 @@ struct Consumer {
 
   // O += P V, issued and committed. V is N-major: one panel (kN rows) per 64 columns of head dim. P is
   // converted before the fence: a register write between two wgmmas would make the compiler serialise them.
-  // e4m3: V_t is K-major, kHeadDim rows per panel of kVtPanelKeys keys; k-step kk (32 keys) is panel kk / kSteps,
-  // 32 bytes further per step.
+  // e4m3: V_t is K-major, kHeadDim rows per 128-key panel; k-step kk is panel kk / 4, 32 bytes further per step.
   __device__ void issue_pv(const PFragments& p, int stage) {
     const uint64_t v_stage = desc_advance(v_desc, stage * Cfg::kVTileBytes);
     wgmma_fence();
     if constexpr (kFp8) {
-      constexpr int kSteps = Cfg::kVtPanelKeys / 32;
 #pragma unroll
       for (int kk = 0; kk < kN / kWgmmaKFor<T>; ++kk)
-        wgmma_rs<T, kOColumns, 0>(o, p[kk], desc_advance(v_stage, (kk / kSteps) * Cfg::kVtPanelStride + (kk % kSteps) * 32),
-                                  true);
+        wgmma_rs<T, kHeadDim, 0>(o, p[kk], desc_advance(v_stage, (kk / 4) * kHeadDim * kSwizzleBytes + (kk % 4) * 32),
+                                 true);
     } else {
 #pragma unroll
       for (int kk = 0; kk < kN / kWgmmaK; ++kk)
@@ -371,13 +365,11 @@ struct Consumer {
         const float p1 = exp2_approx(fmaf(s[4 * j + 2 * r + 1], scale_log2(), neg_base[r]));
         s[4 * j + 2 * r] = p0;
         s[4 * j + 2 * r + 1] = p1;
-        if constexpr (!kSumColumn) sum4[r][j % 4] += p0 + p1;  // else P V adds them up
+        sum4[r][j % 4] += p0 + p1;
       }
-    if constexpr (!kSumColumn) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
-        row_sum[r] = fmaf(row_sum[r], rescale[r], (sum4[r][0] + sum4[r][1]) + (sum4[r][2] + sum4[r][3]));
-    }
+    for (int r = 0; r < 2; ++r)
+      row_sum[r] = fmaf(row_sum[r], rescale[r], (sum4[r][0] + sum4[r][1]) + (sum4[r][2] + sum4[r][3]));
   }
 
   // Dropout on key tile n's P (kExtras): the dropped probabilities become 0 after the row sums took them (the LSE
@@ -418,7 +410,7 @@ struct Consumer {
   __device__ void rescale_o(const float (&rescale)[2]) {
     if (!__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) return;
 #pragma unroll
-    for (int j = 0; j < kOColumns / 8; ++j)
+    for (int j = 0; j < kHeadDimV / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[4 * j + e] *= rescale[e >> 1];
   }
@@ -485,8 +477,7 @@ struct Consumer {
     for (int r = 0; r < 2; ++r) {
       // A row that saw no key has maximum -inf and sum 0.
       const bool empty = row_max[r] == -INFINITY;
-      // The sum column: quad 0 holds column d_v (the ones), the other lanes' columns of the group are zeros.
-      const float total = quad_sum(kSumColumn ? o[kHeadDimV / 2 + 2 * r] : row_sum[r]);
+      const float total = quad_sum(row_sum[r]);
       // Correctly rounded, without division's slow path; dropout's kept probabilities count 1 / (1 - p).
       const float inv = empty      ? 0.f
                         : kDropout ? __frcp_rn(total) * keep_scale

@@ -123,9 +123,8 @@ Status sm90_forward_supports(const FwdParams& p) {
       return Status::unsupported("cuda_sm90: TMA needs float8_e4m3fn q and k strides that are multiples of 16 elements");
   if (!aligned(p.q, 16) || !aligned(p.k, 16) || !aligned(p.v, 16) || !aligned(p.o, 16))
     return Status::unsupported("cuda_sm90: TMA needs 16-byte aligned Q, K, V, O");
-  // V_t's slots are numbered in int (fp8_v_layout.h), counted at the widest span.
-  if (fp8 && cuda::sm90::fp8_v_row_slots(varlen, p.seqlen_k, p.total_k, p.batch, cuda::sm90::kFp8MaxSpan) >=
-                 (int64_t(1) << 31))
+  // V_t's slots are numbered in int (fp8_v_layout.h).
+  if (fp8 && cuda::sm90::fp8_v_row_slots(varlen, p.seqlen_k, p.total_k, p.batch) >= (int64_t(1) << 31))
     return Status::unsupported("cuda_sm90: float8_e4m3fn keys past 2^31 slots of V_t");
   if (p.heads_q > 65535 || p.batch > 65535) return Status::unsupported("cuda_sm90: more than 65535 heads or batches");
   // The kernel's mask arithmetic is 32-bit (MaskSpec32): a row's diagonal and window edges, with the edges narrowed

@@ -128,7 +128,7 @@ __device__ BlockWork block_work(const ForwardKernelArgs& a, int t, int rank) {
     w.seqlen_k = a.seqlen_k;
     w.batch_coord = w.batch;
   }
-  if constexpr (Cfg::kElemBytes == 1) w.vt_slot0 = int(fp8_v_slot0(a.cu_seqlens_q != nullptr, w.k_row0, w.batch, Cfg::kVtSpan));
+  if constexpr (Cfg::kElemBytes == 1) w.vt_slot0 = int(fp8_v_slot0(a.cu_seqlens_q != nullptr, w.k_row0, w.batch));
   w.mask = MaskSpec32::make(w.seqlen_q, w.seqlen_k, a.causal, a.window_left, a.window_right,
                             kChunks ? a.attention_chunk : 0);
   w.n_begin = w.n_end = 0;

@@ -3,10 +3,9 @@
 // which P's accumulator lands in the A fragment (primitives_sm90.cuh, accumulator_to_a_fragment_fp8), so that P
 // needs no shuffle between threads. fp8_v_transpose.cu writes it before the forward, into workspace:
 //   V_t[batch_or_0][kv head][column c][slot] = V[sequence's key fp8_key_of_slot(slot)][kv head][c]
-// Each sequence's keys start at a slot of its own (fp8_v_slot0) and fill whole spans of the plan's key tile's
-// slots (ForwardConfig::kVtSpan, a multiple of the key tile and of kFp8TransposeSlots), zeros past its last key, so
-// that every key tile the kernel loads holds the sequence's values or zeros (never garbage whose NaN bytes would
-// turn P·V's zeros into NaN). Usable from host and device code.
+// Each sequence's keys start at a slot of its own (fp8_v_slot0) and fill whole kFp8KeyPad-slot spans, zeros past
+// its last key, so that every key tile the kernel loads holds the sequence's values or zeros (never garbage whose
+// NaN bytes would turn P·V's zeros into NaN). Usable from host and device code.
 #pragma once
 
 #include <cstdint>
@@ -17,22 +16,9 @@ namespace flashattn::cuda::sm90 {
 
 // Keys of one group whose order the A fragment fixes (one e4m3 wgmma's K).
 constexpr int kFp8KeyGroup = 32;
-// Slots the transpose stages in shared memory at a time (fp8_v_transpose.cu): every span is a whole number of
-// them, and of TMA's 16-byte stride unit.
-constexpr int kFp8TransposeSlots = 128;
-// The widest span of any plan (forward_config.h checks): bounds V_t's rows before a plan is chosen.
-constexpr int kFp8MaxSpan = 384;
-
-// The span of a plan whose key tiles are `key_tile` slots wide: the least common multiple of the tile and the
-// transpose's unit.
-FA_HD constexpr int fp8_span_for_tile(int key_tile) {
-  int a = key_tile, b = kFp8TransposeSlots;
-  while (b != 0) {
-    const int r = a % b;
-    a = b, b = r;
-  }
-  return key_tile / a * kFp8TransposeSlots;
-}
+// Slots per span of V_t: each sequence fills whole spans. A multiple of the FP8 forward's key tile, so that a
+// sequence's last key tile ends inside its spans (forward_config.h checks), and of TMA's 16-byte stride unit.
+constexpr int kFp8KeyPad = 128;
 
 // The key (within its 32-key group) whose value slot s holds. Thread q of a quad holds P's keys 2q, 2q + 1,
 // 8 + 2q, 9 + 2q in slots 4q..4q + 3, and the same 16 keys further in slots 16 + 4q..: a bijection on 0..31 that
@@ -42,20 +28,21 @@ FA_HD constexpr int fp8_key_of_slot(int s) {
   return 16 * half + 2 * q + (e % 2) + 8 * (e / 2);
 }
 
-FA_HD constexpr int64_t fp8_round_to_span(int64_t n, int64_t span) { return (n + span - 1) / span * span; }
+FA_HD constexpr int64_t fp8_round_to_span(int64_t n) { return (n + kFp8KeyPad - 1) / kFp8KeyPad * kFp8KeyPad; }
 
 // Slots of one V_t row: whole spans for every sequence. Padded batch: the longest length rounded up (each batch
 // entry has its own rows); varlen: the packed keys rounded up plus two spans per sequence (fp8_v_slot0).
-FA_HD constexpr int64_t fp8_v_row_slots(bool varlen, int64_t seqlen_k, int64_t total_k, int64_t batch, int64_t span) {
-  return varlen ? fp8_round_to_span(total_k, span) + 2 * span * batch : fp8_round_to_span(seqlen_k, span);
+FA_HD constexpr int64_t fp8_v_row_slots(bool varlen, int64_t seqlen_k, int64_t total_k, int64_t batch) {
+  return varlen ? fp8_round_to_span(total_k) + 2 * kFp8KeyPad * batch : fp8_round_to_span(seqlen_k);
 }
 
 // The first slot of a sequence whose keys start at packed row `k_row0` (varlen; 0 in a padded batch): on a span
 // boundary (whole 128-byte rows for TMA and the transpose's stores), two spans further per earlier sequence.
-// Sequence b fills round_to_span(len_b) < len_b + span slots from round_to_span(k_row0) < k_row0 + span, so it
-// ends before k_row0 + len_b + 2 span (two spans further per sequence): before the next sequence's first slot.
-FA_HD constexpr int64_t fp8_v_slot0(bool varlen, int64_t k_row0, int64_t sequence, int64_t span) {
-  return varlen ? fp8_round_to_span(k_row0, span) + 2 * span * sequence : 0;
+// Sequence b fills round_to_span(len_b) < len_b + kFp8KeyPad slots from round_to_span(k_row0) < k_row0 +
+// kFp8KeyPad, so it ends before k_row0 + len_b + 2 kFp8KeyPad (two spans further per sequence): before the next
+// sequence's first slot.
+FA_HD constexpr int64_t fp8_v_slot0(bool varlen, int64_t k_row0, int64_t sequence) {
+  return varlen ? fp8_round_to_span(k_row0) + 2 * kFp8KeyPad * sequence : 0;
 }
 
 }  // namespace flashattn::cuda::sm90

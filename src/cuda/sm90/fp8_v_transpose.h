@@ -9,8 +9,7 @@
 namespace flashattn::detail {
 
 // Writes V_t of p.v into `vt`: batch (1 in varlen) x heads_kv x head_dim_v rows of `row_slots` bytes
-// (cuda::sm90::fp8_v_row_slots with the same `span`), every slot a sequence's tiles can read. Asynchronous on
-// p.stream. span: a multiple of cuda::sm90::kFp8TransposeSlots.
-Status sm90_fp8_transpose_v(const FwdParams& p, void* vt, int64_t row_slots, int span);
+// (cuda::sm90::fp8_v_row_slots), every slot a sequence's tiles can read. Asynchronous on p.stream.
+Status sm90_fp8_transpose_v(const FwdParams& p, void* vt, int64_t row_slots);
 
 }  // namespace flashattn::detail

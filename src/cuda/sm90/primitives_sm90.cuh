@@ -136,12 +136,6 @@ __device__ __forceinline__ void fence_registers(uint32_t (&r)[kN]) {
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" "}"
-#define FA_SM90_ACC_REGS_68 "{" \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
-  "%64, %65, %66, %67" "}"
 #define FA_SM90_ACC_REGS_96 "{" \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
@@ -168,7 +162,6 @@ __device__ __forceinline__ void fence_registers(uint32_t (&r)[kN]) {
 #define FA_SM90_D64(d) FA_SM90_D32(d, 0), FA_SM90_D32(d, 32)
 #define FA_SM90_D40(d) FA_SM90_D32(d, 0), FA_SM90_D8(d, 32)
 #define FA_SM90_D88(d) FA_SM90_D32(d, 0), FA_SM90_D32(d, 32), FA_SM90_D8(d, 64), FA_SM90_D8(d, 72), FA_SM90_D8(d, 80)
-#define FA_SM90_D68(d) FA_SM90_D64(d), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
 #define FA_SM90_D96(d) FA_SM90_D32(d, 0), FA_SM90_D32(d, 32), FA_SM90_D32(d, 64)
 #define FA_SM90_D128(d) FA_SM90_D32(d, 0), FA_SM90_D32(d, 32), FA_SM90_D32(d, 64), FA_SM90_D32(d, 96)
 
@@ -215,25 +208,17 @@ constexpr int kWgmmaKFor = kIsFp8<T> ? 32 : kWgmmaK;
 // tile.
 template <int N>
 __device__ __forceinline__ void wgmma_ss_fp8(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  static_assert(N == 128 || N == 192 || N == 256, "wgmma_ss_fp8: N must be 128, 192 or 256");
+  static_assert(N == 128, "wgmma_ss_fp8: N must be 128");
   const uint32_t acc = accumulate ? 1u : 0u;
-  if constexpr (N == 128) {
-    asm volatile(FA_SM90_WGMMA_SS_FP8("128", FA_SM90_ACC_REGS_64, "%64", "%65", "%66")
-                 : FA_SM90_D64(d) : "l"(desc_a), "l"(desc_b), "r"(acc));
-  } else if constexpr (N == 192) {
-    asm volatile(FA_SM90_WGMMA_SS_FP8("192", FA_SM90_ACC_REGS_96, "%96", "%97", "%98")
-                 : FA_SM90_D96(d) : "l"(desc_a), "l"(desc_b), "r"(acc));
-  } else {
-    asm volatile(FA_SM90_WGMMA_SS_FP8("256", FA_SM90_ACC_REGS_128, "%128", "%129", "%130")
-                 : FA_SM90_D128(d) : "l"(desc_a), "l"(desc_b), "r"(acc));
-  }
+  asm volatile(FA_SM90_WGMMA_SS_FP8("128", FA_SM90_ACC_REGS_64, "%64", "%65", "%66")
+               : FA_SM90_D64(d) : "l"(desc_a), "l"(desc_b), "r"(acc));
 }
 
 // D(64 x N) (+)= A(64 x 32, registers: the fragment above) * B(32 x N, shared, K-major), e4m3 inputs.
 template <int N>
 __device__ __forceinline__ void wgmma_rs_fp8(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
                                              bool accumulate) {
-  static_assert(N == 64 || N == 128 || N == 136 || N == 256, "wgmma_rs_fp8: N must be 64, 128, 136 or 256");
+  static_assert(N == 64 || N == 128 || N == 256, "wgmma_rs_fp8: N must be 64, 128 or 256");
   const uint32_t acc = accumulate ? 1u : 0u;
   if constexpr (N == 64) {
     asm volatile(FA_SM90_WGMMA_RS_FP8("64", FA_SM90_ACC_REGS_32, "{%32, %33, %34, %35}", "%36", "%37")
@@ -241,9 +226,6 @@ __device__ __forceinline__ void wgmma_rs_fp8(float (&d)[N / 2], const uint32_t (
   } else if constexpr (N == 128) {
     asm volatile(FA_SM90_WGMMA_RS_FP8("128", FA_SM90_ACC_REGS_64, "{%64, %65, %66, %67}", "%68", "%69")
                  : FA_SM90_D64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc));
-  } else if constexpr (N == 136) {  // 128 columns of V and the row sums' group (ForwardConfig::kFp8SumColumn)
-    asm volatile(FA_SM90_WGMMA_RS_FP8("136", FA_SM90_ACC_REGS_68, "{%68, %69, %70, %71}", "%72", "%73")
-                 : FA_SM90_D68(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc));
   } else {
     asm volatile(FA_SM90_WGMMA_RS_FP8("256", FA_SM90_ACC_REGS_128, "{%128, %129, %130, %131}", "%132", "%133")
                  : FA_SM90_D128(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(acc));
