@@ -132,15 +132,15 @@ def main() -> None:
                 continue
             lo, hi = labels[m.group(1)], i + 1
             c = families(ins, lo, hi)
-            if c["HGMMA"] < args.min_hgmma:
+            if c["HGMMA"] + c["QGMMA"] < args.min_hgmma:
                 continue
             print(f"   loop {m.group(1)} ({hi - lo} instructions{stall_note(ins, lo, hi, args.stalls)}, back edge "
                   f"'{text}'): {describe(c)}")
             if args.split:
                 # Stretches separated by the instruction before each run of HGMMAs that follows non-HGMMA work.
-                cuts = [lo] + [k for k in range(lo + 1, hi) if ins[k][0].startswith("HGMMA")
-                               and not ins[k - 1][0].startswith("HGMMA")
-                               and not any(ins[j][0].startswith("HGMMA") for j in range(max(lo, k - 12), k))] + [hi]
+                cuts = [lo] + [k for k in range(lo + 1, hi) if ins[k][0].startswith(("HGMMA", "QGMMA"))
+                               and not ins[k - 1][0].startswith(("HGMMA", "QGMMA"))
+                               and not any(ins[j][0].startswith(("HGMMA", "QGMMA")) for j in range(max(lo, k - 12), k))] + [hi]
                 for a, b in zip(cuts, cuts[1:]):
                     print(f"      [{a - lo:5d}, {b - lo:5d}) {b - a:4d}{stall_note(ins, a, b, args.stalls)}: "
                           f"{describe(families(ins, a, b))}")
