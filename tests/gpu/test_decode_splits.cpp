@@ -11,22 +11,18 @@ using cuda::sm80::decode_num_splits;
 using cuda::sm80::kDecodeCombineSplits;
 using cuda::sm80::kMaxClusterSplits;
 using cuda::sm80::kMaxDecodeSplits;
-using cuda::sm80::kPortableClusterSplits;
 
 constexpr int kSms = 132, kPerSm = 2;
 const auto kNoClusters = [](int) { return false; };
 const auto kClusters = [](int s) { return s > 1 && s <= kMaxClusterSplits; };
-// A device that holds too few clusters of more than 8 CTAs at once for the grid.
-const auto kPortableClusters = [](int s) { return s > 1 && s <= kPortableClusterSplits; };
 
 TEST(DecodeSplits, BoundedByTheKeysAndTheCombine) {
   for (int64_t tiles : {1, 3, 8, 32, 64, 128, 200, 211, 264, 5000}) {
     for (int64_t key_blocks : {0, 1, 2, 3, 16, 17, 64, 256, 2048, 1 << 16}) {
-      for (int clusters : {0, 1, 2}) {
+      for (bool clusters : {false, true}) {
         for (bool paged : {false, true}) {
-          const int s = clusters == 2   ? decode_num_splits(tiles, key_blocks, kSms, kPerSm, paged, kClusters)
-                        : clusters == 1 ? decode_num_splits(tiles, key_blocks, kSms, kPerSm, paged, kPortableClusters)
-                                        : decode_num_splits(tiles, key_blocks, kSms, kPerSm, paged, kNoClusters);
+          const int s = clusters ? decode_num_splits(tiles, key_blocks, kSms, kPerSm, paged, kClusters)
+                                 : decode_num_splits(tiles, key_blocks, kSms, kPerSm, paged, kNoClusters);
           SCOPED_TRACE(testing::Message() << "tiles " << tiles << " key blocks " << key_blocks << " paged " << paged);
           EXPECT_GE(s, 1);
           EXPECT_LE(s, kMaxDecodeSplits);
@@ -48,17 +44,14 @@ TEST(DecodeSplits, EvenSharesOfTheKeyTiles) {
 }
 
 TEST(DecodeSplits, ClustersOnlyWhereTheyFitAndSaveALaunch) {
-  // b = 1, 2k keys: 16 splits, merged in clusters of 16 where those fit; where only the portable 8 do, 8 of them
-  // (2 tiles more each) rather than the combine kernel's launch.
-  EXPECT_EQ(decode_num_splits(8, 32, kSms, kPerSm, false, kNoClusters), kMaxClusterSplits);
+  // b = 1, 2k keys: more splits through the combine kernel, or kMaxClusterSplits merged in clusters (2 tiles more
+  // each). At 4k keys the clustered splits would read 4 tiles more each: the combine kernel's splits are taken.
+  EXPECT_GT(decode_num_splits(8, 32, kSms, kPerSm, false, kNoClusters), kMaxClusterSplits);
   EXPECT_EQ(decode_num_splits(8, 32, kSms, kPerSm, false, kClusters), kMaxClusterSplits);
-  EXPECT_EQ(decode_num_splits(8, 32, kSms, kPerSm, false, kPortableClusters), kPortableClusterSplits);
-  // 4k keys: clusters of 16 where they fit; 8 would read 4 tiles more each: the combine kernel's 16 splits then.
-  EXPECT_EQ(decode_num_splits(8, 64, kSms, kPerSm, false, kClusters), kMaxClusterSplits);
-  EXPECT_EQ(decode_num_splits(8, 64, kSms, kPerSm, false, kPortableClusters), kMaxClusterSplits);
-  // 128k keys: 16 splits (one block per SM) either way, in clusters where they fit.
-  EXPECT_EQ(decode_num_splits(8, 2048, kSms, kPerSm, false, kPortableClusters), kDecodeCombineSplits);
-  // One row block (MQA, b = 1) at 16k keys: a cluster's blocks would leave most SMs idle.
+  EXPECT_GT(decode_num_splits(8, 64, kSms, kPerSm, false, kClusters), kMaxClusterSplits);
+  // 128k keys: clustered splits would each read 128 tiles more than the combine kernel's: not taken.
+  EXPECT_GT(decode_num_splits(8, 2048, kSms, kPerSm, false, kClusters), kMaxClusterSplits);
+  // One row block (MQA, b = 1) at 16k keys: kMaxClusterSplits blocks would leave most SMs idle.
   EXPECT_GT(decode_num_splits(1, 256, kSms, kPerSm, false, kClusters), kMaxClusterSplits);
 }
 

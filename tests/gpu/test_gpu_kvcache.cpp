@@ -210,8 +210,8 @@ TEST(GpuKVCacheClamps, VarlenNewRowOffsetsStayInBounds) {
 }
 
 // A decode loop captured once in a CUDA graph and replayed with new lengths and rows gives what eager calls give,
-// with the splits merged in one cluster (4 on Hopper; 12, past the portable size, where the GPU holds the grid's
-// clusters at once) and by the combine kernel launched behind the decode kernel (20: past kMaxClusterSplits).
+// with the splits merged in one cluster (4 on Hopper) and by the combine kernel launched behind the decode
+// kernel (12: past kMaxClusterSplits).
 class GpuKVCacheGraph : public ::testing::TestWithParam<int> {};
 
 TEST_P(GpuKVCacheGraph, CapturedDecodeLoopMatchesEager) {
@@ -279,7 +279,7 @@ TEST_P(GpuKVCacheGraph, CapturedDecodeLoopMatchesEager) {
   cudaStreamDestroy(stream);
 }
 
-INSTANTIATE_TEST_SUITE_P(Splits, GpuKVCacheGraph, ::testing::Values(4, 12, 20),
+INSTANTIATE_TEST_SUITE_P(Splits, GpuKVCacheGraph, ::testing::Values(4, 12),
                          [](const ::testing::TestParamInfo<int>& i) { return std::to_string(i.param) + "splits"; });
 
 }  // namespace

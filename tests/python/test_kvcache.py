@@ -937,15 +937,14 @@ def test_varlen_paged_cuda(case, lengths_from):
     run_paged_varlen(case, "auto", lengths_from, device="cuda")
 
 
-@pytest.mark.parametrize("num_splits", [0, 1, 4, 13, 16, 256])
+@pytest.mark.parametrize("num_splits", [0, 1, 4, 13, 256])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.cuda
 @requires_cuda
 def test_long_cache_decode_cuda(dtype, num_splits):
-    """Longer caches than the grid's (several key blocks and splits), paged and dense, against the reference. 4, 13
-    and 16 splits merge in thread-block clusters on sm_90 where the GPU holds the grid's clusters at once (13 and 16
-    past the portable size of 8; else the combine kernel), 256 through the combine kernel (more splits than key
-    tiles, so splits without keys, and rows of no key at all in the second case's empty sequence)."""
+    """Longer caches than the grid's (several key blocks and splits), paged and dense, against the reference. 4
+    splits merge in a thread-block cluster on sm_90, 13 and 256 through the combine kernel (256: more splits than
+    key tiles, so splits without keys, and rows of no key at all in the second case's empty sequence)."""
     for case in (KVCase(3, 1, 1, (900, 0, 2047), page=256, rotary=1.0, causal=True, heads=(16, 2), d=128,
                         num_splits=num_splits, extra_rows=1),
                  KVCase(2, 4, 4, (1500, 333), rotary=0.5, interleaved=False, heads=(8, 8), d=64, window=(700, 0),

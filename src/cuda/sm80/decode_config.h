@@ -89,11 +89,8 @@ constexpr int decode_smem_bytes(int bucket, DecodePlan plan) {
 constexpr int kMaxDecodeSplits = 256;
 // Splits merged inside the decode kernel (sm_90 and later): the splits of one row block form a thread-block cluster
 // and read each other's partials from shared memory, so no combine kernel and no fp32 workspace: the b = 1 decode
-// step is one launch. Up to 16, Hopper's largest (non-portable) cluster: where a device holds fewer clusters of 16
-// at once than a grid has, the portable size, 8, may still fit (decode_num_splits); larger split counts take the
-// combine kernel.
-constexpr int kMaxClusterSplits = 16;
-constexpr int kPortableClusterSplits = 8;
+// step is one launch. The portable cluster size: larger split counts take the combine kernel.
+constexpr int kMaxClusterSplits = 8;
 // The split count the heuristic keeps to unless one block per SM takes more (decode_num_splits below).
 constexpr int kDecodeCombineSplits = 16;
 // The most key tiles more per split for which the heuristic takes kMaxClusterSplits clustered splits over more
@@ -120,13 +117,11 @@ constexpr bool decode_grid_below_gpu(int64_t tiles, int sms, int per_sm) {
 //    Paged caches may fill every block slot: their blocks spend longer per tile on addresses, so the second block
 //    per SM pays (b = 1, 128k keys, pages of 16: the wave rule's 33 splits 165.7 µs on 2026-12-02, 16 splits
 //    219.9 µs on 2026-12-05).
-// 4. The splits above merge in clusters where they fit (cluster_fits). Otherwise a cluster size that fits
-//    (kMaxClusterSplits, then kPortableClusterSplits) where each of its splits reads at most kClusterExtraTiles
-//    tiles more than the splits above would: the one launch saves about that much. Measured on an H100 with the
-//    combine kernel of 2026-12-05 (one block per row, launched as a programmatic dependent): b = 1, 4k keys, 8 splits
-//    in clusters (4 tiles more each) 13.1 µs, 16 through the combine kernel 12.0; 1k keys, 8 in clusters 8.5, 16
-//    forced 9.4. (Against the one-warp-per-row combine before it, clusters won up to 12 tiles more: 4k keys 14.2
-//    against 19.9.)
+// 4. kMaxClusterSplits instead where those merge in clusters and each reads at most kClusterExtraTiles tiles more
+//    than the splits above would: the one launch saves about that much. Measured on an H100 with the combine kernel
+//    of 2026-12-05 (one block per row, launched as a programmatic dependent): b = 1, 4k keys, 8 splits in clusters
+//    (4 tiles more each) 13.1 µs, 16 through the combine kernel 12.0; 1k keys, 8 in clusters 8.5, 16 forced 9.4.
+//    (Against the one-warp-per-row combine before it, clusters won up to 12 tiles more: 4k keys 14.2 against 19.9.)
 template <typename ClusterFits>
 int decode_num_splits(int64_t tiles, int64_t key_blocks, int sms, int per_sm, bool paged, ClusterFits cluster_fits) {
   sms = std::max(sms, 1);
@@ -149,10 +144,10 @@ int decode_num_splits(int64_t tiles, int64_t key_blocks, int sms, int per_sm, bo
   }
   splits = int(std::min<int64_t>(most, (key_blocks + key_blocks / splits - 1) / (key_blocks / splits)));
   splits = int(std::min<int64_t>(splits, std::max<int64_t>(kDecodeCombineSplits, (paged ? slots : sms) / tiles)));
-  if (splits > 1 && cluster_fits(splits)) return splits;
-  for (const int cluster : {kMaxClusterSplits, kPortableClusterSplits}) {
-    const int64_t extra_tiles = (key_blocks + cluster - 1) / cluster - (key_blocks + splits - 1) / splits;
-    if (splits > cluster && extra_tiles <= kClusterExtraTiles && cluster_fits(cluster)) return cluster;
+  const int64_t extra_tiles = (key_blocks + kMaxClusterSplits - 1) / kMaxClusterSplits -
+                              (key_blocks + splits - 1) / splits;  // per split, in clusters
+  if (splits > kMaxClusterSplits && extra_tiles <= kClusterExtraTiles && cluster_fits(kMaxClusterSplits)) {
+    splits = kMaxClusterSplits;
   }
   return splits;
 }

@@ -63,11 +63,7 @@ int decode_cluster_capacity(int device, int splits) {
   if (known != 0) return known - 1;
   int capacity = 0;
   constexpr auto kernel = decode_kernel<T, kD, kPlan, kFp8>;
-  // Clusters past the portable 8 CTAs need the kernel's consent (set before the query and the launch; decode_occupancy
-  // has set its shared memory).
-  if (sm90_binary<kernel>(device) &&
-      (splits <= kPortableClusterSplits ||
-       cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess)) {
+  if (sm90_binary<kernel>(device)) {
     cudaLaunchAttribute cluster{};
     const cudaLaunchConfig_t config = cluster_launch_config(dim3(unsigned(splits)), Kernel::kThreads,
                                                             Kernel::kSmemBytes, nullptr, splits, &cluster);
