@@ -24,11 +24,10 @@ for round in $(seq 1 "${FP8AB_ROUNDS:-2}"); do
     PYTHONPATH=$path timeout 120 python3 bench/gpu/fp8_bench.py $bench_args > "$OUT/bench-$round-$build.md" 2>&1
   done
 done
-for v in ${FP8AB_CHECK:-${variants[@]}}; do
+checked=(${FP8AB_CHECK:-${variants[@]}})
+for v in "${checked[@]}"; do
   export PYTHONPATH=/tmp/build-$v/python
-  (cd /tmp && timeout 150 python3 -m pytest -q -p no:cacheprovider "$R/tests/python/test_fp8_cuda.py" \
-     "$R/tests/python/test_fa3.py" "$R/tests/python/test_sdpa.py" -k "fp8 or float8" > "$OUT/pytest-$v.log" 2>&1
-   echo "pytest rc=$?" >> "$OUT/pytest-$v.log")
+  fp8_pytest "$OUT/pytest-$v.log"
   (cd /tmp && timeout 120 compute-sanitizer --tool memcheck python3 -m pytest -q -p no:cacheprovider \
      "$R/tests/python/test_fp8_cuda.py" -k "one_row or varlen or hd128_causal_sq or hd256_window" \
      > "$OUT/memcheck-$v.log" 2>&1
@@ -36,7 +35,7 @@ for v in ${FP8AB_CHECK:-${variants[@]}}; do
 done
 echo "==== summary $(( $(date +%s) - t0 )) s"; head -2 "$log"; grep -v "^$" "$log" | tail -n +3 | head
 for f in "$OUT"/bench-*.md; do echo "--- $(basename "$f")"; grep -E "^\| [0-9]|ceiling|Error" "$f"; done
-for v in ${FP8AB_CHECK:-${variants[@]}}; do
+for v in "${checked[@]}"; do
   echo "--- $v"; tail -2 "$OUT/pytest-$v.log"; grep -E "^FAILED" "$OUT/pytest-$v.log" | head
   grep -E "ERROR SUMMARY|passed|failed|rc=" "$OUT/memcheck-$v.log" | tail -3
 done

@@ -10,9 +10,7 @@ source bench/gpu/device_common.sh
 start_device_run /tmp/fp8-out
 build_python_tree /tmp/build-fp8 -- _C
 export PYTHONPATH=/tmp/build-fp8/python
-(cd /tmp && timeout 180 python3 -m pytest -q -s -p no:cacheprovider "$R/tests/python/test_fp8_cuda.py" \
-   "$R/tests/python/test_fa3.py" "$R/tests/python/test_sdpa.py" -k "fp8 or float8" > "$OUT/pytest.log" 2>&1
- echo "pytest rc=$?" >> "$OUT/pytest.log")
+fp8_pytest "$OUT/pytest.log"
 (cd /tmp && timeout 120 compute-sanitizer --tool memcheck python3 -m pytest -q -p no:cacheprovider \
    "$R/tests/python/test_fp8_cuda.py" -k "one_row or one_query_row or varlen or hd32 or hd64_causal or backward_empty or 16_bit_backward" > "$OUT/memcheck.log" 2>&1
  echo "memcheck rc=$?" >> "$OUT/memcheck.log")

@@ -57,6 +57,14 @@ run_rest_of_suite() {
    echo "pytest-cuda rc=$?" >> "$OUT/pytest-cuda.log")
 }
 
+# fp8_pytest LOG: the FP8 pytest cases (tests/python/test_fp8_cuda.py and the FP8 cases of the FA3 and SDPA suites;
+# -s: the backward cases print their errors) with PYTHONPATH as the caller set it, into LOG with their exit code.
+fp8_pytest() {
+  (cd /tmp && timeout 180 python3 -m pytest -q -s -p no:cacheprovider "$R/tests/python/test_fp8_cuda.py" \
+     "$R/tests/python/test_fa3.py" "$R/tests/python/test_sdpa.py" -k "fp8 or float8" > "$1" 2>&1
+   echo "pytest rc=$?" >> "$1")
+}
+
 # build_python_tree BUILD [cmake flags...] [-- targets...]: build_tree of this tree with the Python module (no CLI,
 # no benchmark programs) into BUILD, its exit code and time appended to $log.
 build_python_tree() {

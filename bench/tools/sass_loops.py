@@ -3,10 +3,11 @@
 
 Reads the SASS of a relocatable object or cubin (through cuobjdump -xelf and nvdisasm, which keeps the branch
 labels) or an already disassembled text (`nvdisasm -c` output), picks the kernels whose mangled names contain every
---match string, and for each loop (a label that a later branch jumps back to) with at least --min-hgmma HGMMAs
+--match string, and for each loop (a label that a later branch jumps back to) with at least --min-hgmma warpgroup
+matrix products (HGMMA, or QGMMA for e4m3)
 prints its instruction count and the opcode families in it, most frequent first. A loop body that holds two copies
 of an iteration (a masked and an unmasked one, chosen by a branch) shows up as one loop: --split prints the
-stretches between the loop's HGMMA groups too, so the copies can be told apart. --stalls adds the cycles that the
+stretches between the loop's groups of products too, so the copies can be told apart. --stalls adds the cycles that the
 compiler's control codes hold each warp after each instruction (the 4-bit stall count of the encoding), summed over
 the loop and each stretch: the fixed-latency waits that Nsight Compute samples as "Stall Wait".
 
@@ -109,6 +110,14 @@ def stall_note(ins, lo: int, hi: int, enabled: bool) -> str:
     return f", {sum(stall for _, _, stall in ins[lo:hi])} stall cycles" if enabled else ""
 
 
+# Opcodes of the warpgroup matrix products: 16-bit (HGMMA) and e4m3 (QGMMA).
+PRODUCTS = ("HGMMA", "QGMMA")
+
+
+def is_product(op: str) -> bool:
+    return op.startswith(PRODUCTS)
+
+
 def describe(c: collections.Counter) -> str:
     return " ".join(f"{k}={v}" for k, v in c.most_common())
 
@@ -117,8 +126,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("path", help="object, cubin, or nvdisasm -c text")
     ap.add_argument("--match", action="append", default=[], help="substring of the mangled kernel name (repeatable)")
-    ap.add_argument("--min-hgmma", type=int, default=8, help="report loops with at least this many HGMMA")
-    ap.add_argument("--split", action="store_true", help="also the stretches between a loop's HGMMA groups")
+    ap.add_argument("--min-hgmma", type=int, default=8, help="report loops with at least this many HGMMA / QGMMA")
+    ap.add_argument("--split", action="store_true", help="also the stretches between a loop's product groups")
     ap.add_argument("--stalls", action="store_true", help="also the control codes' stall cycles")
     args = ap.parse_args()
     for name, lines in functions(disassemble(args.path, args.stalls)).items():
@@ -132,15 +141,14 @@ def main() -> None:
                 continue
             lo, hi = labels[m.group(1)], i + 1
             c = families(ins, lo, hi)
-            if c["HGMMA"] + c["QGMMA"] < args.min_hgmma:
+            if sum(c[op] for op in PRODUCTS) < args.min_hgmma:
                 continue
             print(f"   loop {m.group(1)} ({hi - lo} instructions{stall_note(ins, lo, hi, args.stalls)}, back edge "
                   f"'{text}'): {describe(c)}")
             if args.split:
-                # Stretches separated by the instruction before each run of HGMMAs that follows non-HGMMA work.
-                cuts = [lo] + [k for k in range(lo + 1, hi) if ins[k][0].startswith(("HGMMA", "QGMMA"))
-                               and not ins[k - 1][0].startswith(("HGMMA", "QGMMA"))
-                               and not any(ins[j][0].startswith(("HGMMA", "QGMMA")) for j in range(max(lo, k - 12), k))] + [hi]
+                # Stretches separated by the instruction before each run of products that follows other work.
+                cuts = [lo] + [k for k in range(lo + 1, hi) if is_product(ins[k][0])
+                               and not any(is_product(ins[j][0]) for j in range(max(lo, k - 12), k))] + [hi]
                 for a, b in zip(cuts, cuts[1:]):
                     print(f"      [{a - lo:5d}, {b - lo:5d}) {b - a:4d}{stall_note(ins, a, b, args.stalls)}: "
                           f"{describe(families(ins, a, b))}")
