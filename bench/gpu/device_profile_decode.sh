@@ -3,8 +3,11 @@
 # (16384), dense and pages of 16 or DEC_PAGES, num_splits DEC_SPLITS or the heuristic's): every kernel of one call
 # (the split combine too), then the tile-plan A/B of device_decode_variants.sh for DEC_PLANS. DEC_BUILD: a build of
 # this tree with the Python module, used instead of building one. DEC_SOURCE=1: also the decode kernel's stalls per SASS
-# instruction (ncu --set full, bench/gpu/ncu_source_summary.py). Output: $OUT/ncu_<pages>.txt, $OUT/stalls.txt,
-# $OUT/plans.log.
+# instruction (ncu --set full, bench/gpu/ncu_source_summary.py). DEC_CUDNN=1: also every kernel of one dense call of
+# ours and one of PyTorch's cuDNN backend on the same cell, warm, between cudaProfilerStart / Stop (their durations
+# without launch gaps, to split a time difference into kernel time and the rest). DEC_BUILD=/tmp/prebuilt takes the
+# package that unpack_prebuilt (device_common.sh) unpacked. Output: $OUT/ncu_<pages>.txt, $OUT/stalls.txt,
+# $OUT/ncu_vs_cudnn.txt, $OUT/plans.log.
 set -uo pipefail
 OUT=${OUT:-/tmp/decprof-out}
 mkdir -p "$OUT"
@@ -36,6 +39,32 @@ for page in ${DEC_PAGES:-0 16}; do
     --section SchedulerStats --section MemoryWorkloadAnalysis python3 /tmp/one_cell.py $page ${DEC_B:-64} \
     ${DEC_CTX:-16384} ${DEC_SPLITS:-} > "$OUT/ncu_$page.txt" 2>&1
 done
+if [ "${DEC_CUDNN:-0}" = 1 ]; then
+  cat > /tmp/vs_cudnn.py <<'PY'
+import sys, torch, torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+import flashattn
+b, ctx = int(sys.argv[1]), int(sys.argv[2])
+k = torch.randn(b, ctx, 8, 128, device="cuda", dtype=torch.bfloat16); v = torch.randn_like(k)
+q = torch.randn(b, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+s = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
+qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+ours = lambda: flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=s, check_index_values=False)
+def cudnn():
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+for _ in range(3):
+    ours(); cudnn()
+torch.cuda.synchronize()
+torch.cuda.cudart().cudaProfilerStart()
+ours(); cudnn()
+torch.cuda.synchronize()
+torch.cuda.cudart().cudaProfilerStop()
+PY
+  timeout 90 ncu --profile-from-start off --section LaunchStats --metrics gpu__time_duration.sum,smsp__inst_executed.sum \
+    python3 /tmp/vs_cudnn.py ${DEC_B:-64} ${DEC_CTX:-16384} > "$OUT/ncu_vs_cudnn.txt" 2>&1
+  grep -E "^  [a-zA-Z_].*\(|gpu__time|inst_executed|Grid Size|Block Size|Cluster Size" "$OUT/ncu_vs_cudnn.txt" | cut -c1-150
+fi
 if [ "${DEC_SOURCE:-0}" = 1 ]; then  # where the decode kernel's warps stall, per SASS instruction (first page size)
   page=${DEC_PAGES:-0}; page=${page%% *}
   timeout 200 ncu --kernel-name regex:decode_kernel --launch-skip 2 --launch-count 1 --set full --import-source yes \

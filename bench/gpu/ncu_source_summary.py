@@ -59,6 +59,10 @@ def main():
                         number(r[col_exec]) if col_exec is not None else 0.0))
     total = sum(e[0] for e in entries) or 1.0
     print(f"{len(entries)} instructions, {total:.0f} stall samples")
+    if col_exec is not None:
+        # Distinct instructions a launch ran: at short lengths each is fetched cold once per SM, so this count,
+        # not the executed total, is what the instruction-fetch stalls scale with.
+        print(f"{sum(1 for e in entries if e[4] > 0)} of them executed at least once")
     print(f"{'share':>6} {'samples':>9} {'not-issued':>10} {'executed':>10}  address  instruction")
     for samples, addr, src, not_issued, executed in sorted(entries, reverse=True)[:args.top]:
         print(f"{100 * samples / total:5.1f}% {samples:9.0f} {not_issued:10.0f} {executed:10.0f}  {addr:>7}  {src}")
