@@ -17,12 +17,6 @@
 #include "cuda/sm90/forward_tiles.cuh"
 #include "cuda/sm90/primitives_sm90.cuh"
 
-#ifndef FA_BF16_POLY_PER16
-#define FA_BF16_POLY_PER16 0
-#endif
-#ifndef FA_FP8_POLY_PER16
-#define FA_FP8_POLY_PER16 0
-#endif
 namespace flashattn::cuda::sm90 {
 
 // Where a CTA's producer or consumer warpgroup is in its pipelines: the K/V ring position and the parity of
@@ -367,11 +361,8 @@ struct Consumer {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         // One FFMA and one exp2 (MUFU.EX2) per score: exp(scale·s - scale·m) = 2^(s·scale·log2e - m·scale·log2e).
-        const float x0 = fmaf(s[4 * j + 2 * r], scale_log2(), neg_base[r]);
-        const float x1 = fmaf(s[4 * j + 2 * r + 1], scale_log2(), neg_base[r]);
-        const bool on_fma = kFp8 ? (j % 8) < FA_FP8_POLY_PER16 / 2 : (kHeadDim == 64 && (j % 8) < FA_BF16_POLY_PER16 / 2);
-        const float p0 = on_fma ? exp2_poly(x0) : exp2_approx(x0);
-        const float p1 = on_fma ? exp2_poly(x1) : exp2_approx(x1);
+        const float p0 = exp2_approx(fmaf(s[4 * j + 2 * r], scale_log2(), neg_base[r]));
+        const float p1 = exp2_approx(fmaf(s[4 * j + 2 * r + 1], scale_log2(), neg_base[r]));
         s[4 * j + 2 * r] = p0;
         s[4 * j + 2 * r + 1] = p1;
         sum4[r][j % 4] += p0 + p1;

@@ -588,18 +588,6 @@ __device__ __forceinline__ float exp2_approx(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
-// 2^x on the FMA pipe: x = n + f with n = round(x) (adding 1.5 * 2^23 leaves n in the low mantissa bits),
-// 2^f by a degree-3 fit on [-0.5, 0.5] with p(0) = 1 (max relative error 1.0e-4), and n added to the exponent
-// field by n << 23 (the constant's own bits shift out). x is clamped at -126 so that the exponent field stays
-// >= 0: -inf (a masked score) gives about 2^-126.5 instead of 0, far below what e4m3 P holds.
-__device__ __forceinline__ float exp2_poly(float x) {
-  constexpr float kRound = 12582912.f;  // 1.5 * 2^23
-  x = fmaxf(x, -126.f);
-  const float t = x + kRound;
-  const float f = x - (t - kRound);
-  const float p = fmaf(fmaf(fmaf(0.05500858f, f, 0.24221037f), f, 0.69328290f), f, 1.f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
 // tanh on the special-function unit (max relative error about 2^-11: below the 16-bit output's rounding).
 __device__ __forceinline__ float tanh_approx(float x) {
   float y;
