@@ -5,7 +5,7 @@
 # again), so that each cell's rounds of every build share the card's state; then the FP8 pytest cases (test_fp8_cuda.py
 # and the FP8 cases of the FA3 and SDPA suites) and memcheck on the small ones, for each variant in FP8AB_CHECK.
 #   FP8AB_VARIANTS="v1 v2"   the variants (names of the patches)
-#   FP8AB_CHECK="v1"         the variants whose tests run (default: all)
+#   FP8AB_CHECK="v1"         the variants whose tests run (unset: all; empty: none)
 #   FP8AB_BENCH="<fp8_bench.py args>"   (default: hd 128, 1k / 4k / 16k, causal and not, 2 repeats of 0.2 s)
 #   FP8AB_ROUNDS=2
 # Output under $OUT: bench-<round>-<build>.md, pytest-<variant>.log, memcheck-<variant>.log; a summary is printed.
@@ -24,14 +24,11 @@ for round in $(seq 1 "${FP8AB_ROUNDS:-2}"); do
     PYTHONPATH=$path timeout 120 python3 bench/gpu/fp8_bench.py $bench_args > "$OUT/bench-$round-$build.md" 2>&1
   done
 done
-checked=(${FP8AB_CHECK:-${variants[@]}})
+checked=(${FP8AB_CHECK-${variants[@]}})
 for v in "${checked[@]}"; do
   export PYTHONPATH=/tmp/build-$v/python
   fp8_pytest "$OUT/pytest-$v.log"
-  (cd /tmp && timeout 120 compute-sanitizer --tool memcheck python3 -m pytest -q -p no:cacheprovider \
-     "$R/tests/python/test_fp8_cuda.py" -k "one_row or varlen or hd128_causal_sq or hd256_window" \
-     > "$OUT/memcheck-$v.log" 2>&1
-   echo "memcheck rc=$?" >> "$OUT/memcheck-$v.log")
+  pytest_memcheck "$OUT/memcheck-$v.log" test_fp8_cuda.py "one_row or varlen or hd128_causal_sq or hd256_window"
 done
 echo "==== summary $(( $(date +%s) - t0 )) s"; head -2 "$log"; grep -v "^$" "$log" | tail -n +3 | head
 for f in "$OUT"/bench-*.md; do echo "--- $(basename "$f")"; grep -E "^\| [0-9]|ceiling|Error" "$f"; done

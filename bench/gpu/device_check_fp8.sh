@@ -11,9 +11,8 @@ start_device_run /tmp/fp8-out
 build_python_tree /tmp/build-fp8 -- _C
 export PYTHONPATH=/tmp/build-fp8/python
 fp8_pytest "$OUT/pytest.log"
-(cd /tmp && timeout 120 compute-sanitizer --tool memcheck python3 -m pytest -q -p no:cacheprovider \
-   "$R/tests/python/test_fp8_cuda.py" -k "one_row or one_query_row or varlen or hd32 or hd64_causal or backward_empty or 16_bit_backward" > "$OUT/memcheck.log" 2>&1
- echo "memcheck rc=$?" >> "$OUT/memcheck.log")
+pytest_memcheck "$OUT/memcheck.log" test_fp8_cuda.py \
+  "one_row or one_query_row or varlen or hd32 or hd64_causal or backward_empty or 16_bit_backward"
 bench_args=${FP8_BENCH-"--hd 128 256 64 --seqlens 1024 4096 16384 --repeats 2 --seconds 0.2 --accuracy"}
 if [ -n "$bench_args" ]; then
   timeout 240 python3 bench/gpu/fp8_bench.py $bench_args > "$OUT/bench.md" 2> "$OUT/bench.err"

@@ -53,9 +53,7 @@ PY
       > "$OUT/ncu_${cell// /_}.txt" 2>&1
   done
 fi
-(cd /tmp && timeout 120 compute-sanitizer --tool memcheck python3 -m pytest -q -p no:cacheprovider \
-   "$R/tests/python/test_fa3.py" -k "fp8_kvcache and cuda" > "$OUT/memcheck.log" 2>&1
- echo "memcheck rc=$?" >> "$OUT/memcheck.log")
+pytest_memcheck "$OUT/memcheck.log" test_fa3.py "fp8_kvcache and cuda"
 echo "==== summary $(( $(date +%s) - t0 )) s"; head -2 "$log"; grep -E "build rc|prebuilt" "$log"; grep -E " error" "$log" | head
 for f in pytest-fp8 pytest-kv16; do tail -3 "$OUT/$f.log"; grep -E "^(FAILED|ERROR)" "$OUT/$f.log" | head; done
 [ -f "$OUT/decode.md" ] && cat "$OUT/decode.md"

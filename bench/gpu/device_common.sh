@@ -65,6 +65,14 @@ fp8_pytest() {
    echo "pytest rc=$?" >> "$1")
 }
 
+# pytest_memcheck LOG FILE K: pytest's cases of tests/python/FILE selected by -k K under compute-sanitizer's memcheck,
+# with PYTHONPATH as the caller set it, into LOG with their exit code.
+pytest_memcheck() {
+  (cd /tmp && timeout 120 compute-sanitizer --tool memcheck python3 -m pytest -q -p no:cacheprovider \
+     "$R/tests/python/$2" -k "$3" > "$1" 2>&1
+   echo "memcheck rc=$?" >> "$1")
+}
+
 # build_python_tree BUILD [cmake flags...] [-- targets...]: build_tree of this tree with the Python module (no CLI,
 # no benchmark programs) into BUILD, its exit code and time appended to $log.
 build_python_tree() {

@@ -19,8 +19,8 @@ if [ -z "${DEC_BUILD:-}" ]; then
 fi
 export PYTHONPATH=${DEC_BUILD:-/tmp/build-var}/python
 cat > /tmp/one_cell.py <<'PY'
+import os, sys
 import torch, flashattn
-import sys
 b, ctx, page = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[1])
 k = torch.randn(b, ctx, 8, 128, device="cuda", dtype=torch.bfloat16); v = torch.randn_like(k)
 q = torch.randn(b, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
@@ -29,9 +29,26 @@ kw = {"num_splits": int(sys.argv[4])} if len(sys.argv) > 4 else {}
 if page:
     kw["block_table"] = torch.randperm(b * ctx // page, device="cuda").to(torch.int32).view(b, -1)
     k, v = k.view(-1, page, 8, 128), v.view(-1, page, 8, 128)
-for _ in range(5):
-    flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=s, check_index_values=False, **kw)
-torch.cuda.synchronize()
+ours = lambda: flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=s, check_index_values=False, **kw)
+if os.environ.get("VS_CUDNN"):
+    # Warm, then one call of ours and one of cuDNN's on the same dense cache between cudaProfilerStart / Stop.
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+    for _ in range(3):
+        ours(); cudnn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    ours(); cudnn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+else:
+    for _ in range(5):
+        ours()
+    torch.cuda.synchronize()
 PY
 for page in ${DEC_PAGES:-0 16}; do
   timeout 150 ncu --kernel-name regex:'decode|combine' --launch-skip 2 --launch-count 2 \
@@ -40,29 +57,9 @@ for page in ${DEC_PAGES:-0 16}; do
     ${DEC_CTX:-16384} ${DEC_SPLITS:-} > "$OUT/ncu_$page.txt" 2>&1
 done
 if [ "${DEC_CUDNN:-0}" = 1 ]; then
-  cat > /tmp/vs_cudnn.py <<'PY'
-import sys, torch, torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
-import flashattn
-b, ctx = int(sys.argv[1]), int(sys.argv[2])
-k = torch.randn(b, ctx, 8, 128, device="cuda", dtype=torch.bfloat16); v = torch.randn_like(k)
-q = torch.randn(b, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-s = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
-qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-ours = lambda: flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=s, check_index_values=False)
-def cudnn():
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
-for _ in range(3):
-    ours(); cudnn()
-torch.cuda.synchronize()
-torch.cuda.cudart().cudaProfilerStart()
-ours(); cudnn()
-torch.cuda.synchronize()
-torch.cuda.cudart().cudaProfilerStop()
-PY
-  timeout 90 ncu --profile-from-start off --section LaunchStats --metrics gpu__time_duration.sum,smsp__inst_executed.sum \
-    python3 /tmp/vs_cudnn.py ${DEC_B:-64} ${DEC_CTX:-16384} > "$OUT/ncu_vs_cudnn.txt" 2>&1
+  VS_CUDNN=1 timeout 90 ncu --profile-from-start off --section LaunchStats \
+    --metrics gpu__time_duration.sum,smsp__inst_executed.sum python3 /tmp/one_cell.py 0 ${DEC_B:-64} ${DEC_CTX:-16384} \
+    > "$OUT/ncu_vs_cudnn.txt" 2>&1
   grep -E "^  [a-zA-Z_].*\(|gpu__time|inst_executed|Grid Size|Block Size|Cluster Size" "$OUT/ncu_vs_cudnn.txt" | cut -c1-150
 fi
 if [ "${DEC_SOURCE:-0}" = 1 ]; then  # where the decode kernel's warps stall, per SASS instruction (first page size)
