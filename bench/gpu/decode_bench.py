@@ -78,6 +78,8 @@ def cell(b, ctx, s_q, args, gen):
     seqlens = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
     fns = {}
     fns["ours dense"] = lambda: flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens)
+    if args.whole_cache:
+        fns["ours dense, no seqlens"] = lambda: flashattn.flash_attn_with_kvcache(q, k, v)
     for splits in args.splits:
         fns[f"ours dense, {splits} splits"] = (lambda splits=splits: flashattn.flash_attn_with_kvcache(
             q, k, v, cache_seqlens=seqlens, num_splits=splits))
@@ -149,6 +151,9 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--whole-cache", action="store_true",
+                    help="also our dense call without cache_seqlens (the whole cache, as cuDNN is given it): no "
+                         "lengths to read on the device before the first K/V load")
     ap.add_argument("--fp8", action="store_true", help="also our float8_e4m3fn caches")
     ap.add_argument("--out", default="decode.json")
     ap.add_argument("--md", default=None)

@@ -583,6 +583,9 @@ __global__ void __launch_bounds__(DecodeKernel<T, kD, kPlan, kFp8>::kThreads,
   // The combine kernel that follows (launched as a programmatic dependent, decode_launch.cuh) may take its block
   // slots now and wait there for this grid's partials: its launch overlaps the decode instead of following it.
   cudaTriggerProgrammaticLaunchCompletion();
+  // Launched as a programmatic dependent of the kernel before it (decode_launch.cuh), which may still be running:
+  // the block's launch overlaps that kernel's tail, and nothing is read or written before it has finished.
+  cudaGridDependencySynchronize();
 #endif
   DecodeKernel<T, kD, kPlan, kFp8>::run(args, smem);
 }

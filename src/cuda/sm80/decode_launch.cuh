@@ -177,16 +177,29 @@ Status launch_decode_plan(const FwdParams& p) {
   }
   const dim3 grid(unsigned(splits), unsigned(m_blocks), unsigned(p.heads_kv * p.batch));
 
+  // sm_90 binaries wait for the kernel before them on the device (decode_kernel), so they launch as programmatic
+  // dependents: the blocks start while that kernel finishes instead of after the launch gap.
+  const bool early_launch = sm90_binary<kernel>(p.device.index);
+  auto launch = [&](bool clustered) {
+    cudaLaunchAttribute attrs[2] = {};
+    cudaLaunchConfig_t config =
+        cluster_launch_config(grid, Kernel::kThreads, kSmem, stream, clustered ? splits : 1, &attrs[0]);
+    config.numAttrs = clustered ? 1 : 0;
+    if (early_launch) {
+      attrs[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attrs[config.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+      ++config.numAttrs;
+    }
+    config.attrs = attrs;
+    return cudaLaunchKernelEx(&config, kernel, a);
+  };
   if (splits == 1) {
-    kernel<<<grid, Kernel::kThreads, kSmem, stream>>>(a);
-    FA_CUDA_TRY(cudaGetLastError());
+    FA_CUDA_TRY(launch(false));
     return Status::success();
   }
   if (cluster_fits(splits)) {
     a.cluster_combine = true;
-    cudaLaunchAttribute cluster{};
-    const cudaLaunchConfig_t config = cluster_launch_config(grid, Kernel::kThreads, kSmem, stream, splits, &cluster);
-    FA_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, a));
+    FA_CUDA_TRY(launch(true));
     return Status::success();
   }
   const int64_t slots = int64_t(a.rows_total) * p.heads_q;
@@ -197,8 +210,7 @@ Status launch_decode_plan(const FwdParams& p) {
   if (!st.ok()) return st;
   a.partial_o = static_cast<float*>(ws);
   a.partial_lse = a.partial_o + size_t(splits) * size_t(slots) * size_t(p.head_dim_v);
-  kernel<<<grid, Kernel::kThreads, kSmem, stream>>>(a);
-  cudaError_t err = cudaGetLastError();
+  cudaError_t err = launch(false);
   if (err == cudaSuccess) {
     DecodeCombineArgs c{};
     c.partial_o = a.partial_o, c.partial_lse = a.partial_lse;
