@@ -36,6 +36,9 @@ Status cuda_kvcache(const KVCacheParams& kp, ForwardFn forward);
 // the shared memory per block its plans may take (0: the device's; tests pass a smaller GPU's).
 Status cuda_decode_supports(const FwdParams& p);
 Status cuda_decode_forward(const FwdParams& p, int smem_limit = 0);
+// Whether the CUDA backends run `p` on the decode kernel: every KV-cache call, and the plain forwards of few query
+// rows (cuda_decode_takes_plain_forward, decode.cu).
+bool cuda_decode_runs(const FwdParams& p);
 
 // merge_attention_states on validated params (cpu/merge.cpp, cuda/merge.cu).
 Status cpu_merge(const MergeParams& p);

@@ -17,6 +17,7 @@ Status cuda_sm90_backward(const BwdParams&) { return no_cuda(); }
 Status cuda_kvcache(const KVCacheParams&, ForwardFn) { return no_cuda(); }
 Status cuda_decode_supports(const FwdParams&) { return no_cuda(); }
 Status cuda_decode_forward(const FwdParams&, int) { return no_cuda(); }
+bool cuda_decode_runs(const FwdParams& p) { return p.has_kv_cache(); }
 Status cuda_merge(const MergeParams&) { return no_cuda(); }
 int cuda_device_count_impl() { return 0; }
 int cuda_compute_capability_impl(int) { return 0; }

@@ -105,9 +105,11 @@ BackendChoice choose(const FwdParams& p, Backend requested, const BwdParams* bwd
     Status s = supports(b, p, bwd);
     if (s.ok()) {
       const int64_t slices = bwd ? 1 : detail::value_slice_count(p, kCudaKernelHeadDimV);
+      const char* decode_note = p.has_kv_cache()                   ? " (KV cache: the split-KV decode kernel)"
+                                : !bwd && detail::cuda_decode_runs(p) ? " (few query rows: the split-KV decode kernel)"
+                                                                      : "";
       c.backend = b;
-      c.reason = std::string(backend_name(b)) + " supports this call" +
-                 (p.has_kv_cache() ? std::string(" (KV cache: the split-KV decode kernel)") : std::string()) +
+      c.reason = std::string(backend_name(b)) + " supports this call" + decode_note +
                  (slices > 1 ? " (d_v " + std::to_string(p.head_dim_v) + " as " + std::to_string(slices) +
                                    " forwards over slices of V's columns)"
                              : std::string()) +

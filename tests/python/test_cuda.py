@@ -159,6 +159,36 @@ def test_backward_dispatch_on_hopper():
         assert choice.backend == "cuda_sm90" and choice.supported, choice
 
 
+# One decoding step through flash_attn_func: s_q x the GQA group within 16 packed rows runs the split-KV decode kernel
+# (its keys split across the GPU), with masks, softcap, and d 64 / 128 / 256; the backward runs on the O and LSE it
+# wrote. 20 packed rows run the forward kernels.
+FEW_ROW_CASES = [
+    Case(2, 1, 3000, 8, 2, 128, 128, causal=True),
+    Case(1, 4, 1500, 8, 2, 64, 64, window=(700, 0)),
+    Case(3, 1, 777, 4, 4, 256, 256, softcap=4.0),
+    Case(1, 16, 40, 2, 2, 32, 48, causal=True),  # s_q 16 without GQA: all 16 rows of the tile, d != d_v
+]
+
+
+@pytest.mark.parametrize("case", FEW_ROW_CASES, ids=str)
+def test_few_query_rows_run_the_decode_kernel(case, dtype):
+    q, k, v, dout = make_inputs(case, dtype, "cuda")
+    choice = flashattn.choose_backend(q, k, v, causal=case.causal, window_left=case.window[0],
+                                      window_right=case.window[1], softcap=case.softcap)
+    assert choice.supported and "few query rows: the split-KV decode kernel" in choice.reason, choice
+    check_against_reference(case, dtype, "auto", q, k, v, dout)
+
+
+def test_twenty_packed_rows_run_the_forward_kernels():
+    q = torch.randn(1, 5, 8, 64, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(1, 100, 2, 64, dtype=torch.bfloat16, device="cuda")
+    choice = flashattn.choose_backend(q, k, k)
+    assert choice.supported and "decode" not in choice.reason, choice
+    # Dropout is a forward-kernel feature: a one-row call with it runs there too.
+    choice = flashattn.choose_backend(q[:, :1], k, k, dropout_p=0.1)
+    assert choice.supported and "decode" not in choice.reason, choice
+
+
 def test_cpu_backend_on_cuda_tensors_is_unsupported():
     q = torch.randn(1, 4, 2, 64, dtype=torch.float16, device="cuda")
     with pytest.raises(NotImplementedError, match="cpu_reference runs on CPU tensors"):

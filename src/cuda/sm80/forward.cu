@@ -38,7 +38,7 @@ bool aligned2(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 1u) 
 }  // namespace
 
 Status cuda_sm80_forward(const FwdParams& p) {
-  return p.has_kv_cache() ? cuda_decode_forward(p) : cuda_sm80_forward_limited(p, 0);
+  return cuda_decode_runs(p) ? cuda_decode_forward(p) : cuda_sm80_forward_limited(p, 0);
 }
 
 Status cuda_sm80_forward_limited(const FwdParams& p, int smem_limit) {

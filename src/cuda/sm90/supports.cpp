@@ -10,9 +10,9 @@
 namespace flashattn::detail {
 
 namespace {
-// KV-cache calls run the split-KV decode kernel (src/cuda/sm80/decode_kernel.cuh) on Hopper too: decode reads
-// pages through a cp.async gather at any page size, as FA3's decode does, and small query tiles waste less
-// work than wgmma's 64-row minimum.
+// KV-cache calls, and plain forwards of few query rows (cuda_decode_runs), run the split-KV decode kernel
+// (src/cuda/sm80/decode_kernel.cuh) on Hopper too: decode reads pages through a cp.async gather at any page size,
+// as FA3's decode does, and small query tiles waste less work than wgmma's 64-row minimum.
 Status decode_supports(const FwdParams& p) {
   const int cc = cuda_compute_capability_impl(p.device.index);
   if (cc != 90) {
@@ -24,13 +24,13 @@ Status decode_supports(const FwdParams& p) {
 }  // namespace
 
 Status cuda_sm90_supports(const FwdParams& p) {
-  return p.has_kv_cache() ? decode_supports(p) : sm90_forward_supports(p);
+  return cuda_decode_runs(p) ? decode_supports(p) : sm90_forward_supports(p);
 }
 
 Status cuda_sm90_backward_supports(const BwdParams& p) { return sm90_backward_supports(p); }
 
 Status cuda_sm90_forward(const FwdParams& p) {
-  return p.has_kv_cache() ? cuda_decode_forward(p) : sm90_forward_run(p);
+  return cuda_decode_runs(p) ? cuda_decode_forward(p) : sm90_forward_run(p);
 }
 
 Status cuda_sm90_backward(const BwdParams& p) { return sm90_backward_run(p); }
