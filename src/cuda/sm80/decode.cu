@@ -1,5 +1,6 @@
-// Entry point of the split-KV decode kernel for KV-cache calls (both CUDA backends): which calls it runs, and the
-// typed dispatch dtype x head-dim bucket. The kernel: decode_kernel.cuh; the launch: decode_launch.cuh.
+// Entry point of the split-KV decode kernel for KV-cache calls and plain forwards of few query rows (both CUDA
+// backends): which calls it runs, and the typed dispatch dtype x head-dim bucket. The kernel: decode_kernel.cuh;
+// the launch: decode_launch.cuh.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
