@@ -80,6 +80,11 @@ def cell(b, ctx, s_q, args, gen):
     fns["ours dense"] = lambda: flashattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens)
     if args.whole_cache:
         fns["ours dense, no seqlens"] = lambda: flashattn.flash_attn_with_kvcache(q, k, v)
+    if args.varlen:
+        cu_q = torch.arange(0, (b + 1) * s_q, s_q, device="cuda", dtype=torch.int32)
+        cu_k = torch.arange(0, (b + 1) * ctx, ctx, device="cuda", dtype=torch.int32)
+        qp, kp, vp = q.reshape(b * s_q, H_Q, D), k.reshape(b * ctx, H_KV, D), v.reshape(b * ctx, H_KV, D)
+        fns["ours varlen"] = lambda: flashattn.flash_attn_varlen_func(qp, kp, vp, cu_q, cu_k, s_q, ctx)
     for splits in args.splits:
         fns[f"ours dense, {splits} splits"] = (lambda splits=splits: flashattn.flash_attn_with_kvcache(
             q, k, v, cache_seqlens=seqlens, num_splits=splits))
@@ -130,7 +135,7 @@ def cell(b, ctx, s_q, args, gen):
     ref = cudnn().transpose(1, 2)
     for name, fn in fns.items():
         if name.startswith("ours"):
-            err = (fn().float() - ref.float()).abs().max().item()
+            err = (fn().float().reshape(ref.shape) - ref.float()).abs().max().item()
             out[name]["max_abs_diff_vs_cudnn"] = err
     del graphs
     return out
@@ -151,6 +156,8 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--varlen", action="store_true",
+                    help="also flash_attn_varlen_func over the same K / V packed (b sequences of the context each)")
     ap.add_argument("--whole-cache", action="store_true",
                     help="also our dense call without cache_seqlens (the whole cache, as cuDNN is given it): no "
                          "lengths to read on the device before the first K/V load")
