@@ -179,19 +179,6 @@ def test_few_query_rows_run_the_decode_kernel(case, dtype):
     check_against_reference(case, dtype, "auto", q, k, v, dout)
 
 
-def test_few_query_rows_varlen_run_the_decode_kernel(dtype):
-    # One query row per sequence over packed keys (a padded batch's decoding step): an empty key sequence, GQA 4.
-    lengths_q, lengths_k = [1, 1, 1, 1], [1000, 37, 0, 2500]
-    q = torch.randn(4, 8, 128, dtype=dtype, device="cuda")
-    k = torch.randn(sum(lengths_k), 2, 128, dtype=dtype, device="cuda")
-    cu_q = torch.tensor([0, 1, 2, 3, 4], dtype=torch.int32, device="cuda")
-    cu_k = torch.tensor([0, 1000, 1037, 1037, 3537], dtype=torch.int32, device="cuda")
-    choice = flashattn.choose_backend(q, k, k, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1,
-                                      max_seqlen_k=2500, causal=True)
-    assert choice.supported and "few query rows: the split-KV decode kernel" in choice.reason, choice
-    run_case(lengths_q, lengths_k, 8, 2, 128, 128, True, (-1, -1), 0.0, dtype=dtype, backend="auto", device="cuda")
-
-
 def test_twenty_packed_rows_run_the_forward_kernels():
     q = torch.randn(1, 5, 8, 64, dtype=torch.bfloat16, device="cuda")
     k = torch.randn(1, 100, 2, 64, dtype=torch.bfloat16, device="cuda")

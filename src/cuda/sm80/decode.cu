@@ -35,42 +35,20 @@ Status decode_by_bucket(const FwdParams& p, int bucket, int smem_limit) {
 }
 
 // Plain forwards (no cache) whose query rows per sequence and KV head, packed with the GQA group (s_q x group),
-// fit the decode kernel's 16-row tile: one decoding step through flash_attn_func (or flash_attn_varlen_func over a
-// padded batch), as transformers' integration calls it. The kernel reads K / V as a cache (plain_as_cache) and
-// splits the keys to fill the GPU; the forward kernels would give each (sequence, head) one block of 64- or 128-row
-// query tiles, nearly all padding, and no more blocks than that (an H100 at GQA 32 / 8, d 128, s_q = 1, µs per
-// call: b = 1, 1k keys 16.3 -> 7.9, 16k keys 178.5 -> 30.2; b = 8, 16k 350.6 -> 175.9; bench/results/decode.md).
-// 16-bit only (the float8 forward has its own scaling rules), no dropout (the decode kernel draws none).
-//
-// The cache a plain forward's K / V are: `batch` entries with every row used; packed varlen K / V (rows
-// [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of sequence b) are `batch` entries of stride 0 over all total_k rows, whose
-// used rows run from leftpad_k = cu_seqlens_k[b] to seqused_k = cu_seqlens_k[b + 1].
-FwdParams plain_as_cache(const FwdParams& p) {
-  FwdParams cache = p;
-  cache.cache_entries = p.batch;
-  if (p.is_varlen()) {
-    cache.leftpad_k = p.cu_seqlens_k;
-    cache.seqused_k = p.cu_seqlens_k + 1;
-    cache.cu_seqlens_k = nullptr;
-    cache.k_batch_stride = cache.v_batch_stride = 0;
-    cache.seqlen_k = p.total_k;
-  }
-  return cache;
-}
-
+// fit the decode kernel's 16-row tile: one decoding step through flash_attn_func, as transformers' integration
+// calls it. The kernel reads dense K / V as a cache whose every row is used, and splits the keys to fill the GPU;
+// the forward kernels would give each (sequence, head) one block of 64- or 128-row query tiles, nearly all padding,
+// and no more blocks than that (an H100 at GQA 32 / 8, d 128, s_q = 1, µs per call: b = 1, 1k keys 16.3 -> 7.9,
+// 16k keys 178.5 -> 30.2; b = 8, 16k 350.6 -> 175.9; bench/results/decode.md). 16-bit only (the float8 forward
+// has its own scaling rules), no dropout (the decode kernel draws none), no varlen (packed K has no cache layout).
 bool cuda_decode_takes_plain_forward(const FwdParams& p) {
-  if (p.has_kv_cache() || p.dropout_p != 0.f || p.qv != nullptr || p.heads_kv <= 0) return false;
+  if (p.has_kv_cache() || p.is_varlen() || p.dropout_p != 0.f || p.qv != nullptr || p.heads_kv <= 0) return false;
   if (p.dtype != DType::f16 && p.dtype != DType::bf16) return false;
   if (p.seqlen_q * (p.heads_q / p.heads_kv) > cuda::sm80::kDecodeRowsShort) return false;
-  return cuda_decode_supports(plain_as_cache(p)).ok();
+  return cuda_decode_supports(p).ok();
 }
 
-// `p`: cache params (a plain forward's through plain_as_cache).
-Status decode_cache(const FwdParams& p, int smem_limit) {
-  Status st = cuda_decode_supports(p);
-  if (!st.ok()) return st;
-  const int64_t rows_q = p.is_varlen() ? p.total_q : p.batch * p.seqlen_q;
-  if (p.batch == 0 || rows_q == 0 || p.seqlen_q == 0) return Status::success();
+Status decode_typed(const FwdParams& p, int smem_limit) {
   const int bucket = cuda::sm80::forward_head_dim_bucket(std::max(p.head_dim, p.head_dim_v));
   if (p.dtype == DType::e4m3) {
     return p.out_dtype == DType::f16 ? decode_by_bucket<__half, true>(p, bucket, smem_limit)
@@ -116,7 +94,14 @@ Status cuda_decode_supports(const FwdParams& p) {
 }
 
 Status cuda_decode_forward(const FwdParams& p, int smem_limit) {
-  return decode_cache(p.has_kv_cache() ? p : plain_as_cache(p), smem_limit);
+  Status st = cuda_decode_supports(p);
+  if (!st.ok()) return st;
+  const int64_t rows_q = p.is_varlen() ? p.total_q : p.batch * p.seqlen_q;
+  if (p.batch == 0 || rows_q == 0 || p.seqlen_q == 0) return Status::success();
+  if (p.has_kv_cache()) return decode_typed(p, smem_limit);
+  FwdParams cache = p;  // a plain forward: K / V are a cache of `batch` entries, every row used
+  cache.cache_entries = p.batch;
+  return decode_typed(cache, smem_limit);
 }
 
 }  // namespace flashattn::detail
