@@ -59,7 +59,7 @@ constexpr int kDecodeLeanSmemBytes = 163 * 1024;
 //   Where the rows16 grid fills the GPU without splits (b = 64: 512 row blocks), rows16 stays 3-7% faster (its
 //   second block per SM starts while the first drains).
 constexpr DecodeTile decode_tile(int bucket, DecodePlan plan) {
-  if (plan == DecodePlan::rows16_wide) return DecodeTile{kDecodeRowsShort, 128, 4, 3, 1};
+  if (plan == DecodePlan::rows16_wide) return DecodeTile{kDecodeRowsShort, 128, 8, 3, 1};
   if (plan == DecodePlan::rows16_wide_lean) return DecodeTile{kDecodeRowsShort, 128, 8, 2, 1};
   const int block_m = plan == DecodePlan::rows64 ? kDecodeRowsTall : kDecodeRowsShort;
   return DecodeTile{block_m, 64, 4, bucket == 64 ? 4 : bucket == 128 ? 3 : 2, 1};
