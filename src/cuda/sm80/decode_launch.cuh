@@ -19,21 +19,34 @@
 
 namespace flashattn::cuda::sm80 {
 
-// A launch of `grid` whose x dimension is clusters of `splits` CTAs; *cluster holds the attribute it points to.
-inline cudaLaunchConfig_t cluster_launch_config(dim3 grid, int threads, int smem_bytes, cudaStream_t stream,
-                                                int splits, cudaLaunchAttribute* cluster) {
+// A launch of `grid` (blocks of `threads`, `smem_bytes` of dynamic shared memory) and its attributes: the x
+// dimension in clusters of `cluster` CTAs (0: no clusters), and `early`: launched as a programmatic dependent of the
+// kernel before it on the stream, for sm_90 binaries only (they wait for that kernel on the device, griddepcontrol).
+struct DecodeLaunch {
+  cudaLaunchAttribute attrs[2] = {};
   cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(unsigned(threads));
-  config.dynamicSmemBytes = size_t(smem_bytes);
-  config.stream = stream;
-  cluster->id = cudaLaunchAttributeClusterDimension;
-  cluster->val.clusterDim.x = unsigned(splits);
-  cluster->val.clusterDim.y = cluster->val.clusterDim.z = 1;
-  config.attrs = cluster;
-  config.numAttrs = 1;
-  return config;
-}
+
+  DecodeLaunch(dim3 grid, int threads, int smem_bytes, cudaStream_t stream, int cluster, bool early) {
+    config.gridDim = grid;
+    config.blockDim = dim3(unsigned(threads));
+    config.dynamicSmemBytes = size_t(smem_bytes);
+    config.stream = stream;
+    config.attrs = attrs;
+    if (cluster > 0) {
+      cudaLaunchAttribute& a = attrs[config.numAttrs++];
+      a.id = cudaLaunchAttributeClusterDimension;
+      a.val.clusterDim.x = unsigned(cluster);
+      a.val.clusterDim.y = a.val.clusterDim.z = 1;
+    }
+    if (early) {
+      cudaLaunchAttribute& a = attrs[config.numAttrs++];
+      a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      a.val.programmaticStreamSerializationAllowed = 1;
+    }
+  }
+  DecodeLaunch(const DecodeLaunch&) = delete;  // config.attrs points into this object
+  DecodeLaunch& operator=(const DecodeLaunch&) = delete;
+};
 
 // Whether `kernel` as it runs on `device` was compiled for sm_90 or later: only those binaries have the cluster code
 // and wait for the kernel before them (griddepcontrol), so only they may be launched in clusters or as programmatic
@@ -64,10 +77,8 @@ int decode_cluster_capacity(int device, int splits) {
   int capacity = 0;
   constexpr auto kernel = decode_kernel<T, kD, kPlan, kFp8>;
   if (sm90_binary<kernel>(device)) {
-    cudaLaunchAttribute cluster{};
-    const cudaLaunchConfig_t config = cluster_launch_config(dim3(unsigned(splits)), Kernel::kThreads,
-                                                            Kernel::kSmemBytes, nullptr, splits, &cluster);
-    if (cudaOccupancyMaxActiveClusters(&capacity, kernel, &config) != cudaSuccess) capacity = 0;
+    const DecodeLaunch launch(dim3(unsigned(splits)), Kernel::kThreads, Kernel::kSmemBytes, nullptr, splits, false);
+    if (cudaOccupancyMaxActiveClusters(&capacity, kernel, &launch.config) != cudaSuccess) capacity = 0;
   }
   cudaGetLastError();  // a refusal above is an answer, not an error of the launch that follows
   if (cached) asked[device][splits].store(capacity + 1, std::memory_order_relaxed);
@@ -177,21 +188,12 @@ Status launch_decode_plan(const FwdParams& p) {
   }
   const dim3 grid(unsigned(splits), unsigned(m_blocks), unsigned(p.heads_kv * p.batch));
 
-  // sm_90 binaries wait for the kernel before them on the device (decode_kernel), so they launch as programmatic
-  // dependents: the blocks start while that kernel finishes instead of after the launch gap.
+  // sm_90 binaries launch as programmatic dependents: the blocks start while the kernel before them finishes
+  // instead of after the launch gap.
   const bool early_launch = sm90_binary<kernel>(p.device.index);
   auto launch = [&](bool clustered) {
-    cudaLaunchAttribute attrs[2] = {};
-    cudaLaunchConfig_t config =
-        cluster_launch_config(grid, Kernel::kThreads, kSmem, stream, clustered ? splits : 1, &attrs[0]);
-    config.numAttrs = clustered ? 1 : 0;
-    if (early_launch) {
-      attrs[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attrs[config.numAttrs].val.programmaticStreamSerializationAllowed = 1;
-      ++config.numAttrs;
-    }
-    config.attrs = attrs;
-    return cudaLaunchKernelEx(&config, kernel, a);
+    const DecodeLaunch l(grid, Kernel::kThreads, kSmem, stream, clustered ? splits : 0, early_launch);
+    return cudaLaunchKernelEx(&l.config, kernel, a);
   };
   if (splits == 1) {
     FA_CUDA_TRY(launch(false));
@@ -222,24 +224,15 @@ Status launch_decode_plan(const FwdParams& p) {
     c.heads_q = a.heads_q, c.head_dim_v = a.head_dim_v, c.num_splits = splits;
     static_assert(kD % 32 == 0, "whole columns per lane in the combine");
     constexpr auto combine = decode_combine_kernel<T, kD / 32>;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(unsigned(slots));  // one block per (row, head)
-    config.blockDim = dim3(unsigned(kCombineWarps * 32));
-    config.stream = stream;
     // Programmatic dependent launch (sm_90 binaries: they wait for the decode grid on the device): the combine's
     // blocks start while the decode grid finishes, instead of the launch gap after it. Only where the combine has
     // at most one block per SM. Measured on an H100 (bench/results/decode.md, 2026-12-06): b = 1 (32 blocks),
     // 4k-16k keys, dense and paged, 0.2-0.8 us faster with it; b = 8 (256 blocks) 0.5-1.7 us slower (1k keys: 16.0
     // against 14.3 us). Not profiled; a guess: blocks started early fill whatever SMs have room then, too few of them
     // for a large grid.
-    cudaLaunchAttribute early{};
-    early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    early.val.programmaticStreamSerializationAllowed = 1;
-    if (slots <= sms && sm90_binary<combine>(p.device.index)) {
-      config.attrs = &early;
-      config.numAttrs = 1;
-    }
-    err = cudaLaunchKernelEx(&config, combine, c);
+    const bool early = slots <= sms && sm90_binary<combine>(p.device.index);
+    const DecodeLaunch l(dim3(unsigned(slots)), kCombineWarps * 32, 0, stream, 0, early);  // a block per (row, head)
+    err = cudaLaunchKernelEx(&l.config, combine, c);
   }
   st = detail::workspace_free(ws, stream);
   if (err != cudaSuccess) return detail::cuda_status(err, "decode kernel launch");
